@@ -1,0 +1,131 @@
+"""Telemetry mixin for vLLM schedulers: publishes ``SchedulerSnapshot``s after each step.
+
+Runs inside the EngineCore process. The step never blocks on I/O: when a frame is due
+(rate limit ``telemetry_interval_ms``) or the engine just went idle, the snapshot is
+built here (one pass over the queues) and handed to ``TelemetryPublisher``'s thread.
+Settings come from the ``hetserve`` table of vLLM's ``additional_config``:
+``engine_id``, ``telemetry_endpoint`` (no endpoint: no telemetry), ``telemetry_interval_ms``,
+``telemetry_heartbeat_ms``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from vllm.v1.core.sched.request_queue import PriorityRequestQueue, RequestQueue
+from vllm.v1.request import Request
+
+from engine_ext.telemetry import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_INTERVAL_S,
+    FinishedRequest,
+    SchedulerSnapshot,
+    TelemetryPublisher,
+)
+from scheduler_patches.queues import KeyedRequestQueue
+from scheduler_patches.settings import hetserve_config
+
+
+def iter_unordered(queue: RequestQueue) -> Iterator[Request]:
+    """A queue's requests without paying for its order (vLLM's heap iterates by popping)."""
+    if isinstance(queue, KeyedRequestQueue):
+        return queue.unordered()
+    if isinstance(queue, PriorityRequestQueue):
+        return iter(queue._heap)
+    return iter(queue)
+
+
+class TelemetryMixin:
+    """Place first in the bases of a vLLM ``Scheduler`` subclass."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        table = hetserve_config(self.vllm_config)
+        self.engine_id: str = str(table.get("engine_id", "engine"))
+        self.telemetry_step = 0
+        self.telemetry_preemptions = 0
+        self._finished: list[FinishedRequest] = []
+        self._was_idle = True
+        endpoint = table.get("telemetry_endpoint")
+        self.telemetry: TelemetryPublisher | None = None
+        if endpoint:
+            self.telemetry = TelemetryPublisher(
+                endpoint,
+                topic=self.engine_id,
+                interval_s=float(table.get("telemetry_interval_ms", DEFAULT_INTERVAL_S * 1e3)) / 1e3,
+                heartbeat_s=float(table.get("telemetry_heartbeat_ms", DEFAULT_HEARTBEAT_S * 1e3)) / 1e3,
+            )
+
+    # -- hooks --
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().schedule(*args, **kwargs)
+        self.telemetry_step += 1
+        self._maybe_publish()
+        return output
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = super().update_from_output(*args, **kwargs)
+        self._maybe_publish()
+        return outputs
+
+    def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
+        finished = super().finish_requests(*args, **kwargs)
+        self._maybe_publish()
+        return finished
+
+    def _preempt_request(self, *args: Any, **kwargs: Any) -> None:
+        self.telemetry_preemptions += 1
+        super()._preempt_request(*args, **kwargs)
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        reason = request.get_finished_reason()
+        self._finished.append(
+            FinishedRequest(request.request_id, request.num_output_tokens, str(reason or "abort"))
+        )
+        return super()._free_request(request, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.telemetry is not None:
+            self.telemetry.close()
+
+    # -- snapshot --
+    def _maybe_publish(self) -> None:
+        pub = self.telemetry
+        if pub is None:
+            self._finished.clear()
+            return
+        idle = not self.running and not self.waiting and not self.kv_holding_waiting
+        if not pub.due() and not (idle and not self._was_idle):
+            return
+        self._was_idle = idle
+        pub.publish(self.snapshot(pub.next_seq()))
+
+    def snapshot(self, seq: int) -> SchedulerSnapshot:
+        """Current state; takes (and clears) the requests finished since the last one."""
+        queued_prefill = 0
+        pending_decode = 0
+        num_waiting = 0
+        for queue in (self.waiting, self.kv_holding_waiting):
+            for req in iter_unordered(queue):
+                num_waiting += 1
+                queued_prefill += max(0, req.num_tokens - req.num_computed_tokens)
+        for req in self.running:
+            queued_prefill += max(0, req.num_prompt_tokens - req.num_computed_tokens)
+            pending_decode += max(0, req.max_tokens - req.num_output_tokens)
+        finished, self._finished = self._finished, []
+        return SchedulerSnapshot(
+            engine_id=self.engine_id,
+            seq=seq,
+            ts=time.time(),
+            step=self.telemetry_step,
+            batch_size=len(self.running),
+            num_waiting=num_waiting,
+            queued_prefill_tokens=queued_prefill,
+            pending_decode_tokens=pending_decode,
+            kv_usage=float(self.kv_cache_manager.usage),
+            num_preemptions=self.telemetry_preemptions,
+            finished=finished,
+        )

@@ -1,0 +1,60 @@
+"""The scheduler classes an engine runs: each engine policy, with telemetry, sync and async.
+
+``scheduler_class(policy, async_scheduling)`` gives the dotted path for vLLM's
+``--scheduler-cls``. ``fcfs`` and ``priority`` are vLLM's own policies (the engine also
+gets ``--scheduling-policy`` accordingly); ``stjf`` and ``mlfq`` are ours.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from engine_ext.instrumented import TelemetryMixin
+from scheduler_patches.mlfq import MLFQPolicy
+from scheduler_patches.settings import ENGINE_POLICIES
+from scheduler_patches.stjf import STJFPolicy
+
+
+class VLLMScheduler(TelemetryMixin, Scheduler):
+    """vLLM's scheduler (fcfs or priority, per --scheduling-policy) with telemetry."""
+
+
+class VLLMAsyncScheduler(TelemetryMixin, AsyncScheduler):
+    """vLLM's async scheduler with telemetry."""
+
+
+class STJFScheduler(TelemetryMixin, STJFPolicy, Scheduler):
+    """Chimera's STJF with aging, with telemetry."""
+
+
+class STJFAsyncScheduler(TelemetryMixin, STJFPolicy, AsyncScheduler):
+    """Chimera's STJF with aging over the async scheduler, with telemetry."""
+
+
+class MLFQScheduler(TelemetryMixin, MLFQPolicy, Scheduler):
+    """MLFQ baseline, with telemetry."""
+
+
+class MLFQAsyncScheduler(TelemetryMixin, MLFQPolicy, AsyncScheduler):
+    """MLFQ baseline over the async scheduler, with telemetry."""
+
+
+_CLASSES = {
+    ("fcfs", False): VLLMScheduler,
+    ("fcfs", True): VLLMAsyncScheduler,
+    ("priority", False): VLLMScheduler,
+    ("priority", True): VLLMAsyncScheduler,
+    ("stjf", False): STJFScheduler,
+    ("stjf", True): STJFAsyncScheduler,
+    ("mlfq", False): MLFQScheduler,
+    ("mlfq", True): MLFQAsyncScheduler,
+}
+
+
+def scheduler_class(policy: str, async_scheduling: bool) -> str:
+    """Dotted path of the scheduler class for an engine policy."""
+    if policy not in ENGINE_POLICIES:
+        raise ValueError(f"unknown engine policy {policy!r}; choose one of {ENGINE_POLICIES}")
+    cls = _CLASSES[(policy, async_scheduling)]
+    return f"{cls.__module__}.{cls.__qualname__}"
