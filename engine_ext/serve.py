@@ -1,0 +1,144 @@
+"""``python -m engine_ext.serve``: vLLM's OpenAI server with hetserve's engine patch.
+
+Takes every ordinary vLLM server argument, plus:
+
+  --model SPEC                 a path, a hub id (offline cache) or ``builtin:<name>``
+  --engine-id ID               name in telemetry and KV-event topics (default: served name)
+  --sched-policy P             stjf (default) | fcfs | priority | mlfq
+  --starvation-threshold S     STJF aging threshold S (scheduler_patches.aging)
+  --quantum Q                  STJF aging quantum Q
+  --mlfq-levels N / --mlfq-base-quantum T
+  --telemetry-endpoint EP      scheduler snapshots (ipc:// or tcp://127.0.0.1:PORT)
+  --telemetry-interval-ms MS   rate limit while busy (default 20)
+  --kv-events-endpoint EP      vLLM KV cache events (BlockStored/BlockRemoved/...)
+
+and adds: our scheduler class (async variant when vLLM would schedule asynchronously),
+``--enable-prefix-caching``, ``--middleware engine_ext.priority_guard.PriorityGuard``,
+``--host 127.0.0.1`` unless a host is given, ``--load-format dummy`` for shape twins,
+and HF_HUB_OFFLINE=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from engine_ext.telemetry import DEFAULT_INTERVAL_S
+from scheduler_patches.settings import ENGINE_POLICIES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m engine_ext.serve",
+        description="vLLM OpenAI server with hetserve's scheduler, telemetry and KV events. "
+        "Unknown arguments go to vLLM unchanged.",
+    )
+    p.add_argument("--model", required=True, help="path, hub id, or builtin:<name>")
+    p.add_argument("--engine-id", default=None)
+    p.add_argument("--sched-policy", choices=ENGINE_POLICIES, default="stjf")
+    p.add_argument("--starvation-threshold", type=int, default=None, metavar="S")
+    p.add_argument("--quantum", type=int, default=None, metavar="Q")
+    p.add_argument("--max-promotions", type=int, default=None)
+    p.add_argument("--mlfq-levels", type=int, default=None)
+    p.add_argument("--mlfq-base-quantum", type=int, default=None)
+    p.add_argument("--telemetry-endpoint", default=None)
+    p.add_argument("--telemetry-interval-ms", type=float, default=DEFAULT_INTERVAL_S * 1e3)
+    p.add_argument("--kv-events-endpoint", default=None)
+    return p
+
+
+def _has_flag(args: list[str], *flags: str) -> bool:
+    return any(a == f or a.startswith(f + "=") for a in args for f in flags)
+
+
+def _pop_option(args: list[str], flag: str) -> str | None:
+    """Remove ``flag VALUE`` or ``flag=VALUE`` from ``args``; return VALUE."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+            del args[i:i + 2]
+            return value
+        if a.startswith(flag + "="):
+            del args[i]
+            return a.split("=", 1)[1]
+    return None
+
+
+def _async_scheduling(passthrough: list[str]) -> bool:
+    """Whether vLLM will schedule asynchronously (never on CPU; default on GPU)."""
+    if _has_flag(passthrough, "--no-async-scheduling"):
+        return False
+    from vllm.platforms import current_platform
+
+    return not current_platform.is_cpu()
+
+
+def vllm_argv(ns: argparse.Namespace, passthrough: list[str]) -> list[str]:
+    """The full vLLM server argument list for our options plus the passthrough ones."""
+    from engine_ext.builtin_models import load_format, resolve_model
+    from engine_ext.schedulers import scheduler_class
+
+    args = list(passthrough)
+    served = _pop_option(args, "--served-model-name")
+    if served is None and ns.model.startswith("builtin:"):
+        served = ns.model.split(":", 1)[1]
+    engine_id = ns.engine_id or served or os.path.basename(ns.model.rstrip("/"))
+
+    hetserve: dict[str, Any] = {
+        "engine_id": engine_id,
+        "policy": ns.sched_policy,
+        "telemetry_interval_ms": ns.telemetry_interval_ms,
+    }
+    if ns.telemetry_endpoint:
+        hetserve["telemetry_endpoint"] = ns.telemetry_endpoint
+    for key in ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
+                "mlfq_base_quantum"):
+        if getattr(ns, key) is not None:
+            hetserve[key] = getattr(ns, key)
+    extra_raw = _pop_option(args, "--additional-config")
+    extra = json.loads(extra_raw) if extra_raw else {}
+    extra["hetserve"] = hetserve
+
+    out = ["--model", resolve_model(ns.model)]
+    if served:
+        out += ["--served-model-name", served]
+    if not _has_flag(args, "--load-format") and (fmt := load_format(ns.model)):
+        out += ["--load-format", fmt]
+    if not _has_flag(args, "--host"):
+        out += ["--host", "127.0.0.1"]
+    if not _has_flag(args, "--enable-prefix-caching", "--no-enable-prefix-caching"):
+        out += ["--enable-prefix-caching"]
+    if not _has_flag(args, "--scheduling-policy"):
+        out += ["--scheduling-policy", "fcfs" if ns.sched_policy == "fcfs" else "priority"]
+    out += ["--scheduler-cls", scheduler_class(ns.sched_policy, _async_scheduling(args))]
+    out += ["--additional-config", json.dumps(extra)]
+    out += ["--middleware", "engine_ext.priority_guard.PriorityGuard"]
+    if ns.kv_events_endpoint:
+        out += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": ns.kv_events_endpoint,
+            "topic": engine_id,
+        })]
+    return out + args
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    ns, passthrough = build_parser().parse_known_args(argv)
+    try:
+        argv_out = vllm_argv(ns, passthrough)
+    except (ValueError, json.JSONDecodeError) as e:
+        sys.exit(f"engine_ext.serve: {e}")
+    from vllm.entrypoints.launchers.api_server.entry import main as vllm_main
+
+    sys.argv = ["engine_ext.serve", *argv_out]
+    vllm_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""STJF with aging inside vLLM's real Scheduler (no model executor; see sched_harness)."""
+
+import random
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.v1.request import RequestStatus  # noqa: E402
+
+from engine_ext.schedulers import MLFQScheduler, STJFScheduler, VLLMScheduler  # noqa: E402
+from kernels_bench.sched_harness import add_all, make_request, make_scheduler, step  # noqa: E402
+from scheduler_patches.queues import KeyedRequestQueue  # noqa: E402
+
+
+def admission_order(sched, max_steps=10_000, arrivals=None):
+    """Run until idle; return request ids in the order they were first scheduled."""
+    order = []
+    for i in range(max_steps):
+        if arrivals and i in arrivals:
+            add_all(sched, arrivals[i])
+        if not sched.has_requests() and not (arrivals and any(k > i for k in arrivals)):
+            break
+        out, _ = step(sched)
+        order += [r.req_id for r in out.scheduled_new_reqs]
+    return order
+
+
+def test_waiting_queue_is_replaced_by_keyed_queue():
+    s = make_scheduler(STJFScheduler)
+    assert isinstance(s.waiting, KeyedRequestQueue)
+    assert isinstance(s.kv_holding_waiting, KeyedRequestQueue)
+
+
+def test_service_order_follows_key():
+    s = make_scheduler(STJFScheduler, max_num_seqs=1, hetserve={"starvation_threshold": 10**6})
+    add_all(s, [
+        make_request("long", priority=900, arrival_time=1),
+        make_request("short", priority=5, arrival_time=2),
+        make_request("mid", priority=50, arrival_time=3),
+        make_request("mid-later", priority=50, arrival_time=4),
+        make_request("unknown", priority=0, arrival_time=0),
+    ])
+    assert admission_order(s) == ["short", "mid", "mid-later", "long", "unknown"]
+
+
+def test_thousands_of_requests_come_out_sorted():
+    rng = random.Random(0)
+    s = make_scheduler(STJFScheduler, max_num_seqs=4, hetserve={"starvation_threshold": 10**6})
+    reqs = [make_request(f"r{i}", priority=rng.randint(1, 10_000), arrival_time=float(i),
+                         max_tokens=1, prompt_len=4, first_token=i) for i in range(3000)]
+    add_all(s, reqs)
+    order = admission_order(s)
+    expected = [r.request_id for r in sorted(reqs, key=lambda r: (r.priority, r.arrival_time))]
+    assert order == expected
+
+
+def test_starved_request_is_promoted_after_S_pass_overs():
+    S = 5
+    s = make_scheduler(STJFScheduler, max_num_seqs=1,
+                       hetserve={"starvation_threshold": S, "quantum": 1000})
+    add_all(s, [make_request("low", priority=10_000, arrival_time=0, max_tokens=2)])
+    # A stream of short, high-priority requests: one new arrival every step.
+    arrivals = {i: [make_request(f"short{i}", priority=1, arrival_time=1 + i, max_tokens=2,
+                                 first_token=100 + i)] for i in range(0, 60)}
+    order = admission_order(s, arrivals=arrivals)
+    # Without aging "low" would wait for all 60 short ones. With it, it is promoted after
+    # S pass-overs and admitted as soon as the running short request finishes (2 steps).
+    position = order.index("low")
+    assert position < 60
+    assert position <= S  # at most one admission per 2 steps while it waits S steps
+
+
+def test_no_aging_starves_without_promotion():
+    s = make_scheduler(STJFScheduler, max_num_seqs=1, hetserve={"starvation_threshold": 10**6})
+    add_all(s, [make_request("low", priority=10_000, arrival_time=0, max_tokens=2)])
+    arrivals = {i: [make_request(f"short{i}", priority=1, arrival_time=1 + i, max_tokens=2,
+                                 first_token=100 + i)] for i in range(0, 20)}
+    order = admission_order(s, arrivals=arrivals)
+    assert order[-1] == "low"
+
+
+def test_demotion_after_Q_scheduling_iterations():
+    s = make_scheduler(STJFScheduler, max_num_seqs=1,
+                       hetserve={"starvation_threshold": 2, "quantum": 3})
+    add_all(s, [make_request("first", priority=1, max_tokens=3),
+                make_request("starved", priority=100, arrival_time=1, max_tokens=50)])
+    levels = []
+    for _ in range(12):
+        step(s)
+        entry = s.aging.entries.get("starved")
+        levels.append(entry.level if entry else None)
+    # Promoted while waiting behind "first", then demoted after 3 scheduled iterations.
+    assert -1 in levels
+    first_promoted = levels.index(-1)
+    assert levels[first_promoted:first_promoted + 5].count(-1) <= 4
+    assert levels[-1] == 0
+
+
+def _preemption_victim(cls, **kw):
+    # 11 blocks of 16 tokens (one is vLLM's null block): two 64-token prompts fill 8,
+    # and growing past 80 tokens each forces a preemption.
+    s = make_scheduler(cls, max_num_seqs=2, num_blocks=11, **kw)
+    worst = make_request("worst", priority=9000, arrival_time=0, prompt_len=64,
+                         max_tokens=100, first_token=0)
+    best = make_request("best", priority=1, arrival_time=1, prompt_len=64,
+                        max_tokens=100, first_token=500)
+    s.add_request(worst)
+    step(s)  # "worst" is admitted first...
+    s.add_request(best)
+    for _ in range(40):
+        step(s)
+        if worst.num_preemptions or best.num_preemptions:
+            break
+    return worst, best
+
+
+def test_preemption_victim_is_worst_key_not_last_admitted():
+    worst, best = _preemption_victim(STJFScheduler, hetserve={"starvation_threshold": 10**6})
+    assert worst.num_preemptions == 1 and best.num_preemptions == 0
+    assert worst.status == RequestStatus.PREEMPTED
+
+
+def test_stock_fcfs_preempts_last_admitted():
+    # The baseline the test above differs from: vLLM's FCFS evicts running[-1].
+    worst, best = _preemption_victim(VLLMScheduler)
+    assert best.num_preemptions == 1 and worst.num_preemptions == 0
+
+
+def test_abort_of_waiting_request_removes_it_and_its_aging_state():
+    s = make_scheduler(STJFScheduler, max_num_seqs=1)
+    add_all(s, [make_request(f"r{i}", priority=i + 1, arrival_time=i) for i in range(5)])
+    step(s)
+    s.finish_requests(["r3", "r4"], RequestStatus.FINISHED_ABORTED)
+    assert len(s.waiting) == 2
+    assert "r3" not in s.aging.entries and "r4" not in s.aging.entries
+    assert admission_order(s) == ["r1", "r2"]
+    assert s.aging.entries == {}
+
+
+def test_abort_of_running_request_frees_its_state():
+    s = make_scheduler(STJFScheduler, max_num_seqs=1)
+    add_all(s, [make_request("a", priority=1, max_tokens=50), make_request("b", priority=2)])
+    step(s)
+    s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert "a" not in s.aging.entries
+    assert admission_order(s) == ["b"]
+
+
+def test_mlfq_orders_by_level_then_arrival():
+    s = make_scheduler(MLFQScheduler, max_num_seqs=1,
+                       hetserve={"mlfq_levels": 3, "mlfq_base_quantum": 4})
+    add_all(s, [make_request(f"r{i}", arrival_time=i, max_tokens=2) for i in range(4)])
+    assert admission_order(s) == ["r0", "r1", "r2", "r3"]
+    assert s.mlfq.level(0) == 0 and s.mlfq.level(4) == 1 and s.mlfq.level(12) == 2
+    assert s.mlfq.level(10**6) == 2
