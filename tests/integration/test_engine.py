@@ -1,0 +1,255 @@
+"""A real engine (engine_ext.serve on builtin:tiny-a, max_num_seqs=1) end to end:
+priority reaches the scheduler, service order follows the key, aging bounds starvation,
+telemetry and KV events arrive, bad priorities are rejected without touching the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import zmq
+
+from engine_ext.telemetry import (
+    BlockStored,
+    SchedulerSnapshot,
+    kv_event_decoder,
+    snapshot_decoder,
+    subscriber_binds,
+)
+from tests.engine_proc import EngineProc, start_engine
+
+pytestmark = pytest.mark.engine
+
+S = 20  # starvation threshold of the test engine
+
+
+class Collector:
+    """Background SUB sockets gathering decoded telemetry and KV-event frames."""
+
+    def __init__(self, engine: EngineProc) -> None:
+        self.snapshots: list[SchedulerSnapshot] = []
+        self.kv_events: list[object] = []
+        self.snap_decoder, self.kv_decoder = snapshot_decoder(), kv_event_decoder()
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self._socks = []
+        for ep in (engine.telemetry_endpoint, engine.kv_events_endpoint):
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            (sock.bind if subscriber_binds(ep) else sock.connect)(ep)
+            self._socks.append(sock)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for s in self._socks:
+            poller.register(s, zmq.POLLIN)
+        while not self._stop.is_set():
+            for sock, _ in poller.poll(100):
+                frames = sock.recv_multipart()
+                if sock is self._socks[0]:
+                    if (got := self.snap_decoder.decode(frames)) is not None:
+                        self.snapshots.append(got[2])
+                elif (got := self.kv_decoder.decode(frames)) is not None:
+                    self.kv_events.extend(got[2].events)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for s in self._socks:
+            s.close(linger=0)
+        self._ctx.term()
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> EngineProc:
+    tmp: Path = tmp_path_factory.mktemp("engine")
+    eng = start_engine(tmp, "stjf-e2e", extra=[
+        "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
+        "--max-promotions", "1", "--max-model-len", "4096",
+    ])
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture
+def collector(engine):
+    c = Collector(engine)
+    time.sleep(0.3)  # let the subscription reach the publisher
+    yield c
+    c.close()
+
+
+async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int,
+                    priority: int | None = None) -> dict:
+    body = {"model": "tiny-a", "prompt": prompt, "max_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0}
+    if priority is not None:
+        body["priority"] = priority
+    r = await client.post("/v1/completions", json=body, timeout=300)
+    r.raise_for_status()
+    return r.json()
+
+
+
+
+async def _wait_for(collector: Collector, predicate, timeout: float = 60) -> SchedulerSnapshot:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for snap in reversed(collector.snapshots[-50:]):
+            if predicate(snap):
+                return snap
+        await asyncio.sleep(0.02)
+    seen = sorted({(s.batch_size, s.num_waiting) for s in collector.snapshots})
+    raise AssertionError(f"no snapshot matched in {timeout}s; (batch, waiting) seen: {seen}")
+
+
+async def _blocker(client: httpx.AsyncClient) -> None:
+    """A long request that occupies the engine's only slot until cancelled (the client
+    disconnects and vLLM aborts it). Not streamed: streaming thousands of tokens keeps a
+    loaded API server too busy to admit the requests the tests queue behind it."""
+    await _complete(client, "blocker", 4000, 1)
+
+
+def test_service_order_follows_the_key(engine, collector):
+    # A blocker holds the only slot until all five are queued and have waited S more
+    # steps (all promoted to the same, capped, level); then it is aborted and the five
+    # leave in key order, the unprioritized one last.
+    async def run():
+        async with httpx.AsyncClient(base_url=engine.url) as client:
+            done: list[str] = []
+
+            async def job(name, prio):
+                await _complete(client, f"request {name}", 4, prio)
+                done.append(name)
+
+            blocker = asyncio.create_task(_blocker(client))
+            await _wait_for(collector, lambda s: s.batch_size == 1)
+            others = []
+            for name, prio in [("p50", 50), ("p10", 10), ("none", None), ("p30", 30), ("p20", 20)]:
+                others.append(asyncio.create_task(job(name, prio)))
+                await asyncio.sleep(0.01)
+            queued = await _wait_for(collector, lambda s: s.num_waiting == 5)
+            await _wait_for(collector, lambda s: s.step >= queued.step + S + 2)
+            blocker.cancel()
+            await asyncio.gather(*others)
+            return done
+
+    assert asyncio.run(run()) == ["p10", "p20", "p30", "p50", "none"]
+
+
+def test_low_priority_request_is_served_within_the_aging_bound(engine):
+    """A low-priority request under a steady stream of short high-priority ones."""
+    short_tokens, n_short, outstanding = 4, 40, 3
+
+    async def run():
+        events: list[tuple[str, float]] = []
+        async with httpx.AsyncClient(base_url=engine.url) as client:
+            sem = asyncio.Semaphore(outstanding)
+
+            async def short(i: int) -> None:
+                async with sem:
+                    await _complete(client, f"short {i}", short_tokens, 1)
+                    events.append(("short", time.monotonic()))
+
+            async def low() -> None:
+                await asyncio.sleep(0.05)
+                body = {"model": "tiny-a", "prompt": "low", "max_tokens": 2, "ignore_eos": True,
+                        "priority": 1_000_000, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body, timeout=300) as r:
+                    first = True
+                    async for line in r.aiter_lines():
+                        if first and line.startswith("data:"):
+                            events.append(("low", time.monotonic()))
+                            first = False
+
+            await asyncio.gather(low(), *[short(i) for i in range(n_short)])
+        return events
+
+    events = asyncio.run(run())
+    shorts_before = [kind for kind, _ in sorted(events, key=lambda e: e[1])].index("low")
+    # Promoted after S pass-overs (each short takes `short_tokens` steps), then admitted
+    # when the running short finishes: at most S / short_tokens + 2 shorts go first.
+    bound = S // short_tokens + 2
+    assert shorts_before <= bound, f"{shorts_before} shorts went first, bound {bound}"
+    assert shorts_before < n_short - outstanding  # it did not simply wait for the stream end
+
+
+def test_telemetry_reports_batch_and_waiting(engine, collector):
+    async def run():
+        async with httpx.AsyncClient(base_url=engine.url) as client:
+            blocker = asyncio.create_task(_blocker(client))
+            await _wait_for(collector, lambda s: s.batch_size == 1)
+            rest = [asyncio.create_task(_complete(client, f"w{i}", 3, 5)) for i in range(3)]
+            held = await _wait_for(collector, lambda s: s.num_waiting == 3)
+            blocker.cancel()
+            return held, await asyncio.gather(*rest)
+
+    held, results = asyncio.run(run())
+    assert held.batch_size == 1 and held.pending_decode_tokens > 0
+    assert held.queued_prefill_tokens > 0  # the three prompts are not computed yet
+    time.sleep(1.5)  # idle: at least one heartbeat
+    snaps = collector.snapshots
+    assert snaps, "no telemetry received"
+    assert all(s.engine_id == "stjf-e2e" for s in snaps)
+    assert max(s.batch_size for s in snaps) == 1  # max_num_seqs=1
+    seqs = [s.seq for s in snaps]
+    assert seqs == sorted(seqs) and collector.snap_decoder.malformed == 0
+    finished = {f.request_id.rsplit("-", 1)[0]: f.output_tokens for s in snaps for f in s.finished}
+    for res in results:  # engine ids are "<client id>-<8 hex>" (completions add "-0")
+        assert finished.get(res["id"] + "-0") == 3 or finished.get(res["id"]) == 3
+    assert 0 < min(finished.values()) and max(finished.values()) > 3  # the aborted blocker
+    assert snaps[-1].heartbeat and snaps[-1].batch_size == 0 and snaps[-1].num_waiting == 0
+
+
+def test_kv_events_carry_block_hashes_of_a_long_prompt(engine, collector):
+    prompt = " ".join(f"word{i}" for i in range(400))
+    tokens = httpx.post(f"{engine.url}/tokenize", json={"model": "tiny-a", "prompt": prompt},
+                        timeout=60).json()["tokens"]
+    assert len(tokens) > 256
+    asyncio.run(_run_one(engine.url, prompt))
+    time.sleep(0.5)
+    stored = [e for e in collector.kv_events if isinstance(e, BlockStored)]
+    assert stored, "no BlockStored events"
+    hashes = [h for e in stored for h in e.block_hashes]
+    assert len(hashes) >= len(tokens) // 128
+    first = stored[0]
+    assert first.block_size == 128
+    assert first.token_ids[:128] == tokens[:128]
+    assert all(isinstance(h, int) for h in hashes)
+
+
+async def _run_one(url: str, prompt: str) -> None:
+    async with httpx.AsyncClient(base_url=url) as client:
+        await _complete(client, prompt, 2, 3)
+
+
+@pytest.mark.parametrize("body_priority,header,fragment", [
+    ("high", None, "must be an integer"),
+    (1.5, None, "must be an integer"),
+    (True, None, "must be an integer"),
+    (-1, None, "must be in [0, 2147483647]"),
+    (2**31, None, "must be in [0, 2147483647]"),
+    (None, "soon", "header X-Vllm-Priority must be an integer"),
+    (None, "-3", "header X-Vllm-Priority must be in"),
+])
+def test_bad_priority_is_rejected_and_engine_untouched(engine, collector, body_priority,
+                                                       header, fragment):
+    time.sleep(0.2)
+    before = [s for s in collector.snapshots if not s.heartbeat]
+    body = {"model": "tiny-a", "prompt": "x", "max_tokens": 2}
+    if body_priority is not None:
+        body["priority"] = body_priority
+    headers = {"X-Vllm-Priority": header} if header is not None else {}
+    r = httpx.post(f"{engine.url}/v1/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert fragment in err["message"] and err["param"] == "priority"
+    time.sleep(0.3)
+    after = [s for s in collector.snapshots if not s.heartbeat]
+    assert len(after) == len(before), "the engine stepped for a rejected request"
