@@ -8,7 +8,13 @@ pytest.importorskip("vllm")
 
 from vllm.v1.request import RequestStatus  # noqa: E402
 
-from engine_ext.schedulers import MLFQScheduler, STJFScheduler, VLLMScheduler  # noqa: E402
+from engine_ext.schedulers import (  # noqa: E402
+    MLFQScheduler,
+    STJFAsyncScheduler,
+    STJFScheduler,
+    VLLMScheduler,
+    scheduler_class,
+)
 from kernels_bench.sched_harness import add_all, make_request, make_scheduler, step  # noqa: E402
 from scheduler_patches.queues import KeyedRequestQueue  # noqa: E402
 
@@ -32,8 +38,9 @@ def test_waiting_queue_is_replaced_by_keyed_queue():
     assert isinstance(s.kv_holding_waiting, KeyedRequestQueue)
 
 
-def test_service_order_follows_key():
-    s = make_scheduler(STJFScheduler, max_num_seqs=1, hetserve={"starvation_threshold": 10**6})
+@pytest.mark.parametrize("cls", [STJFScheduler, STJFAsyncScheduler])
+def test_service_order_follows_key(cls):
+    s = make_scheduler(cls, max_num_seqs=1, hetserve={"starvation_threshold": 10**6})
     add_all(s, [
         make_request("long", priority=900, arrival_time=1),
         make_request("short", priority=5, arrival_time=2),
@@ -55,9 +62,10 @@ def test_thousands_of_requests_come_out_sorted():
     assert order == expected
 
 
-def test_starved_request_is_promoted_after_S_pass_overs():
+@pytest.mark.parametrize("cls", [STJFScheduler, STJFAsyncScheduler])
+def test_starved_request_is_promoted_after_S_pass_overs(cls):
     S = 5
-    s = make_scheduler(STJFScheduler, max_num_seqs=1,
+    s = make_scheduler(cls, max_num_seqs=1,
                        hetserve={"starvation_threshold": S, "quantum": 1000})
     add_all(s, [make_request("low", priority=10_000, arrival_time=0, max_tokens=2)])
     # A stream of short, high-priority requests: one new arrival every step.
@@ -115,8 +123,9 @@ def _preemption_victim(cls, **kw):
     return worst, best
 
 
-def test_preemption_victim_is_worst_key_not_last_admitted():
-    worst, best = _preemption_victim(STJFScheduler, hetserve={"starvation_threshold": 10**6})
+@pytest.mark.parametrize("cls", [STJFScheduler, STJFAsyncScheduler])
+def test_preemption_victim_is_worst_key_not_last_admitted(cls):
+    worst, best = _preemption_victim(cls, hetserve={"starvation_threshold": 10**6})
     assert worst.num_preemptions == 1 and best.num_preemptions == 0
     assert worst.status == RequestStatus.PREEMPTED
 
@@ -154,3 +163,13 @@ def test_mlfq_orders_by_level_then_arrival():
     assert admission_order(s) == ["r0", "r1", "r2", "r3"]
     assert s.mlfq.level(0) == 0 and s.mlfq.level(4) == 1 and s.mlfq.level(12) == 2
     assert s.mlfq.level(10**6) == 2
+
+
+def test_async_variant_is_an_async_scheduler():
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    assert issubclass(STJFAsyncScheduler, AsyncScheduler)
+    assert scheduler_class("stjf", True).endswith("STJFAsyncScheduler")
+    assert scheduler_class("stjf", False).endswith(".STJFScheduler")
+    with pytest.raises(ValueError, match="unknown engine policy"):
+        scheduler_class("sjf", False)

@@ -1,0 +1,32 @@
+"""``python -m kernels_bench <name> ...``: benchmarks. ``--help`` on each for its options."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "scheduler": ("kernels_bench.scheduler_bench", "schedule() cost: ours vs vLLM's, 10..10k waiting"),
+    "router": ("kernels_bench.router_bench", "routing decision latency per policy vs round_robin"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m kernels_bench <command> [options]", "", "commands:"]
+    lines += [f"  {name:10} {desc}" for name, (_, desc) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    if argv[0] not in COMMANDS:
+        sys.exit(f"unknown command {argv[0]!r}\n\n{usage()}")
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()
