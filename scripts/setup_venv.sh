@@ -5,7 +5,7 @@
 # - NVIDIA GPU (nvidia-smi lists one): vllm 0.32.x, the CUDA build with the same API.
 #   Override with HETSERVE_VLLM_SPEC='vllm==0.32.1' (any pip requirement string).
 # - Then removes torchvision/torchaudio/torchcodec/triton on CPU machines: pip pulls
-#   CUDA builds of them that break `import transformers` (see docs/platform.md).
+#   CUDA builds of them that break `import transformers`.
 # - Then installs this project (editable) with its own dependencies.
 # A stamp file records what was installed; a later run with the same inputs does nothing.
 set -euo pipefail
