@@ -9,7 +9,7 @@ setup:
 	@scripts/setup_venv.sh
 
 demo: setup
-	$(PY) -m engine_ext.demo
+	$(PY) -m launcher examples/demo.toml --demo
 
 test: setup
 	$(PY) -m pytest tests -q

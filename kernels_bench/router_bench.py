@@ -1,0 +1,275 @@
+"""``python -m kernels_bench router``: routing decision latency per policy.
+
+For each cluster size (default 2, 16, 64 engines, half serving a small and half a large
+model) it builds one ``RouterCore`` per policy over the same synthetic state: every
+engine has a scheduler snapshot (fed through the telemetry decoder) and a prefix cache
+holding some of a pool of shared 512-token system prompts (fed as KV events). Requests
+carry ~700-token prompts (one shared prefix plus a unique suffix, so KV-aware policies
+hash five blocks) and workflow metadata.
+
+A batch of N requests is a burst of N concurrent ``route()`` calls on one event loop;
+routebalance collects them into one batch (``max_batch = N``), the others decide them one
+after the other. A request's latency runs from the burst's arrival to its decision, so
+it includes waiting for the decisions before it (or for its batch). The CPU time per
+request (burst CPU time / N) is recorded too. Decisions are released after each burst,
+so the state stays the same. Policies run in interleaved rounds (noise from other
+processes hits all alike) and the table shows p50 and p99 per request and the ratio of
+p50s against ``round_robin`` from the same run. Predictor-backed policies use static
+priors here: the learned predictors' latency is measured by their own benchmark.
+JSON and a PNG plot go to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+
+from engine_ext.telemetry import (BlockStored, KVEvent, KVEventBatch, SchedulerSnapshot,
+                                  encode_snapshot)
+from router.policies import POLICIES
+from router.policies.base import RoutingRequest, WorkflowMeta
+from router.state.core import RouterCore
+from router.state.kv_hash import BlockHasher
+
+ENGINES = (2, 16, 64)
+BATCHES = (1, 4, 16, 64)
+BLOCK = 128
+MODELS = ("small", "large")
+PREFIXES = 8
+PREFIX_TOKENS = 512
+STATIC: dict[str, dict[str, Any]] = {
+    "chimera": {"static_prior": True, "confidence": {"small": 0.6, "large": 0.8},
+                "mean_output_tokens": {"small": 200, "large": 300},
+                "decode_ms_per_token": {"small": 5.0, "large": 15.0},
+                "max_batch_size": {"small": 64, "large": 32}},
+    "routebalance": {"static_prior": True, "quality": {"small": 0.6, "large": 0.8},
+                     "mean_output_tokens": {"small": 200, "large": 300},
+                     "decode_ms_per_token": {"small": 5.0, "large": 15.0},
+                     "cost_per_token": {"small": 1e-7, "large": 4e-7}},
+    "laar": {"static_prior": True, "capability": {"small": 0.6, "large": 0.8},
+             "mean_output_tokens": {"small": 200, "large": 300},
+             "decode_ms_per_token": {"small": 5.0, "large": 15.0}},
+}
+
+
+@dataclasses.dataclass
+class Cluster:
+    instances: list[SimpleNamespace]
+    snapshot_frames: list[list[bytes]]
+    kv_frames: list[list[bytes]]
+    prefixes: list[list[int]]
+
+
+def make_cluster(n: int, rng: random.Random) -> Cluster:
+    hasher = BlockHasher()
+    prefixes = [[rng.randrange(3, 4000) for _ in range(PREFIX_TOKENS)] for _ in range(PREFIXES)]
+    instances, snaps, kvs = [], [], []
+    for i in range(n):
+        name = f"e{i:03d}"
+        instances.append(SimpleNamespace(
+            name=name, served_model_name=MODELS[i % 2], url=f"http://127.0.0.1:{9000 + i}",
+            telemetry_endpoint=None, kv_events_endpoint=None, max_model_len=4096))
+        snap = SchedulerSnapshot(
+            engine_id=name, seq=0, ts=0.0, step=1, batch_size=rng.randrange(0, 32),
+            num_waiting=rng.randrange(0, 8), queued_prefill_tokens=rng.randrange(0, 4000),
+            pending_decode_tokens=rng.randrange(0, 8000), kv_usage=rng.random(),
+            num_preemptions=0)
+        snaps.append([name.encode(), (0).to_bytes(8, "big"), encode_snapshot(snap)])
+        held = rng.sample(prefixes, k=max(1, PREFIXES // 4))
+        events: list[KVEvent] = [
+            BlockStored(block_hashes=list[int | bytes](hasher.block_hashes(p, BLOCK)),
+                        parent_block_hash=None, token_ids=p, block_size=BLOCK) for p in held]
+        kvs.append([name.encode(), (0).to_bytes(8, "big"),
+                    msgspec.msgpack.encode(KVEventBatch(ts=0.0, events=events))])
+    return Cluster(instances, snaps, kvs, prefixes)
+
+
+def make_core(policy: str, cluster: Cluster, batch: int) -> RouterCore:
+    settings = dict(STATIC.get(policy, {}))
+    if policy == "routebalance":
+        settings["max_batch"] = batch
+    router = SimpleNamespace(policy=policy, policy_settings={policy: settings},
+                             heartbeat_timeout_s=1e9)
+    core = RouterCore(SimpleNamespace(router=router, instances=lambda: cluster.instances))
+    core.build_policy()
+    for frames in cluster.snapshot_frames:
+        core.snapshots.feed(frames)
+    for frames in cluster.kv_frames:
+        core.kv_events.feed(frames)
+    return core
+
+
+def make_requests(cluster: Cluster, count: int, rng: random.Random) -> list[RoutingRequest]:
+    out = []
+    for i in range(count):
+        ids = rng.choice(cluster.prefixes) + [rng.randrange(3, 4000) for _ in range(190)]
+        stages = rng.randrange(1, 5)
+        out.append(RoutingRequest(
+            request_id=f"q{i}", requested_model=None, prompt_text="", user_text="",
+            prompt_token_ids=ids, num_prompt_tokens=len(ids), max_tokens=256,
+            workflow=WorkflowMeta(program_id=f"p{rng.randrange(64)}", workflow="bench",
+                                  stage_index=rng.randrange(stages), num_stages=stages)))
+    return out
+
+
+async def run_batch(core: RouterCore, reqs: list[RoutingRequest]) -> tuple[list[float], float]:
+    """Route ``reqs`` as one burst: each request's latency from the burst's arrival to its
+    decision (seconds), and the CPU seconds the burst cost; then release the decisions."""
+    async def one(req: RoutingRequest) -> tuple[float, Any]:
+        decision = await core.route(req)
+        return time.perf_counter() - t0, decision
+
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(r) for r in reqs))
+    cpu = time.process_time() - cpu0
+    for _, decision in results:
+        core.on_complete(decision, 100, None)
+    return [lat for lat, _ in results], cpu
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclasses.dataclass
+class Samples:
+    latency_s: list[float] = dataclasses.field(default_factory=list)
+    cpu_s: float = 0.0
+
+
+async def measure(policies: list[str], engines: int, batch: int, requests: int,
+                  seed: int) -> dict[str, Samples]:
+    rng = random.Random(seed + engines)
+    cluster = make_cluster(engines, rng)
+    cores = {p: make_core(p, cluster, batch) for p in policies}
+    pool = make_requests(cluster, 512, rng)
+    rounds = max(20, requests // batch)
+    samples = {p: Samples() for p in policies}
+    serial = 0
+    gc.collect()
+    for rnd in range(rounds + 2):  # two warm-up rounds
+        picks = [rng.choice(pool) for _ in range(batch)]
+        for p in policies:
+            reqs = [dataclasses.replace(r, request_id=f"{r.request_id}-{serial + k}")
+                    for k, r in enumerate(picks)]
+            serial += batch
+            lat, cpu = await run_batch(cores[p], reqs)
+            if rnd >= 2:
+                samples[p].latency_s += lat
+                samples[p].cpu_s += cpu
+    return samples
+
+
+def summarise(samples: dict[str, Samples], engines: int, batch: int) -> list[dict[str, Any]]:
+    base = samples["round_robin"]
+    base50, base99 = statistics.median(base.latency_s), percentile(base.latency_s, 0.99)
+    rows = []
+    for p, s in samples.items():
+        p50, p99 = statistics.median(s.latency_s), percentile(s.latency_s, 0.99)
+        rows.append({"policy": p, "engines": engines, "batch": batch, "n": len(s.latency_s),
+                     "p50_us": p50 * 1e6, "p99_us": p99 * 1e6,
+                     "mean_us": statistics.fmean(s.latency_s) * 1e6,
+                     "cpu_us_per_request": s.cpu_s / len(s.latency_s) * 1e6,
+                     "ratio_p50": p50 / base50, "ratio_p99": p99 / base99,
+                     "ratio_cpu": s.cpu_s / base.cpu_s})
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], engines: int, batches: list[int]) -> None:
+    by = {(r["policy"], r["batch"]): r for r in rows if r["engines"] == engines}
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    print(f"\n{engines} engines: decision latency per request, p50 / p99 us (x round_robin "
+          f"p50) | CPU us per request (x round_robin)")
+    head = f"{'policy':15}" + "".join(f"{f'batch {b}':>38}" for b in batches)
+    print(head)
+    print("-" * len(head))
+    for p in policies:
+        cells = [f"{r['p50_us']:7.0f} /{r['p99_us']:7.0f} (x{r['ratio_p50']:4.1f}) |"
+                 f"{r['cpu_us_per_request']:5.0f} (x{r['ratio_cpu']:3.1f})"
+                 for r in (by[(p, b)] for b in batches)]
+        print(f"{p:15}" + "".join(f"{c:>38}" for c in cells))
+
+
+def plot(rows: list[dict[str, Any]], engines: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(engines), figsize=(5 * len(engines), 4), sharey=True)
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    cmap = plt.get_cmap("tab20")
+    for ax, n in zip([axes] if len(engines) == 1 else axes, engines):
+        for k, p in enumerate(policies):
+            pts = sorted((r["batch"], r["p50_us"]) for r in rows
+                         if r["engines"] == n and r["policy"] == p)
+            ax.plot([b for b, _ in pts], [v for _, v in pts], marker="os^vD"[k % 5],
+                    color=cmap((2 * k) % 20 + (k >= 10)), label=p)
+        ax.set(title=f"{n} engines", xlabel="requests per batch", xscale="log", yscale="log")
+        ax.grid(True, which="both", alpha=0.3)
+    first = axes if len(engines) == 1 else axes[0]
+    first.set_ylabel("p50 decision latency per request (us)")
+    first.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m kernels_bench router", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engines", type=int, nargs="+", default=list(ENGINES))
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES),
+                    help="round_robin is always included (the ratio's baseline)")
+    ap.add_argument("--requests", type=int, default=1000,
+                    help="requests measured per policy, cluster size and batch size")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("bench_results/router"),
+                    help="directory for router_bench.json and router_bench.png")
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.policies) - set(POLICIES))
+    if unknown:
+        ap.error(f"unknown policies: {', '.join(unknown)}")
+    args.policies = ["round_robin"] + [p for p in args.policies if p != "round_robin"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    for n in args.engines:
+        for b in args.batches:
+            samples = asyncio.run(measure(args.policies, n, b, args.requests, args.seed))
+            rows += summarise(samples, n, b)
+            print(f"  measured {n} engines x batch {b} "
+                  f"({time.monotonic() - started:.0f} s)", flush=True)
+        print_table(rows, n, args.batches)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "seed": args.seed,
+            "requests_per_point": args.requests, "block_size": BLOCK,
+            "static_priors": STATIC, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (args.out / "router_bench.json").write_text(json.dumps({"meta": meta, "rows": rows},
+                                                           indent=1))
+    plot(rows, args.engines, args.out / "router_bench.png")
+    print(f"\nwrote {args.out / 'router_bench.json'} and {args.out / 'router_bench.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Bring a planned cluster up, supervise it until asked to stop, bring it down.
+
+Start-up: every engine at once, then (all healthy) the router; a failure on the way
+prints the failing process and the tail of its log and stops everything. Supervision: an
+engine that exits is marked down at the router (``POST /admin/engines/{id}/down``) and
+restarted with exponential backoff up to ``launcher.max_restarts``; when it is healthy
+again it is marked up. Ctrl-C or SIGTERM: graceful shutdown (``Supervisor.stop_all``); a
+second one kills at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import FrameType
+
+import httpx
+import tomli_w
+
+from launcher.console import Console, table
+from launcher.plan import BASE_ENV, Plan
+from launcher.supervisor import Managed, State, Supervisor
+from router.config import LOOPBACK, http_url
+
+DEMO_CLIENT = Path(__file__).resolve().parent.parent / "examples" / "demo_client.py"
+_TICK_S = 0.5
+
+
+class _StopRequest:
+    """Signal handler: the first signal asks for a graceful stop, the next forces it."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.signum = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum:
+            self.sup.force = True
+        self.signum = signum
+
+
+def launch(plan: Plan, console: Console, demo: bool = False) -> int:
+    """Run the cluster of ``plan``; return the launcher's exit code."""
+    la = plan.config.launcher
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    plan.config_path.write_text(f"# Resolved by the launcher from {plan.config.source}; "
+                                "the router loads this file.\n" + plan.config.to_toml())
+    (plan.run_dir / "plan.txt").write_text(plan.render() + "\n")
+    console.log_path = plan.run_dir / "launcher.log"
+    sup = Supervisor(plan.run_dir, health_timeout_s=la.health_timeout_s,
+                     max_restarts=la.max_restarts, backoff_s=la.restart_backoff_s,
+                     backoff_max_s=la.restart_backoff_max_s)
+    stop = _StopRequest(sup)
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    router: Managed | None = None
+    helpers: list[subprocess.Popen[bytes]] = []
+    try:
+        for w in plan.warnings:
+            console.line(f"warning: {w}")
+        console.line(f"starting {len(plan.engines)} engine(s); logs in {plan.run_dir}")
+        engines = [sup.start(p.spec) for p in plan.engines]
+        if not _wait_up(sup, engines, console, stop, "engines"):
+            return 128 + stop.signum if stop.signum else 1
+        if plan.router:
+            router = sup.start(plan.router.spec)
+            if not _wait_up(sup, [router], console, stop, "the router"):
+                return 128 + stop.signum if stop.signum else 1
+        console.raw(_summary(plan, engines, router))
+        client = None
+        if demo:
+            console.line("running the demo client")
+            client = sup.spawn_plain([sys.executable, str(DEMO_CLIENT), "--base-url",
+                                      plan.config.router_url() + "/v1"], dict(BASE_ENV))
+            helpers.append(client)
+        return _supervise(sup, plan, router, console, stop, client)
+    finally:
+        console.done()
+        console.line("stopping the cluster")
+        sup.stop_all(la.grace_period_s, first=[router] if router else [], helpers=helpers)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        console.line("stopped")
+
+
+def _wait_up(sup: Supervisor, procs: list[Managed], console: Console, stop: _StopRequest,
+             what: str) -> bool:
+    """Wait until all of ``procs`` are healthy; False on a failure or a stop request."""
+    t0 = time.monotonic()
+    while not stop.signum:
+        for ev in sup.step(restart=False):
+            name = ev.proc.spec.name
+            if ev.kind == "up":
+                console.line(f"{name} is up ({ev.detail})")
+            elif ev.kind == "failed":
+                console.done()
+                console.line(f"{name} failed to start: {ev.detail}; last lines of "
+                             f"{ev.proc.spec.log_path}:")
+                console.raw(textwrap.indent(sup.tail(ev.proc), "    "))
+                return False
+        if all(m.state is State.UP for m in procs):
+            console.done()
+            return True
+        waiting = ", ".join(m.spec.name for m in procs if m.state is not State.UP)
+        console.status(f"waiting for {what}: {waiting} ({time.monotonic() - t0:.0f} s)")
+        time.sleep(_TICK_S)
+    return False
+
+
+def _supervise(sup: Supervisor, plan: Plan, router: Managed | None, console: Console,
+               stop: _StopRequest, client: subprocess.Popen[bytes] | None) -> int:
+    """Restart what dies until a stop request (exit 0), the router gives up (1), or the
+    demo ``client`` ends (its exit code)."""
+    router_url = plan.config.router_url() if router else None
+    while not stop.signum:
+        for ev in sup.step(restart=True):
+            name = ev.proc.spec.name
+            if ev.proc is router:
+                console.line(f"router {'is up again' if ev.kind == 'up' else ev.detail}")
+                if ev.kind == "failed":
+                    return 1
+                continue
+            if ev.kind == "up":
+                console.line(f"{name} is up again (restart {ev.proc.restarts})")
+            else:
+                console.line(f"{name} {ev.detail}" + ("; the other engines keep serving"
+                                                      if ev.kind == "failed" else ""))
+            if router_url:
+                _mark(console, router_url, name, "up" if ev.kind == "up" else "down")
+        if client is not None and client.poll() is not None:
+            return client.returncode
+        time.sleep(_TICK_S)
+    return 0
+
+
+def _mark(console: Console, router_url: str, instance: str, state: str) -> None:
+    """Tell the router an engine is down or up (best effort: it also sees telemetry)."""
+    url = f"{router_url}/admin/engines/{instance}/{state}"
+    try:
+        r = httpx.post(url, timeout=2.0)
+        console.log(f"POST {url}: {r.status_code}")
+    except httpx.HTTPError as e:
+        console.log(f"POST {url} failed: {e!r}")
+
+
+def _summary(plan: Plan, engines: list[Managed], router: Managed | None) -> str:
+    rows: list[list[object]] = [
+        [p.spec.name, p.model, p.devices, p.port, m.pid, m.state.value]
+        for p, m in zip(plan.engines, engines)]
+    rows += [[i.name, i.served_model_name, "remote", i.url, "-", "remote"]
+             for i in plan.remote]
+    lines = [table(["ENGINE", "MODEL", "DEVICES", "PORT", "PID", "STATE"], rows), ""]
+    if router is not None:
+        uds = f", unix socket {plan.config.router.uds}" if plan.config.router.uds else ""
+        lines.append(f"router  {plan.config.router_url()}/v1  (policy "
+                     f"{plan.config.router.policy}, pid {router.pid}{uds})")
+    else:
+        lines.append("router  not started (--only); on the router's host add to its "
+                     "cluster file:\n" + _remote_entries(plan))
+    lines.append(f"logs    {plan.run_dir}")
+    return "\n".join(lines)
+
+
+def _remote_entries(plan: Plan) -> str:
+    """``[[engines]]`` entries that point a router on another host at these engines."""
+    entries = []
+    for inst in plan.config.instances():
+        e = plan.config.engine(inst.engine)
+        host = socket.gethostname() if e.host in ("0.0.0.0", "::") else e.host
+        entry = {"name": inst.name, "url": http_url(host, inst.port),
+                 "served_model_name": inst.served_model_name, "model": inst.model,
+                 "telemetry_endpoint": inst.telemetry_endpoint,
+                 "kv_events_endpoint": inst.kv_events_endpoint,
+                 "max_model_len": inst.max_model_len, "max_num_seqs": inst.max_num_seqs}
+        entries.append({k: v for k, v in entry.items() if v is not None})
+    text = tomli_w.dumps({"engines": entries})
+    if any(plan.config.engine(i.engine).host == LOOPBACK for i in plan.config.instances()) \
+            or "ipc://" in text:
+        text += ("# note: 127.0.0.1 and ipc:// are reachable from this machine only; set "
+                 "host and tcp:// endpoints\n# in this host's file to serve another one\n")
+    return text

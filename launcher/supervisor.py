@@ -1,0 +1,332 @@
+"""Process supervision: start, health-check, restart with backoff, stop whole trees.
+
+Every child runs in its own session (its own process group, out of reach of the
+terminal's Ctrl-C, so the launcher decides the order of shutdown), gets SIGTERM if the
+launcher dies (``PR_SET_PDEATHSIG`` on Linux), and carries ``HETSERVE_RUN_DIR`` in its
+environment, inherited by all its descendants: ``stop_all`` kills by process group, by
+the process tree seen before the signals, and finally by that marker, so no process of
+the cluster outlives the launcher. The supervisor is single-threaded: the caller drives
+it with ``step()``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import enum
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psutil
+
+MARKER_ENV = "HETSERVE_RUN_DIR"
+"""Environment variable set in every process of a cluster: its run directory."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """How to run one supervised process."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    """Set on top of the launcher's own environment."""
+    log_path: Path
+    health_url: str | None
+    """Healthy once this answers 200 (``None``: once started)."""
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    UP = "up"
+    DOWN = "down"
+    """Exited; waiting for its restart."""
+    FAILED = "failed"
+    """Exited and will not be restarted."""
+    STOPPED = "stopped"
+
+
+@dataclass
+class Managed:
+    """A supervised process and its history."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen[bytes] | None = None
+    state: State = State.STARTING
+    started_at: float = 0.0
+    restarts: int = 0
+    restart_at: float = 0.0
+    last_exit: str = ""
+    pids_seen: set[int] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+
+@dataclass(frozen=True)
+class Event:
+    """A state change ``step()`` reports: ``up``, ``down`` (restart pending) or ``failed``."""
+
+    kind: str
+    proc: Managed
+    detail: str = ""
+
+
+class Supervisor:
+    """Runs a set of processes for one cluster (identified by its run directory)."""
+
+    def __init__(self, run_dir: Path, *, health_timeout_s: float, max_restarts: int,
+                 backoff_s: float, backoff_max_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.run_dir = run_dir
+        self.health_timeout_s = health_timeout_s
+        self.max_restarts = max_restarts
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.clock = clock
+        self.procs: list[Managed] = []
+        self.force = False
+        """Set (e.g. on a second Ctrl-C) to make a running ``stop_all`` kill at once."""
+        self._http = httpx.Client(timeout=2.0)
+
+    # ---- starting and watching
+
+    def start(self, spec: ProcessSpec) -> Managed:
+        m = Managed(spec)
+        self.procs.append(m)
+        self._spawn(m)
+        return m
+
+    def spawn_plain(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start an unsupervised helper (output to the terminal) that ``stop_all`` ends too."""
+        return spawn(argv, self._env(env), stdout=None)
+
+    def step(self, restart: bool) -> list[Event]:
+        """Check every process once: exits, health, due restarts (only if ``restart``)."""
+        events: list[Event] = []
+        now = self.clock()
+        for m in self.procs:
+            if m.state in (State.STARTING, State.UP):
+                assert m.popen is not None
+                self._remember_tree(m)
+                code = m.popen.poll()
+                if code is not None:
+                    events.append(self._exited(m, _describe_exit(code), restart))
+                elif m.state is State.STARTING:
+                    if self._healthy(m.spec.health_url):
+                        m.state = State.UP
+                        events.append(Event("up", m, f"{now - m.started_at:.0f} s"))
+                    elif now - m.started_at > self.health_timeout_s:
+                        events.append(self._exited(
+                            m, f"not healthy after {self.health_timeout_s:g} s", restart))
+            elif m.state is State.DOWN and restart and now >= m.restart_at:
+                m.restarts += 1
+                self._spawn(m)
+        return events
+
+    def _spawn(self, m: Managed) -> None:
+        mode = "ab" if m.restarts else "wb"
+        with open(m.spec.log_path, mode) as log:
+            if m.restarts:
+                log.write(f"\n---- launcher: restart {m.restarts} ----\n".encode())
+                log.flush()
+            m.popen = spawn(m.spec.argv, self._env(m.spec.env), stdout=log)
+        m.state = State.STARTING
+        m.started_at = self.clock()
+        m.pids_seen = {m.popen.pid}
+
+    def _exited(self, m: Managed, reason: str, restart: bool) -> Event:
+        """Clean up what is left of ``m``'s tree and decide on its restart."""
+        _kill(self._tree(m), m.popen, signal.SIGKILL)
+        _reap(m.popen, 5.0)
+        m.last_exit = reason
+        if restart and m.restarts < self.max_restarts:
+            delay = min(self.backoff_s * 2 ** m.restarts, self.backoff_max_s)
+            m.state = State.DOWN
+            m.restart_at = self.clock() + delay
+            return Event("down", m, f"{reason}; restart {m.restarts + 1} of "
+                                    f"{self.max_restarts} in {delay:g} s")
+        m.state = State.FAILED
+        return Event("failed", m, reason + (f"; gave up after {m.restarts} restarts"
+                                            if restart else ""))
+
+    def _healthy(self, url: str | None) -> bool:
+        if url is None:
+            return True
+        try:
+            return self._http.get(url).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        return {**os.environ, **extra, MARKER_ENV: str(self.run_dir)}
+
+    # ---- stopping
+
+    def stop_all(self, grace_s: float, first: Iterable[Managed] = (),
+                 helpers: Iterable[subprocess.Popen[bytes]] = ()) -> None:
+        """Graceful shutdown: SIGTERM to ``helpers``, then ``first`` (the router, which
+        finishes its in-flight requests), then the rest once ``first`` is gone or half
+        the grace period has passed; SIGKILL whatever is left when it ends."""
+        t0 = self.clock()
+        for h in helpers:
+            _kill([], h, signal.SIGTERM)
+        first = [m for m in first if m.popen]
+        rest = [m for m in self.procs if m.popen and m not in first]
+        for m in first:
+            self._terminate(m)
+        self._wait(first, t0 + grace_s / 2)
+        for m in rest:
+            self._terminate(m)
+        self._wait(self.procs, t0 + grace_s)
+        leftovers = self.marked()
+        for m in self.procs:
+            if m.popen:
+                leftovers += self._tree(m)
+                _kill(self._tree(m), m.popen, signal.SIGKILL)
+        for h in helpers:
+            _kill([], h, signal.SIGKILL)
+        _kill(leftovers, None, signal.SIGKILL)
+        deadline = self.clock() + 5.0
+        while any(_alive(p) for p in leftovers) and self.clock() < deadline:
+            time.sleep(0.05)
+        for m in self.procs:
+            _reap(m.popen, 5.0)
+            m.state = State.STOPPED
+        for h in helpers:
+            _reap(h, 5.0)
+        self._http.close()
+
+    def _terminate(self, m: Managed) -> None:
+        """SIGTERM to the process itself (it stops its own children), or to what is left
+        of its tree if it is gone already."""
+        self._remember_tree(m)
+        assert m.popen is not None
+        if m.popen.poll() is None:
+            m.popen.send_signal(signal.SIGTERM)
+        else:
+            _kill(self._tree(m), None, signal.SIGTERM)
+
+    def _wait(self, procs: list[Managed], deadline: float) -> None:
+        while not self.force and self.clock() < deadline:
+            if not any(_alive(p) for m in procs for p in self._tree(m)):
+                return
+            time.sleep(0.1)
+
+    def marked(self) -> list[psutil.Process]:
+        """Every live process whose environment names this cluster's run directory."""
+        out = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(MARKER_ENV) == str(self.run_dir) and _alive(p):
+                    out.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return out
+
+    def _remember_tree(self, m: Managed) -> None:
+        if m.popen is None:
+            return
+        try:
+            kids = psutil.Process(m.popen.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        m.pids_seen.update(k.pid for k in kids)
+
+    def _tree(self, m: Managed) -> list[psutil.Process]:
+        """The live processes of ``m`` seen so far (they may have been re-parented)."""
+        out = []
+        for pid in m.pids_seen:
+            try:
+                p = psutil.Process(pid)
+                if p.environ().get(MARKER_ENV) == str(self.run_dir):
+                    out.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return out
+
+    def tail(self, m: Managed, lines: int = 20) -> str:
+        """The last lines of ``m``'s log."""
+        try:
+            with open(m.spec.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+                text = f.read().decode(errors="replace")
+        except OSError as e:
+            return f"(no log: {e})"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------- process helpers
+
+
+def spawn(argv: list[str], env: dict[str, str], stdout: IO[bytes] | None
+          ) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session, to get SIGTERM when this process dies."""
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                            stderr=subprocess.STDOUT if stdout is not None else None,
+                            start_new_session=True, preexec_fn=_pdeathsig(os.getpid()))
+
+
+def _pdeathsig(parent: int) -> Callable[[], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _kill(procs: list[psutil.Process], popen: subprocess.Popen[bytes] | None,
+          sig: signal.Signals) -> None:
+    """Signal ``popen``'s process group (while its leader lives) and each of ``procs``."""
+    if popen is not None and popen.poll() is None:
+        try:
+            os.killpg(popen.pid, sig)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def _reap(popen: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    if popen is None:
+        return
+    try:
+        popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"

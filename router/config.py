@@ -1,0 +1,788 @@
+"""The cluster file (``cluster.toml``): schema, validation, and the resolved form.
+
+One TOML file describes a cluster; the launcher and the router both load it with
+``load_cluster_config``. Tables: ``[router]`` (listen address, policy and its settings,
+predictor artifacts), ``[[engines]]`` (one entry per model deployment, with replicas) and
+``[launcher]`` (run directory, ports, health timeout, restarts, grace period). The keys
+are the fields of the dataclasses below; docs/cluster.md documents every one of them.
+
+Relative paths in the file are relative to the file's folder. Ports and telemetry
+endpoints may be left out: the launcher assigns them and writes a *resolved* file
+(``to_toml``) in which every one is set; ``instances()`` needs that resolved form.
+Every default address is loopback (``127.0.0.1``) or ``ipc://``.
+
+Errors raise ``ConfigError`` with the message ``<file>: <key path>: <what is wrong>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import importlib.util
+import os
+import re
+import tomllib
+import types
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
+
+import tomli_w
+
+from engine_ext.telemetry import publisher_binds
+
+LOOPBACK = "127.0.0.1"
+SCHED_POLICIES = ("stjf", "fcfs", "priority", "mlfq")
+"""Engine scheduler policies (``engine_ext.serve --sched-policy``)."""
+RESERVED_MODEL_NAMES = ("auto",)
+"""Served model names the router keeps for itself."""
+BUILTIN_PREFIX = "builtin:"
+TINY_KV_CACHE_BYTES = 64 * 2**20
+"""Default CPU KV cache of a built-in tiny model (``builtin:tiny-*``)."""
+CPU_KV_CACHE_BYTES = 2**30
+"""Default CPU KV cache of any other model."""
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+class ConfigError(ValueError):
+    """An invalid cluster file; ``str()`` is ``<file>: <key path>: <what is wrong>``."""
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        super().__init__(f"{source}: {key}: {problem}")
+        self.source = source
+        self.key = key
+        self.problem = problem
+
+
+# ---------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """``[router]``: the router process."""
+
+    policy: str
+    """Routing policy name (``router.policies``' registry), e.g. ``chimera``."""
+    host: str = LOOPBACK
+    port: int | None = None
+    """TCP port; assigned by the launcher when left out."""
+    uds: str | None = None
+    """Also listen on this unix socket path."""
+    policy_settings: dict[str, dict[str, Any]] = field(
+        default_factory=dict, metadata={"key": "policies"})
+    """The raw ``[router.policies.<name>]`` tables, validated by ``router.policies``."""
+    predictors: dict[str, str] = field(default_factory=dict)
+    """Predictor artifact paths by predictor name."""
+    heartbeat_timeout_s: float = 2.0
+    """An engine with no telemetry for this long is marked down."""
+    allow_client_priority: bool = False
+    """Whether a client may set the engine priority itself."""
+    telemetry_interval_ms: float = 20.0
+    """Engines' minimum time between two scheduler snapshots while busy."""
+    request_timeout_s: float = 600.0
+    """Upstream (router to engine) request timeout."""
+    program_ttl_s: float = 600.0
+    """A workflow program with no request for this long leaves the program table."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One ``[[engines]]`` entry: a model deployment of ``replicas`` engine instances.
+
+    An entry with ``url`` is *remote*: an engine another host runs (for example with
+    ``python -m launcher FILE --only NAME``); it is not started, only routed to, and its
+    name is that engine's id (``NAME-0`` for the first replica of ``NAME``).
+    Per-replica keys (``port``, ``telemetry_endpoint``, ``kv_events_endpoint``) take one
+    value or a list with one value per replica.
+    """
+
+    name: str
+    served_model_name: str
+    """Model name clients use; defaults to ``name``."""
+    model: str | None = None
+    """``builtin:<name>``, a local path (``/``, ``./``, ``../``, ``~``) or a hub id."""
+    url: str | None = None
+    """Base URL of a remote engine (``http://host:port``)."""
+    replicas: int = 1
+    host: str = LOOPBACK
+    port: int | list[int] | None = None
+    telemetry_endpoint: str | list[str] | None = None
+    kv_events_endpoint: str | list[str] | None = None
+    gpus: list[int] | None = None
+    """GPU ids, ``tensor_parallel_size`` per replica, in replica order."""
+    num_gpus: int | None = None
+    """GPUs per replica, auto-packed onto the visible GPUs (sets the TP size)."""
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    """Share of each of its GPUs' memory an instance may take (vLLM's setting)."""
+    cpus: list[int] | None = None
+    """CPU cores (no GPU visible), split evenly over the replicas."""
+    num_cpus: int | None = None
+    """CPU cores per replica (no GPU visible); default: an even share of the free cores."""
+    kv_cache_bytes: int | None = None
+    """KV cache size; default on CPU: 64 MiB for ``builtin:tiny-*``, else 1 GiB."""
+    sched_policy: str | None = None
+    starvation_threshold: int | None = None
+    quantum: int | None = None
+    max_promotions: int | None = None
+    mlfq_levels: int | None = None
+    mlfq_base_quantum: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    dtype: str | None = None
+    enforce_eager: bool = False
+    load_format: str | None = None
+    seed: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    """Any other ``vllm serve`` arguments, passed unchanged."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables of the engine process."""
+
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """``[launcher]``: how the launcher runs the cluster (the router ignores it)."""
+
+    run_dir: str | None = None
+    """Logs, sockets and the resolved file; default ``runs/<timestamp>`` in the cwd."""
+    base_port: int = 8100
+    """Automatic ports are the free ones from here upwards."""
+    health_timeout_s: float = 600.0
+    """How long a starting engine or router may take to answer ``/health``."""
+    grace_period_s: float = 10.0
+    """Shutdown: time for in-flight requests and exits before SIGKILL."""
+    max_restarts: int = 5
+    """Restarts of one process before the launcher gives up on it."""
+    restart_backoff_s: float = 1.0
+    """Delay before the first restart; doubles with every further one."""
+    restart_backoff_max_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class EngineInstance:
+    """One engine process (a replica of an entry), as the router sees it."""
+
+    name: str
+    """The engine id in telemetry and KV events: ``<engine>-<replica>`` (e.g. ``big-0``);
+    a remote engine's entry name is its engine id."""
+    engine: str
+    replica: int
+    model: str | None
+    served_model_name: str
+    url: str
+    """Base URL the router sends requests to."""
+    port: int
+    telemetry_endpoint: str
+    kv_events_endpoint: str
+    max_model_len: int | None
+    max_num_seqs: int | None
+    remote: bool
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """A validated cluster file."""
+
+    source: str
+    """The file it was loaded from (names it in errors)."""
+    router: RouterConfig
+    engines: list[EngineConfig]
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+    def engine(self, name: str) -> EngineConfig:
+        for e in self.engines:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    def instances(self) -> list[EngineInstance]:
+        """One ``EngineInstance`` per replica; needs every port and endpoint set."""
+        out = []
+        for e in self.engines:
+            key = f"engines.{e.name}"
+            ports = [urlsplit(e.url).port or 0] if e.url else _replica_ports(e)
+            tele = _replica_values(e.telemetry_endpoint, e.replicas)
+            kv = _replica_values(e.kv_events_endpoint, e.replicas)
+            for k, values in (("port", ports), ("telemetry_endpoint", tele),
+                              ("kv_events_endpoint", kv)):
+                if values is None:
+                    raise ConfigError(self.source, f"{key}.{k}", "not set; the launcher "
+                                      "assigns it (run the cluster with `python -m launcher`)")
+            assert ports is not None and tele is not None and kv is not None
+            for i in range(e.replicas):
+                out.append(EngineInstance(
+                    name=e.name if e.remote else f"{e.name}-{i}", engine=e.name, replica=i,
+                    model=e.model,
+                    served_model_name=e.served_model_name,
+                    url=e.url.rstrip("/") if e.url else http_url(e.host, ports[i]),
+                    port=ports[i], telemetry_endpoint=tele[i], kv_events_endpoint=kv[i],
+                    max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
+                    remote=e.remote))
+        return out
+
+    def claimed_ports(self) -> set[int]:
+        """Ports of this machine the file gives (listeners and loopback TCP endpoints)."""
+        return set(_port_owners(self))
+
+    def router_url(self) -> str:
+        if self.router.port is None:
+            raise ConfigError(self.source, "router.port", "not set; the launcher assigns it")
+        return http_url(self.router.host, self.router.port)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's tables, with the values that differ from the defaults."""
+        return {
+            "router": _table(self.router),
+            "engines": [_table(e) for e in self.engines],
+            "launcher": _table(self.launcher),
+        }
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+
+ENGINE_FLAGS: dict[str, str] = {
+    "sched_policy": "--sched-policy",
+    "starvation_threshold": "--starvation-threshold",
+    "quantum": "--quantum",
+    "max_promotions": "--max-promotions",
+    "mlfq_levels": "--mlfq-levels",
+    "mlfq_base_quantum": "--mlfq-base-quantum",
+    "max_num_seqs": "--max-num-seqs",
+    "max_model_len": "--max-model-len",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "dtype": "--dtype",
+    "enforce_eager": "--enforce-eager",
+    "load_format": "--load-format",
+    "seed": "--seed",
+}
+"""Engine keys passed through as the engine server flag of the same name."""
+
+MANAGED_FLAGS: dict[str, str] = {
+    **{flag: key for key, flag in ENGINE_FLAGS.items()},
+    "--model": "model",
+    "--engine-id": "name",
+    "--host": "host",
+    "--port": "port",
+    "--served-model-name": "served_model_name",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--kv-cache-memory-bytes": "kv_cache_bytes",
+    "--telemetry-endpoint": "telemetry_endpoint",
+    "--telemetry-interval-ms": "router.telemetry_interval_ms",
+    "--kv-events-endpoint": "kv_events_endpoint",
+    "--kv-events-config": "kv_events_endpoint",
+}
+"""Flags the launcher sets itself, with the key that sets them; not allowed in extra_args."""
+
+_REMOTE_KEYS = frozenset({"name", "url", "model", "served_model_name", "replicas",
+                          "telemetry_endpoint", "kv_events_endpoint", "max_model_len",
+                          "max_num_seqs"})
+_MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus", "VLLM_CPU_OMP_THREADS_BIND": "cpus"}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
+    """Read and validate a cluster file; raise ``ConfigError`` naming file and key."""
+    source = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(source, "(file)", f"cannot read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(source, "(syntax)", str(e)) from None
+    return parse_cluster_config(data, source, Path(path).resolve().parent)
+
+
+def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> ClusterConfig:
+    """Validate the tables of a cluster file read from ``source`` (paths relative to
+    ``base_dir``)."""
+    _check_keys(source, "", data, ("router", "engines", "launcher"), required=("router",
+                                                                             "engines"))
+    router_raw = _expect_table(source, "router", data["router"])
+    router = _build(source, "router", RouterConfig, router_raw)
+    router = dataclasses.replace(
+        router,
+        uds=_abs(router.uds, base_dir),
+        predictors={k: _abs(v, base_dir) for k, v in router.predictors.items()},
+    )
+    launcher = _build(source, "launcher", LauncherConfig,
+                      _expect_table(source, "launcher", data.get("launcher", {})))
+    launcher = dataclasses.replace(launcher, run_dir=_abs(launcher.run_dir, base_dir))
+
+    engines_raw = data["engines"]
+    if not isinstance(engines_raw, list) or not engines_raw:
+        raise ConfigError(source, "engines", "expected at least one [[engines]] table")
+    engines = [_parse_engine(source, i, raw, base_dir) for i, raw in enumerate(engines_raw)]
+
+    cfg = ClusterConfig(source=source, router=router, engines=engines, launcher=launcher)
+    _check_router(cfg)
+    _check_launcher(cfg)
+    _check_names(cfg)
+    _port_owners(cfg)
+    _check_endpoints(cfg)
+    _check_gpu_shares(cfg)
+    _check_cpu_overlap(cfg)
+    _check_policy(cfg)
+    return cfg
+
+
+def _parse_engine(source: str, index: int, raw: Any, base_dir: Path) -> EngineConfig:
+    table = _expect_table(source, f"engines[{index}]", raw)
+    name = table.get("name")
+    if name is None:
+        raise ConfigError(source, f"engines[{index}].name", "missing")
+    if not isinstance(name, str):
+        raise ConfigError(source, f"engines[{index}].name",
+                          f"expected a string, got {_value_desc(name)}")
+    if not _NAME_RE.match(name):
+        raise ConfigError(source, f"engines[{index}].name", f"{name!r}: use letters, "
+                          "digits, '_', '.' and '-', starting with a letter or digit")
+    key = f"engines.{name}"
+    table = dict(table)
+    table.setdefault("served_model_name", name)
+    if "num_gpus" in table and "tensor_parallel_size" not in table:
+        table["tensor_parallel_size"] = table["num_gpus"]
+    e = _build(source, key, EngineConfig, table)
+
+    if e.remote:
+        for k in table:
+            if k not in _REMOTE_KEYS:
+                raise ConfigError(source, f"{key}.{k}", "not allowed for a remote engine "
+                                  "(one with `url`): its own host sets it")
+        for k in ("telemetry_endpoint", "kv_events_endpoint"):
+            if k not in table:
+                raise ConfigError(source, f"{key}.{k}", "required for a remote engine (one "
+                                  "with `url`): the endpoint its engine publishes to")
+        _check_url(source, f"{key}.url", e.url or "")
+        if e.replicas != 1:
+            raise ConfigError(source, f"{key}.replicas", "a remote engine is one instance; "
+                              "give each remote replica its own [[engines]] entry")
+    elif e.model is None:
+        raise ConfigError(source, f"{key}.model", "missing: give a model (or `url` for an "
+                          "engine another host runs)")
+    else:
+        e = dataclasses.replace(e, model=_check_model(source, f"{key}.model", e.model,
+                                                      base_dir))
+    _check_engine_values(source, key, e)
+    return e
+
+
+def _check_engine_values(source: str, key: str, e: EngineConfig) -> None:
+    positive = ("replicas", "tensor_parallel_size", "num_gpus", "num_cpus", "kv_cache_bytes",
+                "max_num_seqs", "max_model_len", "max_num_batched_tokens",
+                "starvation_threshold", "quantum", "mlfq_levels", "mlfq_base_quantum")
+    for k in positive:
+        v = getattr(e, k)
+        if v is not None and v < 1:
+            raise ConfigError(source, f"{key}.{k}", f"must be at least 1, got {v}")
+    if e.max_promotions is not None and e.max_promotions < 0:
+        raise ConfigError(source, f"{key}.max_promotions", "must not be negative")
+    if not 0 < e.gpu_memory_utilization <= 1:
+        raise ConfigError(source, f"{key}.gpu_memory_utilization",
+                          f"must be in (0, 1], got {e.gpu_memory_utilization}")
+    if e.sched_policy is not None and e.sched_policy not in SCHED_POLICIES:
+        raise ConfigError(source, f"{key}.sched_policy", f"unknown policy {e.sched_policy!r}"
+                          f"{_suggest(e.sched_policy, SCHED_POLICIES)}; one of "
+                          + ", ".join(SCHED_POLICIES))
+    if e.served_model_name in RESERVED_MODEL_NAMES:
+        raise ConfigError(source, f"{key}.served_model_name",
+                          f"{e.served_model_name!r} is reserved by the router")
+    if isinstance(e.port, list) and len(e.port) != e.replicas:
+        raise ConfigError(source, f"{key}.port", f"gives {len(e.port)} ports for "
+                          f"{e.replicas} replicas")
+    for port in _replica_ports(e) or []:
+        if not 1 <= port <= 65535:
+            raise ConfigError(source, f"{key}.port", f"{port} is not a TCP port")
+    _check_placement(source, key, e)
+    for k in ("telemetry_endpoint", "kv_events_endpoint"):
+        values = getattr(e, k)
+        if isinstance(values, list) and len(values) != e.replicas:
+            raise ConfigError(source, f"{key}.{k}", f"gives {len(values)} endpoints for "
+                              f"{e.replicas} replicas")
+        for ep in _replica_values(values, e.replicas) or []:
+            if not ep.startswith(("ipc://", "tcp://")):
+                raise ConfigError(source, f"{key}.{k}",
+                                  f"{ep!r}: expected ipc://PATH or tcp://HOST:PORT")
+            if not isinstance(values, list) and e.replicas > 1 and publisher_binds(ep):
+                raise ConfigError(source, f"{key}.{k}", f"{ep!r} is bound by each engine, so "
+                                  f"the {e.replicas} replicas need one each: give a list")
+    for i, arg in enumerate(e.extra_args):
+        flag = arg.split("=", 1)[0].replace("_", "-") if arg.startswith("-") else None
+        if flag in MANAGED_FLAGS:
+            raise ConfigError(source, f"{key}.extra_args[{i}]", f"{arg!r} is set by the "
+                              f"launcher; use the key `{MANAGED_FLAGS[flag]}`")
+    for var, k in _MANAGED_ENV.items():
+        if var in e.env:
+            raise ConfigError(source, f"{key}.env.{var}", f"set by the launcher; use `{k}`")
+
+
+def _check_placement(source: str, key: str, e: EngineConfig) -> None:
+    tp = e.tensor_parallel_size
+    if e.gpus is not None and e.num_gpus is not None:
+        raise ConfigError(source, f"{key}.num_gpus", "give either gpus or num_gpus, not both")
+    if e.num_gpus is not None and e.num_gpus != tp:
+        problem = (f"tensor_parallel_size {tp} is larger than the {e.num_gpus} GPUs given"
+                   if tp > e.num_gpus else
+                   f"{e.num_gpus} GPUs per replica but tensor_parallel_size is {tp}")
+        raise ConfigError(source, f"{key}.tensor_parallel_size", problem)
+    if e.gpus is not None:
+        if len(e.gpus) < tp:
+            raise ConfigError(source, f"{key}.tensor_parallel_size", f"tensor_parallel_size "
+                              f"{tp} is larger than the {len(e.gpus)} GPUs given in gpus")
+        if len(e.gpus) != tp * e.replicas:
+            raise ConfigError(source, f"{key}.gpus", f"gives {len(e.gpus)} GPUs; "
+                              f"{e.replicas} replicas x tensor_parallel_size {tp} "
+                              f"need {tp * e.replicas}")
+        if any(g < 0 for g in e.gpus):
+            raise ConfigError(source, f"{key}.gpus", "GPU ids are not negative")
+        for r, chunk in enumerate(_chunks(e.gpus, e.replicas)):
+            if len(set(chunk)) != len(chunk):
+                raise ConfigError(source, f"{key}.gpus",
+                                  f"replica {r} is given the same GPU twice: {chunk}")
+    if e.cpus is not None:
+        if e.num_cpus is not None:
+            raise ConfigError(source, f"{key}.num_cpus", "give either cpus or num_cpus, "
+                              "not both")
+        if not e.cpus or len(e.cpus) % e.replicas:
+            raise ConfigError(source, f"{key}.cpus", f"gives {len(e.cpus)} cores, not a "
+                              f"positive multiple of the {e.replicas} replicas")
+        if len(set(e.cpus)) != len(e.cpus) or any(c < 0 for c in e.cpus):
+            raise ConfigError(source, f"{key}.cpus", "cores must be distinct, non-negative")
+
+
+def _check_model(source: str, key: str, spec: str, base_dir: Path) -> str:
+    """The model spec, with a local path made absolute; raise if it cannot exist."""
+    if spec.startswith(BUILTIN_PREFIX):
+        known = _builtin_models()
+        name = spec[len(BUILTIN_PREFIX):]
+        if known is not None and name not in known:
+            raise ConfigError(source, key, f"unknown built-in model {spec!r}"
+                              f"{_suggest(name, known, BUILTIN_PREFIX)}; available: "
+                              + ", ".join(BUILTIN_PREFIX + n for n in known))
+        return spec
+    path = base_dir / Path(spec).expanduser()
+    if spec.startswith(("/", "./", "../", "~")) or spec in (".", "..") or path.exists():
+        if not path.exists():
+            raise ConfigError(source, key, f"local model path {spec!r} does not exist "
+                              f"(looked for {os.path.normpath(path)})")
+        return os.path.normpath(path)
+    return spec
+
+
+def _check_url(source: str, key: str, url: str) -> None:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError(source, key, f"{url!r}: expected http://HOST:PORT")
+
+
+def _check_router(cfg: ClusterConfig) -> None:
+    r = cfg.router
+    if not r.policy.strip():
+        raise ConfigError(cfg.source, "router.policy", "must not be empty")
+    if r.port is not None and not 1 <= r.port <= 65535:
+        raise ConfigError(cfg.source, "router.port", f"{r.port} is not a TCP port")
+    for k in ("heartbeat_timeout_s", "telemetry_interval_ms", "request_timeout_s",
+              "program_ttl_s"):
+        if getattr(r, k) <= 0:
+            raise ConfigError(cfg.source, f"router.{k}", "must be positive")
+
+
+def _check_launcher(cfg: ClusterConfig) -> None:
+    la = cfg.launcher
+    if not 1024 <= la.base_port <= 65535:
+        raise ConfigError(cfg.source, "launcher.base_port", f"{la.base_port}: use 1024..65535")
+    for k in ("health_timeout_s", "grace_period_s", "restart_backoff_s",
+              "restart_backoff_max_s"):
+        if getattr(la, k) <= 0:
+            raise ConfigError(cfg.source, f"launcher.{k}", "must be positive")
+    if la.max_restarts < 0:
+        raise ConfigError(cfg.source, "launcher.max_restarts", "must not be negative")
+
+
+def _check_names(cfg: ClusterConfig) -> None:
+    seen: dict[str, str] = {}
+    models: dict[str, EngineConfig] = {}
+    for i, e in enumerate(cfg.engines):
+        if e.name in seen:
+            raise ConfigError(cfg.source, f"engines[{i}].name",
+                              f"{e.name!r} is already the name of another engine")
+        seen[e.name] = e.name
+        other = models.setdefault(e.served_model_name, e)
+        if other is not e and None not in (other.model, e.model) and other.model != e.model:
+            raise ConfigError(cfg.source, f"engines.{e.name}.served_model_name",
+                              f"{e.served_model_name!r} is also served by engines.{other.name}"
+                              f" with another model ({other.model!r} vs {e.model!r})")
+
+
+def _port_owners(cfg: ClusterConfig) -> dict[int, str]:
+    """The given ports of this machine with the key of each; raise if two share one."""
+    owners: dict[int, str] = {}
+
+    def claim(port: int, key: str) -> None:
+        if port in owners:
+            raise ConfigError(cfg.source, key, f"port clash: {port} is also used by "
+                              f"{owners[port]}")
+        owners[port] = key
+
+    if cfg.router.port is not None:
+        claim(cfg.router.port, "router.port")
+    endpoints: set[str] = set()
+    for e in cfg.engines:
+        key = f"engines.{e.name}"
+        if e.remote:
+            parts = urlsplit(e.url or "")
+            if parts.hostname in ("127.0.0.1", "localhost", "::1") and parts.port:
+                claim(parts.port, f"{key}.url")
+        for i, port in enumerate(_replica_ports(e) or []):
+            claim(port, f"{key}.port" + (f" (replica {i})" if e.replicas > 1 else ""))
+        for k in ("telemetry_endpoint", "kv_events_endpoint"):
+            for ep in _replica_values(getattr(e, k), e.replicas) or []:
+                port = _tcp_loopback_port(ep)
+                if port is not None and ep not in endpoints:
+                    endpoints.add(ep)
+                    claim(port, f"{key}.{k}")
+    return owners
+
+
+def _check_endpoints(cfg: ClusterConfig) -> None:
+    """An endpoint an engine binds belongs to one engine and one stream; one the router
+    binds (tcp to a host) may be shared by engines of one stream only."""
+    streams: dict[str, tuple[str, str]] = {}
+    for e in cfg.engines:
+        for k in ("telemetry_endpoint", "kv_events_endpoint"):
+            values = _replica_values(getattr(e, k), e.replicas) or []
+            for i, ep in enumerate(values):
+                owner = f"engines.{e.name}.{k}" + (f" (replica {i})" if len(values) > 1 else "")
+                if ep in streams:
+                    prev_owner, prev_kind = streams[ep]
+                    if publisher_binds(ep) or prev_kind != k:
+                        raise ConfigError(cfg.source, owner, f"endpoint clash: {ep!r} is also "
+                                          f"{prev_owner}")
+                streams.setdefault(ep, (owner, k))
+
+
+def _check_gpu_shares(cfg: ClusterConfig) -> None:
+    """Instances pinned to one GPU must fit in its memory together."""
+    users: dict[int, list[tuple[str, float]]] = {}
+    for e in cfg.engines:
+        if e.gpus is None:
+            continue
+        for r, chunk in enumerate(_chunks(e.gpus, e.replicas)):
+            for g in chunk:
+                users.setdefault(g, []).append((f"{e.name}-{r}", e.gpu_memory_utilization))
+                total = sum(u for _, u in users[g])
+                if total > 1 + 1e-9:
+                    parts = " + ".join(f"{n} ({u:g})" for n, u in users[g])
+                    raise ConfigError(
+                        cfg.source, f"engines.{e.name}.gpus",
+                        f"GPU {g} is shared beyond its memory: {parts} = {total:g} of "
+                        "gpu_memory_utilization > 1; lower it or move an engine")
+
+
+def _check_cpu_overlap(cfg: ClusterConfig) -> None:
+    owner: dict[int, str] = {}
+    for e in cfg.engines:
+        for c in e.cpus or []:
+            if c in owner:
+                raise ConfigError(cfg.source, f"engines.{e.name}.cpus",
+                                  f"core {c} is also given to engines.{owner[c]}")
+            owner[c] = e.name
+
+
+def _check_policy(cfg: ClusterConfig) -> None:
+    """Hand each policy table to the router's policy registry, when it is installed."""
+    validate = _policy_validator()
+    if validate is None:
+        return
+    tables = {cfg.router.policy: {}, **cfg.router.policy_settings}
+    for name, table in tables.items():
+        try:
+            validate(name, table)
+        except ValueError as e:
+            key, sep, problem = str(e).partition(": ")
+            if not (sep and key.startswith("router.")):  # the message names no key path
+                key, problem = f"router.policies.{name}", str(e)
+            raise ConfigError(cfg.source, key, problem) from None
+
+
+def _policy_validator() -> Callable[[str, dict[str, Any]], Any] | None:
+    if importlib.util.find_spec("router.policies") is None:
+        return None
+    return getattr(importlib.import_module("router.policies"), "validate_settings", None)
+
+
+def _builtin_models() -> Collection[str] | None:
+    if importlib.util.find_spec("engine_ext.builtin_models") is None:
+        return None
+    return getattr(importlib.import_module("engine_ext.builtin_models"), "BUILTIN_MODELS",
+                   None)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def http_url(host: str, port: int) -> str:
+    """URL to reach a server listening on ``host`` (wildcards reached via loopback)."""
+    host = LOOPBACK if host in _WILDCARD_HOSTS else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def default_kv_cache_bytes(model: str | None) -> int:
+    """CPU KV cache size for an engine that does not set ``kv_cache_bytes``."""
+    if model is not None and model.startswith(BUILTIN_PREFIX + "tiny-"):
+        return TINY_KV_CACHE_BYTES
+    return CPU_KV_CACHE_BYTES
+
+
+def _replica_ports(e: EngineConfig) -> list[int] | None:
+    """One port per replica: a list as given, or consecutive ports from one port."""
+    if e.port is None:
+        return None
+    if isinstance(e.port, list):
+        return e.port
+    return [e.port + i for i in range(e.replicas)]
+
+
+def _replica_values(value: str | list[str] | None, replicas: int) -> list[str] | None:
+    if value is None or isinstance(value, list):
+        return value
+    return [value] * replicas
+
+
+def _chunks(items: list[int], n: int) -> list[list[int]]:
+    size = len(items) // n
+    return [items[i * size:(i + 1) * size] for i in range(n)]
+
+
+def _tcp_loopback_port(endpoint: str) -> int | None:
+    if not endpoint.startswith("tcp://"):
+        return None
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    if host.strip("[]") not in ("127.0.0.1", "localhost", "::1", "*") or not port.isdigit():
+        return None
+    return int(port)
+
+
+def _abs(path: str | None, base_dir: Path) -> str | None:
+    if path is None:
+        return None
+    return os.path.normpath(base_dir / Path(path).expanduser())
+
+
+def _table(obj: Any) -> dict[str, Any]:
+    """The dataclass's keys whose values differ from their defaults."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
+            else f.default
+        if value != default:
+            out[f.metadata.get("key", f.name)] = value
+    return out
+
+
+# ---------------------------------------------------------------- generic checking
+
+
+def _expect_table(source: str, key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(source, key, f"expected a table, got {_value_desc(value)}")
+    return value
+
+
+def _check_keys(source: str, prefix: str, table: dict[str, Any], allowed: Collection[str],
+                required: Collection[str] = ()) -> None:
+    for k in table:
+        if k not in allowed:
+            raise ConfigError(source, prefix + k, f"unknown key{_suggest(k, allowed)}")
+    for k in required:
+        if k not in table:
+            raise ConfigError(source, prefix + k, "missing")
+
+
+def _build(source: str, key: str, cls: type, table: dict[str, Any]) -> Any:
+    """Instantiate dataclass ``cls`` from ``table``, checking keys and value types."""
+    hints = get_type_hints(cls)
+    fields = {f.metadata.get("key", f.name): f for f in dataclasses.fields(cls)}
+    required = [k for k, f in fields.items()
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    _check_keys(source, f"{key}.", table, fields, required)
+    kwargs = {}
+    for k, value in table.items():
+        f = fields[k]
+        if not _matches(value, hints[f.name]):
+            raise ConfigError(source, f"{key}.{k}", f"expected {_type_desc(hints[f.name])}, "
+                              f"got {_value_desc(value)}")
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    origin = get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, a) for a in get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, get_args(tp)[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_matches(v, get_args(tp)[1])
+                                               for v in value.values())
+    raise TypeError(f"unsupported schema type {tp!r}")
+
+
+_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _type_desc(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_desc(a) for a in get_args(tp) if a is not type(None))
+    if origin is list:
+        return f"a list of {_type_desc(get_args(tp)[0]).split(' ', 1)[1]}s"
+    if origin is dict:
+        inner = get_args(tp)[1]
+        return "a table" if inner is Any or get_origin(inner) is dict else \
+            f"a table of {_type_desc(inner).split(' ', 1)[1]}s"
+    return _NAMES.get(tp, str(tp))
+
+
+def _value_desc(value: Any) -> str:
+    kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "a list", dict: "a table"}
+    kind = kinds.get(type(value), type(value).__name__)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return f"{kind} ({shown})"
+
+
+def _suggest(word: str, choices: Collection[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix + close[0]!r}?)" if close else ""

@@ -1,0 +1,144 @@
+"""``chimera``: Chimera's load balancer (Algorithm 1) with STJF priorities.
+
+Inputs per candidate model m: the semantic router's confidence q[m] (section 3.3), the
+predicted total remaining output tokens of the workflow P-hat[m] (section 3.4), the
+activity monitor's in-flight predicted tokens P_m (section 3.5) and the model's decode
+profile (decode_ms_per_token[m], max_batch_size[m], from kernels_bench).
+
+  L[m]   = P_m x decode_ms_per_token[m] / max_batch_size[m]   (congestion estimate)
+  m_fast = argmin_m L[m];  q* = q[m_fast]
+  walk m by descending q[m]: take the first m with
+         L[m] <= (1 + tau) x L[m_fast]   (latency slack)
+     and q[m] >= q* + delta_s            (confidence margin over the fastest model);
+  none qualifies -> m_fast.
+A program's later stages reuse the model its first stage got (stickiness). The engine
+within the model is chosen by ``lmetric``; the request's priority is P-hat[m].
+Ties: m_fast prefers higher q, then the name; the walk prefers lower L, then the name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from router.policies.base import (Decision, Policy, RoutingRequest, check, decision, models_of,
+                                  parse_settings, priority_for, resolve)
+from router.policies.lmetric import LMetric, LMetricSettings
+from router.predictors.base import StaticConfidence, StaticRemainingTokens
+from router.state.view import EngineView, StateView
+
+
+@dataclass(frozen=True)
+class ChimeraSettings:
+    tau: float = 0.2
+    """Latency slack tau of Algorithm 1 (default chosen here: the paper's value could not
+    be checked offline)."""
+    delta_s: float = 0.05
+    """Confidence margin delta_s of Algorithm 1 (default chosen here, as for tau)."""
+    sticky: bool = True
+    """Reuse a program's model for its later stages (section 3.5)."""
+    static_prior: bool = False
+    """Use the tables below instead of missing predictors / profiles."""
+    confidence: dict[str, float] = field(default_factory=dict)
+    """Static q[m] per model."""
+    mean_output_tokens: dict[str, float] = field(default_factory=dict)
+    """Static P-hat[m] = mean output tokens x remaining stages."""
+    decode_ms_per_token: dict[str, float] = field(default_factory=dict)
+    max_batch_size: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check("tau", self.tau >= 0, "must be >= 0")
+        check("delta_s", 0 <= self.delta_s <= 1, "must be in [0, 1]")
+        for m, q in self.confidence.items():
+            check(f"confidence.{m}", 0 <= q <= 1, "must be in [0, 1]")
+        for key in ("mean_output_tokens", "decode_ms_per_token", "max_batch_size"):
+            for m, v in getattr(self, key).items():
+                check(f"{key}.{m}", v > 0, "must be > 0")
+
+
+@dataclass(frozen=True)
+class ChimeraPrediction:
+    q: Mapping[str, float]
+    remaining: Mapping[str, float]
+
+
+def model_latency(inflight_tokens: float, decode_ms_per_token: float,
+                  max_batch_size: int) -> float:
+    """L[m] = P_m x decode_ms_per_token[m] / max_batch_size[m]."""
+    return inflight_tokens * decode_ms_per_token / max_batch_size
+
+
+def select_model(q: Mapping[str, float], lat: Mapping[str, float], tau: float,
+                 delta_s: float) -> str:
+    """Algorithm 1 over the models of ``lat``: the confident model within the slack."""
+    m_fast = min(lat, key=lambda m: (lat[m], -q[m], m))
+    q_star, l_fast = q[m_fast], lat[m_fast]
+    for m in sorted(lat, key=lambda m: (-q[m], lat[m], m)):
+        if lat[m] <= (1 + tau) * l_fast and q[m] >= q_star + delta_s:
+            return m
+    return m_fast
+
+
+class Chimera(Policy[ChimeraSettings]):
+    name = "chimera"
+    Settings = ChimeraSettings
+
+    def __init__(self, settings: ChimeraSettings, cluster: Any, predictors: Any,
+                 all_settings: Mapping[str, Mapping[str, Any]]) -> None:
+        super().__init__(settings, cluster, predictors, all_settings)
+        s, models = settings, cluster.models
+        self.q_source, self.sources["confidence"] = resolve(
+            self.name, "per-model confidences q[m]", predictors.semantic_router,
+            getattr(predictors.semantic_router, "models", None), models,
+            "train the semantic router (python -m router.train semantic_router) and set "
+            "router.predictors.semantic_router", s.static_prior,
+            {"confidence": s.confidence}, lambda: StaticConfidence(s.confidence))
+        self.len_source, self.sources["remaining_tokens"] = resolve(
+            self.name, "predicted remaining workflow tokens", predictors.length,
+            getattr(predictors.length, "models", None), models,
+            "train the length predictor (python -m router.train length) and set "
+            "router.predictors.length", s.static_prior,
+            {"mean_output_tokens": s.mean_output_tokens},
+            lambda: StaticRemainingTokens(s.mean_output_tokens))
+        profiles = predictors.profiles
+        unprofiled = [m for m in models if m not in profiles]
+        if not unprofiled:
+            self.decode_ms = {m: profiles[m].decode_ms_per_token for m in models}
+            self.max_batch = {m: profiles[m].max_batch_size for m in models}
+            self.sources["profile"] = "predictor"
+        else:
+            _, self.sources["profile"] = resolve(
+                self.name, f"decode profiles (decode_ms_per_token, max_batch_size) of "
+                f"{', '.join(unprofiled)}", None, None, models,
+                "profile the engines (python -m kernels_bench profile) and set "
+                "router.predictors.profiles", s.static_prior,
+                {"decode_ms_per_token": s.decode_ms_per_token,
+                 "max_batch_size": s.max_batch_size}, lambda: None)
+            self.decode_ms, self.max_batch = dict(s.decode_ms_per_token), dict(s.max_batch_size)
+        self.replicas = LMetric(parse_settings(LMetricSettings, "lmetric",
+                                               all_settings.get("lmetric", {})),
+                                cluster, predictors, all_settings)
+
+    async def predict(self, reqs: Sequence[RoutingRequest]) -> list[ChimeraPrediction]:
+        qs, lens = await asyncio.gather(self.q_source.confidence(reqs),
+                                        self.len_source.remaining_tokens(reqs))
+        return [ChimeraPrediction(q, n) for q, n in zip(qs, lens)]
+
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: ChimeraPrediction) -> Decision:
+        s = self.settings
+        models = models_of(cands)
+        lat = {m: model_latency(view.model_inflight_tokens(m), self.decode_ms[m],
+                                self.max_batch[m]) for m in models}
+        assigned = view.program_model(req.workflow.program_id) if s.sticky else None
+        if assigned is not None and assigned in lat:
+            model, sticky = assigned, True
+        else:
+            model, sticky = select_model(pred.q, lat, s.tau, s.delta_s), False
+        engine, hot = self.replicas.choose(req, [e for e in cands if e.model == model], view)
+        remaining = pred.remaining[model]
+        return decision(req, engine, self.name, priority=priority_for(remaining),
+                        predicted_remaining_tokens=remaining,
+                        info={"q": pred.q[model], "L_ms": lat[model], "sticky": sticky,
+                              "hotspot": hot})

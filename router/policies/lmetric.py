@@ -1,0 +1,138 @@
+"""``lmetric``: LMETRIC (section 5), KV-aware replica choice by one multiplication.
+
+score_i = prefill_i x b_i, lowest wins, with
+  prefill_i = P - C_i + Q_i  (new prefill tokens if routed to i: prompt tokens minus the
+                              prefix i has cached, plus i's queued prefill tokens),
+  b_i       = i's batch size (its running plus waiting requests).
+Ties (e.g. several idle engines, b = 0) go to fewer new prefill tokens, then the name.
+
+Two-phase hotspot detector for the request's prefix class (the hash of its first
+block; M = candidates caching it, M-bar = the others):
+  phase 1: the class is among the ``hot_top_k`` most frequent of the last ``hot_window``
+           classes and x / x-bar > |M| / |M-bar|, with x and x-bar the summed batch
+           sizes of M and M-bar (the cache holders carry more than their share);
+  phase 2: while phase 1 holds, M wins more than ``win_factor`` x |M| decisions in a
+           row. Then the class is a hotspot: its requests skip M and go to the least
+           loaded engine of M-bar (load balance only) until phase 1 stops holding.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from router.policies.base import Decision, Policy, RoutingRequest, check, decision
+from router.state.view import EngineView, StateView
+
+
+@dataclass(frozen=True)
+class LMetricSettings:
+    hotspot_detection: bool = True
+    hot_window: int = 512
+    """Recent requests over which prefix-class frequencies are counted (chosen here)."""
+    hot_top_k: int = 4
+    """How many of the hottest prefix classes phase 1 examines (chosen here)."""
+    win_factor: int = 2
+    """Phase 2 threshold: more than win_factor x |M| consecutive wins (LMETRIC: 2)."""
+
+    def __post_init__(self) -> None:
+        check("hot_window", self.hot_window >= 1, "must be >= 1")
+        check("hot_top_k", self.hot_top_k >= 1, "must be >= 1")
+        check("win_factor", self.win_factor >= 1, "must be >= 1")
+
+
+def new_prefill_tokens(prompt: int, cached: int, queued_prefill: int) -> int:
+    """prefill_i = P - C_i + Q_i."""
+    return prompt - cached + queued_prefill
+
+
+def lmetric_score(prefill: int, batch_size: int) -> int:
+    """score_i = prefill_i x b_i."""
+    return prefill * batch_size
+
+
+def hotspot_phase1(x: float, x_bar: float, m: int, m_bar: int) -> bool:
+    """x / x-bar > |M| / |M-bar|, cross-multiplied (x-bar may be 0)."""
+    return x * m_bar > m * x_bar
+
+
+class HotspotDetector:
+    """LMETRIC's two-phase detector; its counters are this policy's decision history."""
+
+    def __init__(self, window: int, top_k: int, win_factor: int) -> None:
+        self.top_k, self.win_factor = top_k, win_factor
+        self._recent: deque[int] = deque(maxlen=window)
+        self._counts: Counter[int] = Counter()
+        self.streak: dict[int, int] = {}
+        self.hot: set[int] = set()
+
+    def _observe(self, cls: int) -> None:
+        if len(self._recent) == self._recent.maxlen:
+            old = self._recent[0]
+            self._counts[old] -= 1
+            if not self._counts[old]:
+                del self._counts[old]
+        self._recent.append(cls)
+        self._counts[cls] += 1
+
+    def _among_hottest(self, cls: int) -> bool:
+        mine = self._counts[cls]
+        return sum(1 for c in self._counts.values() if c > mine) < self.top_k
+
+    def hotspot(self, cls: int, holders: Sequence[EngineView], others: Sequence[EngineView],
+                winner: EngineView) -> bool:
+        """Record one decision of class ``cls``; True if its holders are a hotspot."""
+        self._observe(cls)
+        phase1 = bool(holders) and bool(others) and self._among_hottest(cls) and \
+            hotspot_phase1(sum(e.requests for e in holders), sum(e.requests for e in others),
+                           len(holders), len(others))
+        if not phase1:
+            self.streak.pop(cls, None)
+            self.hot.discard(cls)
+            return False
+        if cls in self.hot:
+            return True
+        won = any(e.name == winner.name for e in holders)
+        self.streak[cls] = self.streak.get(cls, 0) + 1 if won else 0
+        if self.streak[cls] > self.win_factor * len(holders):
+            self.hot.add(cls)
+            return True
+        return False
+
+
+class LMetric(Policy[LMetricSettings]):
+    name = "lmetric"
+    Settings = LMetricSettings
+
+    def __init__(self, settings: LMetricSettings, *args: Any) -> None:
+        super().__init__(settings, *args)
+        self.detector = HotspotDetector(settings.hot_window, settings.hot_top_k,
+                                        settings.win_factor)
+
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: Any) -> Decision:
+        engine, hot = self.choose(req, cands, view)
+        return decision(req, engine, self.name, info={"hotspot": hot})
+
+    def choose(self, req: RoutingRequest, cands: Sequence[EngineView],
+               view: StateView) -> tuple[EngineView, bool]:
+        """The replica for ``req`` and whether the hotspot filter applied."""
+        cands = list(cands)
+        prompt = req.num_prompt_tokens
+        prefill = {e.name: new_prefill_tokens(prompt, view.cached_tokens(req, e.name),
+                                              e.prefill_tokens) for e in cands}
+        winner = min(cands, key=lambda e: (lmetric_score(prefill[e.name], e.requests),
+                                           prefill[e.name]))
+        if not self.settings.hotspot_detection or len(cands) < 2:
+            return winner, False
+        cls = view.prefix_class(req, [e.name for e in cands])
+        if cls is None:
+            return winner, False
+        holders: list[EngineView] = []
+        others: list[EngineView] = []
+        for e in cands:
+            (holders if view.matched_blocks(req, e.name) else others).append(e)
+        if not self.detector.hotspot(cls, holders, others, winner):
+            return winner, False
+        return min(others, key=lambda e: (e.requests, prefill[e.name])), True

@@ -1,0 +1,29 @@
+"""``random``: a uniformly random candidate from a seeded generator (baseline)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from router.policies.base import Decision, Policy, RoutingRequest, decision
+from router.state.view import EngineView, StateView
+
+
+@dataclass(frozen=True)
+class RandomSettings:
+    seed: int = 0
+    """Seed of the policy's own generator: runs are reproducible."""
+
+
+class RandomPolicy(Policy[RandomSettings]):
+    name = "random"
+    Settings = RandomSettings
+
+    def __init__(self, settings: RandomSettings, *args: Any) -> None:
+        super().__init__(settings, *args)
+        self._rng = random.Random(settings.seed)
+
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: Any) -> Decision:
+        return decision(req, self._rng.choice(cands), self.name)

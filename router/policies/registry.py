@@ -1,0 +1,42 @@
+"""Policies by name, settings validation (the config loader calls it) and construction."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from router.policies.base import ClusterInfo, Policy, parse_settings
+from router.policies.chimera import Chimera
+from router.policies.dynamo import Dynamo
+from router.policies.laar import Laar
+from router.policies.linear import Linear
+from router.policies.lmetric import LMetric
+from router.policies.prefix_filter import PrefixFilter
+from router.policies.random_baseline import RandomPolicy
+from router.policies.round_robin import RoundRobin
+from router.policies.routebalance import RouteBalance
+from router.policies.shortest_queue import ShortestQueue
+from router.policies.vllm_balancer import VllmBalancer
+from router.predictors.base import PredictorSet
+
+POLICIES: dict[str, type[Policy[Any]]] = {p.name: p for p in (
+    Chimera, LMetric, RouteBalance, Laar, RoundRobin, RandomPolicy, VllmBalancer,
+    ShortestQueue, Linear, PrefixFilter, Dynamo)}
+
+
+def validate_settings(name: str, table: Mapping[str, Any]) -> Any:
+    """The settings dataclass of policy ``name`` from its ``[router.policies.<name>]``
+    table; ValueError naming the policy or key that is wrong."""
+    if name not in POLICIES:
+        raise ValueError(f"router.policy / router.policies.{name}: unknown policy '{name}'; "
+                         f"known policies: {', '.join(POLICIES)}")
+    return parse_settings(POLICIES[name].Settings, name, table)
+
+
+def build_policy(name: str, all_settings: Mapping[str, Mapping[str, Any]],
+                 cluster: ClusterInfo, predictors: PredictorSet) -> Policy[Any]:
+    """Validate every settings table and build policy ``name`` (ValueError if it cannot
+    start: bad settings, a missing predictor or profile)."""
+    for table_name, table in all_settings.items():
+        validate_settings(table_name, table)
+    settings = validate_settings(name, all_settings.get(name, {}))
+    return POLICIES[name](settings, cluster, predictors, all_settings)

@@ -1,0 +1,29 @@
+"""``round_robin``: the candidates in turn (baseline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from router.policies.base import Decision, Policy, RoutingRequest, decision
+from router.state.view import EngineView, StateView
+
+
+@dataclass(frozen=True)
+class RoundRobinSettings:
+    """No settings."""
+
+
+class RoundRobin(Policy[RoundRobinSettings]):
+    name = "round_robin"
+    Settings = RoundRobinSettings
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._turn = 0
+
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: Any) -> Decision:
+        engine = cands[self._turn % len(cands)]
+        self._turn += 1
+        return decision(req, engine, self.name)

@@ -1,0 +1,23 @@
+"""``shortest_queue``: the candidate with the fewest running plus waiting requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from router.policies.base import Decision, Policy, RoutingRequest, decision
+from router.state.view import EngineView, StateView
+
+
+@dataclass(frozen=True)
+class ShortestQueueSettings:
+    """No settings."""
+
+
+class ShortestQueue(Policy[ShortestQueueSettings]):
+    name = "shortest_queue"
+    Settings = ShortestQueueSettings
+
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: Any) -> Decision:
+        return decision(req, min(cands, key=lambda e: e.requests), self.name)

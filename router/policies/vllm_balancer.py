@@ -1,0 +1,37 @@
+"""``vllm``: vLLM's data-parallel load balancer (baseline).
+
+vLLM's ``DPLBAsyncMPClient`` sends each request to the engine with the lowest
+``4 x waiting + running``, counting the requests it sent since the engine's last stats
+as waiting; ties go to the first engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from router.policies.base import Decision, Policy, RoutingRequest, decision
+from router.state.view import EngineView, StateView
+
+WAITING_WEIGHT = 4
+"""vLLM's constant (not a setting there either)."""
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """No settings."""
+
+
+def vllm_score(waiting: int, running: int) -> int:
+    """score = 4 x waiting + running (lower is better)."""
+    return WAITING_WEIGHT * waiting + running
+
+
+class VllmBalancer(Policy[VllmSettings]):
+    name = "vllm"
+    Settings = VllmSettings
+
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: Any) -> Decision:
+        engine = min(cands, key=lambda e: vllm_score(e.waiting, e.batch_size))
+        return decision(req, engine, self.name)

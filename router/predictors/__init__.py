@@ -1,0 +1,1 @@
+"""Predictors the policies consume; ``base`` defines their interfaces and static priors."""

@@ -1,0 +1,264 @@
+"""``RouterCore``: the facade the HTTP front calls. All router state changes happen here.
+
+It owns the engine table (telemetry), the KV prefix indices (KV events), the in-flight
+ledger and the program table, subscribes to every engine's streams, asks the policy for
+decisions and records them.
+
+Configuration read (duck-typed ``router.config.ClusterConfig``): ``config.instances()``
+(``name, served_model_name, url, telemetry_endpoint, kv_events_endpoint,
+max_model_len``) and ``config.router``: ``policy``, ``policy_settings``,
+``heartbeat_timeout_s`` and, if present, ``program_ttl_s`` (default 600 s),
+``kv_hash_algo`` (default ``sha256``) and ``kv_hash_seed`` (the engines'
+``PYTHONHASHSEED`` if they set one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import zmq.asyncio
+
+from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_decoder,
+                                  snapshot_decoder)
+from router.policies.base import (BatchWindow, ClusterInfo, Decision, NoEngineAvailable,
+                                  Policy, RoutingRequest)
+from router.policies.registry import build_policy
+from router.predictors.base import PredictorSet
+from router.state.collector import BatchCollector
+from router.state.engines import EngineState, EngineTable
+from router.state.inflight import InflightLedger, InflightRecord
+from router.state.kv_hash import BlockHasher
+from router.state.programs import ProgramTable
+from router.state.stats import RouterStats, StreamCounters
+from router.state.subscriber import StreamSubscriber
+from router.state.view import Candidates, EngineView, StateView, engine_view
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
+DEFAULT_PROGRAM_TTL_S = 600.0
+EXPIRY_INTERVAL_S = 1.0
+"""How often abandoned programs are looked for (on the request path)."""
+
+
+class RouterCore:
+    def __init__(self, config: Any, predictors: PredictorSet | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        r = config.router
+        self.config = config
+        self.clock, self.wall_clock = clock, wall_clock
+        self.predictors = predictors or PredictorSet()
+        instances = list(config.instances())
+        self.table = EngineTable(instances, getattr(r, "heartbeat_timeout_s", None)
+                                 or DEFAULT_HEARTBEAT_TIMEOUT_S)
+        self.ledger = InflightLedger()
+        self.programs = ProgramTable(getattr(r, "program_ttl_s", None) or DEFAULT_PROGRAM_TTL_S)
+        self.hasher = BlockHasher(getattr(r, "kv_hash_algo", None) or "sha256",
+                                  getattr(r, "kv_hash_seed", None))
+        self._stats = RouterStats(engines={i.name: StreamCounters() for i in instances})
+        self.snapshots = StreamSubscriber(
+            [i.telemetry_endpoint for i in instances if i.telemetry_endpoint],
+            snapshot_decoder(), self._on_snapshot)
+        self.kv_events = StreamSubscriber(
+            [i.kv_events_endpoint for i in instances if i.kv_events_endpoint],
+            kv_event_decoder(), self._on_kv_batch)
+        self.policy: Policy[Any] | None = None
+        self._batching: tuple[BatchWindow, BatchCollector] | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._next_expiry = 0.0
+
+    # ---- lifecycle ----
+
+    def build_policy(self) -> Policy[Any]:
+        """Build the configured policy (ValueError: bad settings, missing predictor)."""
+        r = self.config.router
+        cluster = ClusterInfo({n: e.model for n, e in self.table.engines.items()})
+        self.policy = build_policy(r.policy, getattr(r, "policy_settings", None) or {},
+                                   cluster, self.predictors)
+        window = self.policy.window
+        if window is not None:
+            self._batching = (window, BatchCollector(self._run_batch, window.max_batch,
+                                                     window.window_s, self._abandon))
+        self._stats.policy_sources = dict(self.policy.sources)
+        return self.policy
+
+    async def start(self) -> None:
+        """Build the policy, then subscribe to every engine's telemetry and KV events."""
+        self.build_policy()
+        self._ctx = zmq.asyncio.Context()
+        try:
+            await self.snapshots.start(self._ctx)
+            await self.kv_events.start(self._ctx)
+        except ValueError:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        if self._batching is not None:
+            await self._batching[1].stop(NoEngineAvailable("the router is shutting down"))
+        await self.snapshots.stop()
+        await self.kv_events.stop()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # ---- routing ----
+
+    async def route(self, req: RoutingRequest) -> Decision:
+        """Choose model and engine. NoEngineAvailable (503): nothing up for it;
+        ValueError (400): a request no engine can take (unknown model, too long, budget)."""
+        if self.policy is None:
+            raise RuntimeError("RouterCore.start() (or build_policy()) was not called")
+        t0 = self.clock()
+        self._maintain(t0)
+        self._eligible(req)  # fail fast, before any prediction
+        if self._batching is not None:
+            window, collector = self._batching
+            window.arrival(t0)
+            dec = await collector.submit(req)
+        else:
+            preds = await self._predict([req])
+            now = self.clock()
+            view = self._view()
+            dec = self._commit(req, self.policy.decide(req, self._candidates(req, now), view,
+                                                       preds[0]), view, now)
+        self._stats.decision_latency_s.observe(self.clock() - t0)
+        return dec
+
+    async def _run_batch(self, reqs: Sequence[RoutingRequest]) -> list[Decision | Exception]:
+        assert self.policy is not None
+        preds = await self._predict(reqs)
+        now = self.clock()
+        view = self._view()
+        out: dict[int, Decision | Exception] = {}
+        ok: list[int] = []
+        cands: list[Candidates] = []
+        for i, req in enumerate(reqs):
+            try:
+                cands.append(self._candidates(req, now))
+                ok.append(i)
+            except (ValueError, NoEngineAvailable) as exc:
+                out[i] = exc
+        results = self.policy.decide_batch([reqs[i] for i in ok], cands, view,
+                                           [preds[i] for i in ok])
+        for i, res in zip(ok, results):
+            out[i] = self._commit(reqs[i], res, view, now) if isinstance(res, Decision) else res
+        return [out[i] for i in range(len(reqs))]
+
+    async def _predict(self, reqs: Sequence[RoutingRequest]) -> list[Any]:
+        assert self.policy is not None
+        t0 = self.clock()
+        preds = await self.policy.predict(reqs)
+        self._stats.predictor_latency_s.observe(self.clock() - t0)
+        return preds
+
+    def _view(self) -> StateView:
+        return StateView(self.table, self.ledger, self.programs, self.hasher)
+
+    def _eligible(self, req: RoutingRequest) -> list[EngineState]:
+        """Engines that could serve ``req`` and are up, in name order."""
+        model = req.requested_model
+        if model is not None and model not in self.table.models:
+            raise ValueError(f"model '{model}' is not served here; served models: "
+                             f"{', '.join(sorted(self.table.models))} (or 'auto')")
+        engines = self.table.models[model] if model is not None else self.table.ordered
+        need = req.num_prompt_tokens + (req.max_tokens or 1)
+        fits = [e for e in engines if e.max_model_len is None or e.max_model_len >= need]
+        if not fits:
+            longest = max(e.max_model_len or 0 for e in engines)
+            raise ValueError(
+                f"{req.num_prompt_tokens} prompt tokens plus max_tokens {req.max_tokens or 1} "
+                f"exceed the context of every engine{f' of {model}' if model else ''} "
+                f"(largest {longest} tokens)")
+        up = [e for e in fits if e.down_reason is None]
+        if not up:
+            reasons = "; ".join(f"{e.name}: {e.down_reason}" for e in fits)
+            raise NoEngineAvailable(f"no engine for {model or 'auto'} is up ({reasons})")
+        return up
+
+    def _candidates(self, req: RoutingRequest, now: float) -> Candidates:
+        return Candidates(self._eligible(req), lambda e: engine_view(e, self.ledger, now))
+
+    def _commit(self, req: RoutingRequest, dec: Decision, view: StateView,
+                now: float) -> Decision:
+        """Record a decision (in-flight ledger, program table, counters)."""
+        engine = self.table[dec.instance]
+        cached = view.cached_tokens(req, dec.instance)
+        max_tokens = dec.max_tokens or req.max_tokens
+        if max_tokens is None:  # vLLM's default: the rest of the context
+            max_tokens = (engine.max_model_len or req.num_prompt_tokens) - req.num_prompt_tokens
+        self.ledger.add(InflightRecord(
+            request_id=req.request_id, engine=dec.instance, model=dec.model,
+            predicted_tokens=dec.predicted_remaining_tokens or 0.0,
+            prefill_tokens=max(0, req.num_prompt_tokens - cached), decode_tokens=max_tokens,
+            sent_wall=self.wall_clock()))
+        if dec.program_id is not None:
+            self.programs.routed(dec.program_id, dec.model, now)
+        self._stats.decisions[(dec.policy, dec.model)] += 1
+        return dataclasses.replace(dec, cached_tokens=cached)
+
+    def _abandon(self, dec: Decision) -> None:
+        self.ledger.release(dec.request_id)
+
+    # ---- completion and liveness ----
+
+    def on_complete(self, decision: Decision, output_tokens: int | None,
+                    error: str | None) -> None:
+        """A routed request ended (completion, error, client disconnect or abort)."""
+        self.ledger.release(decision.request_id)
+        if decision.program_id is not None:
+            self.programs.completed(decision.program_id, decision.final, error is not None,
+                                    self.clock())
+
+    def mark_engine(self, instance: str, up: bool, reason: str) -> None:
+        """Mark an engine down (failed HTTP call, launcher) or back up (launcher)."""
+        if instance not in self.table.engines:
+            raise ValueError(f"unknown instance '{instance}'")
+        if self.table.mark(instance, up, reason):
+            self._stats.engine_down_events += 1
+        if not up:
+            self.ledger.release_engine(instance)
+
+    def engines(self) -> list[EngineView]:
+        now = self.clock()
+        self._maintain(now)
+        return [engine_view(e, self.ledger, now) for e in self.table.engines.values()]
+
+    @property
+    def stats(self) -> RouterStats:
+        """Counters, with the decoders' malformed-frame counts brought up to date."""
+        self._stats.malformed_snapshot_frames = self.snapshots.decoder.malformed
+        self._stats.malformed_kv_frames = self.kv_events.decoder.malformed
+        return self._stats
+
+    def _maintain(self, now: float) -> None:
+        for name in self.table.refresh(now):
+            self.ledger.release_engine(name)
+            self._stats.engine_down_events += 1
+        if now >= self._next_expiry:
+            self._next_expiry = now + EXPIRY_INTERVAL_S
+            self._stats.programs_expired += len(self.programs.expire(now))
+
+    # ---- telemetry ----
+
+    def _on_snapshot(self, topic: str, seq: int, snap: SchedulerSnapshot) -> None:
+        if topic not in self.table.engines or snap.engine_id != topic:
+            self._stats.unknown_topic_frames += 1
+            return
+        self.table.on_snapshot(snap, self.clock())
+        if snap.finished:
+            self.ledger.finished(topic, [f.request_id for f in snap.finished])
+        self.ledger.mark_reported(topic, snap.ts)
+        counters = self._stats.engines[topic]
+        counters.snapshot_frames += 1
+        counters.snapshot_gaps = self.snapshots.decoder.stats[topic].gaps
+
+    def _on_kv_batch(self, topic: str, seq: int, batch: KVEventBatch) -> None:
+        if topic not in self.table.engines:
+            self._stats.unknown_topic_frames += 1
+            return
+        self.table.on_kv_batch(topic, seq, batch)
+        counters = self._stats.engines[topic]
+        counters.kv_frames += 1
+        counters.kv_gaps = self.kv_events.decoder.stats[topic].gaps

@@ -1,0 +1,103 @@
+"""Engine table: each engine's last scheduler snapshot, liveness and KV prefix index.
+
+Liveness: an engine is down while it is marked down (failed HTTP calls, the launcher's
+admin calls; only ``mark(up=True)`` clears a mark) or while its snapshots have stopped
+for ``heartbeat_timeout_s``. An engine that has never sent a snapshot is up (an idle
+engine only publishes once it has scheduled something); after its first snapshot it
+must keep sending them. When an engine goes down its KV index is cleared and the caller
+releases its in-flight accounting; it receives nothing until it is back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from engine_ext.telemetry import KVEventBatch, SchedulerSnapshot
+from router.state.kv_index import KVPrefixIndex
+
+
+@dataclass(slots=True)
+class EngineState:
+    name: str
+    model: str
+    url: str
+    max_model_len: int | None
+    kv: KVPrefixIndex = field(default_factory=KVPrefixIndex)
+    snapshot: SchedulerSnapshot | None = None
+    last_seen: float | None = None
+    """Router clock when the last snapshot arrived."""
+    down_reason: str | None = None
+    """Why the engine is down, ``None`` while up."""
+    marked_down: str | None = None
+    """Reason of an explicit down mark (sticky until marked up)."""
+    last_kv_seq: int | None = None
+
+
+class EngineTable:
+    def __init__(self, instances: Iterable[Any], heartbeat_timeout_s: float) -> None:
+        """``instances``: objects with ``name, served_model_name, url, max_model_len``."""
+        if not heartbeat_timeout_s > 0:
+            raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.engines: dict[str, EngineState] = {}
+        """Engines in name order."""
+        for inst in sorted(instances, key=lambda i: i.name):
+            if inst.name in self.engines:
+                raise ValueError(f"two instances are named '{inst.name}'")
+            self.engines[inst.name] = EngineState(
+                inst.name, inst.served_model_name, inst.url, inst.max_model_len)
+        self.ordered = list(self.engines.values())
+        self.models: dict[str, list[EngineState]] = {}
+        """Served model -> its engines, in name order."""
+        for e in self.ordered:
+            self.models.setdefault(e.model, []).append(e)
+
+    def __getitem__(self, name: str) -> EngineState:
+        return self.engines[name]
+
+    def on_snapshot(self, snap: SchedulerSnapshot, now: float) -> None:
+        """Store a snapshot; it brings an engine that went stale back up."""
+        e = self.engines[snap.engine_id]
+        if e.snapshot is not None and snap.seq < e.snapshot.seq and snap.seq != 0:
+            return  # an old frame (a restarted publisher starts again at 0)
+        e.snapshot, e.last_seen = snap, now
+        if e.marked_down is None:
+            e.down_reason = None
+
+    def on_kv_batch(self, name: str, seq: int, batch: KVEventBatch) -> None:
+        e = self.engines[name]
+        if e.last_kv_seq is not None and seq < e.last_kv_seq:
+            e.kv.clear()  # the publisher restarted with the engine: its cache is empty
+        e.last_kv_seq = seq
+        for event in batch.events:
+            e.kv.apply(event)
+
+    def mark(self, name: str, up: bool, reason: str) -> bool:
+        """Explicit mark; True if the engine went down because of it."""
+        e = self.engines[name]
+        if up:
+            if e.down_reason is not None:  # a restarted engine starts without telemetry
+                e.marked_down = e.down_reason = None
+                e.snapshot = e.last_seen = None
+            return False
+        e.marked_down = reason or "marked down"
+        return self._down(e, f"marked down: {e.marked_down}")
+
+    def refresh(self, now: float) -> list[str]:
+        """Apply heartbeat staleness; returns engines that just went down."""
+        went_down = []
+        for e in self.engines.values():
+            if (e.down_reason is None and e.last_seen is not None
+                    and now - e.last_seen > self.heartbeat_timeout_s):
+                self._down(e, f"no telemetry for {now - e.last_seen:.1f} s "
+                              f"(heartbeat timeout {self.heartbeat_timeout_s:g} s)")
+                went_down.append(e.name)
+        return went_down
+
+    @staticmethod
+    def _down(e: EngineState, reason: str) -> bool:
+        was_up = e.down_reason is None
+        e.down_reason = reason
+        e.kv.clear()
+        return was_up

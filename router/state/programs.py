@@ -1,0 +1,59 @@
+"""Program table (Chimera section 3.5): the model each running workflow program uses.
+
+A program's first routed stage assigns its model; later stages reuse it (stickiness).
+The entry leaves when the final stage completes successfully, or expires when the
+program is abandoned: no stage routed or completed for ``ttl_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class ProgramEntry:
+    model: str
+    last_active: float
+
+
+class ProgramTable:
+    def __init__(self, ttl_s: float) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"program_ttl_s must be > 0, got {ttl_s}")
+        self.ttl_s = ttl_s
+        self._programs: dict[str, ProgramEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def __contains__(self, program_id: str) -> bool:
+        return program_id in self._programs
+
+    def model(self, program_id: str | None) -> str | None:
+        entry = self._programs.get(program_id) if program_id is not None else None
+        return entry.model if entry else None
+
+    def routed(self, program_id: str, model: str, now: float) -> None:
+        """A stage of ``program_id`` was routed to ``model``."""
+        entry = self._programs.get(program_id)
+        if entry is None or entry.model != model:
+            entry = self._programs[program_id] = ProgramEntry(model, now)
+        entry.last_active = now
+
+    def completed(self, program_id: str, final: bool, error: bool, now: float) -> None:
+        """A stage ended. A successful final stage ends the program; an error keeps the
+        entry (the client may retry the stage) until it completes or expires."""
+        entry = self._programs.get(program_id)
+        if entry is None:
+            return
+        if final and not error:
+            del self._programs[program_id]
+        else:
+            entry.last_active = now
+
+    def expire(self, now: float) -> list[str]:
+        """Drop programs idle for longer than the TTL; returns their ids."""
+        gone = [pid for pid, e in self._programs.items() if now - e.last_active > self.ttl_s]
+        for pid in gone:
+            del self._programs[pid]
+        return gone

@@ -1,0 +1,238 @@
+"""The launcher for real: the demo cluster of examples/demo.toml on CPU.
+
+Each test starts ``python -m launcher examples/demo.toml`` (two real engines, about a
+minute to become healthy here) and checks the process tree with psutil. Tests that need
+the router run once ``python -m router`` exists.
+
+    .venv/bin/python -m pytest tests/e2e/test_launcher.py -m engine -v
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from launcher.supervisor import MARKER_ENV
+from router.config import ClusterConfig, load_cluster_config
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo.toml"
+START_TIMEOUT_S = 900.0
+"""Two engines on two shared cores: about a minute alone, much more when contended."""
+needs_router = pytest.mark.skipif(importlib.util.find_spec("router.__main__") is None,
+                                  reason="the router (python -m router) is not there yet")
+
+
+class Launcher:
+    """``python -m launcher examples/demo.toml ARGS`` with its output in a file."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.run_dir = tmp_path / "run"
+        self.out_path = tmp_path / "launcher.out"
+        with open(self.out_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "launcher", str(DEMO), "--run-dir", str(self.run_dir),
+                 *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def wait_for(self, what: str, ready: Callable[[], bool],
+                 timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"launcher exited ({self.proc.returncode}) while waiting for "
+                            f"{what}:\n{self.output()}")
+            time.sleep(0.5)
+        pytest.fail(f"timed out waiting for {what}:\n{self.output()}")
+
+    def wait_up(self) -> ClusterConfig:
+        """Wait for the launcher's table (everything it starts is healthy)."""
+        self.wait_for("the cluster",
+                      lambda: re.search(r"^ENGINE +MODEL", self.output(), re.M) is not None)
+        return load_cluster_config(self.run_dir / "cluster.resolved.toml")
+
+    def engine_process(self, instance: str) -> psutil.Process | None:
+        for child in psutil.Process(self.proc.pid).children():
+            cmd = child.cmdline()
+            if "--engine-id" in cmd and cmd[cmd.index("--engine-id") + 1] == instance:
+                return child
+        return None
+
+    def cluster(self) -> list[psutil.Process]:
+        """Every process of the cluster: the launcher's tree and anything carrying the
+        run directory marker in its environment."""
+        procs = {p.pid: p for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(MARKER_ENV) == str(self.run_dir):
+                    procs[p.pid] = p
+            except psutil.Error:
+                continue
+        return list(procs.values())
+
+    def close(self) -> None:
+        """Test cleanup: stop the launcher if a test left it running, and any leftover."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for p in _marked(self.run_dir):
+            p.kill()
+
+
+def _marked(run_dir: Path) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARKER_ENV) == str(run_dir) and _alive(p):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def launcher_factory(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
+    started: list[Launcher] = []
+
+    def start(*args: str) -> Launcher:
+        started.append(Launcher(tmp_path, *args))
+        return started[-1]
+
+    yield start
+    for la in started:
+        la.close()
+
+
+def kill_engine_and_wait_restart(la: Launcher, cfg: ClusterConfig, instance: str,
+                                 while_down: Callable[[], None] = lambda: None) -> None:
+    """SIGKILL an engine's server; it must be restarted and healthy again."""
+    url = next(i.url for i in cfg.instances() if i.name == instance)
+    victim = la.engine_process(instance)
+    assert victim is not None, la.output()
+    victim.send_signal(signal.SIGKILL)
+    la.wait_for(f"{instance} to be marked down",
+                lambda: f"{instance} killed by SIGKILL; restart 1 of" in la.output(),
+                timeout=30)
+    while_down()
+    la.wait_for(f"{instance} to come back",
+                lambda: f"{instance} is up again (restart 1)" in la.output())
+    assert healthy(url)
+    restarted = la.engine_process(instance)
+    assert restarted is not None and restarted.pid != victim.pid
+
+
+def sigterm_leaves_nothing(la: Launcher, cfg: ClusterConfig) -> None:
+    """SIGTERM to the launcher: every process of the cluster is gone within the grace
+    period (plus a little for SIGKILL and reaping), and the launcher exits 0."""
+    procs = la.cluster()
+    assert len(procs) >= 2 * len([i for i in cfg.instances() if not i.remote])
+    t0 = time.monotonic()
+    la.proc.send_signal(signal.SIGTERM)
+    assert la.proc.wait(cfg.launcher.grace_period_s + 15) == 0, la.output()
+    deadline = t0 + cfg.launcher.grace_period_s + 5
+    while any(_alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = [p for p in procs if _alive(p)] + _marked(la.run_dir)
+    assert not survivors, [(p.pid, p.cmdline()) for p in survivors]
+    assert "stopped" in la.output().splitlines()[-1]
+
+
+def test_engines_healthy_restarted_and_stopped(
+        launcher_factory: Callable[..., Launcher]) -> None:
+    """Both demo engines (``--only``, so without the router): healthy, one killed and
+    restarted while the other keeps serving, then SIGTERM stops every process."""
+    la = launcher_factory("--only", "tiny-a", "--only", "tiny-b")
+    cfg = la.wait_up()
+    instances = {i.name: i for i in cfg.instances()}
+    assert sorted(instances) == ["tiny-a-0", "tiny-b-0"]
+    assert all(healthy(i.url) for i in instances.values())
+    binds = set()
+    for name in instances:
+        server = la.engine_process(name)
+        assert server is not None
+        env = server.environ()
+        assert env["HF_HUB_OFFLINE"] == "1"
+        binds.add(env["VLLM_CPU_OMP_THREADS_BIND"])
+    assert binds == {"0", "1"}
+
+    def other_still_serves() -> None:
+        assert healthy(instances["tiny-b-0"].url)
+
+    kill_engine_and_wait_restart(la, cfg, "tiny-a-0", while_down=other_still_serves)
+    sigterm_leaves_nothing(la, cfg)
+
+
+@needs_router
+def test_demo_cluster(launcher_factory: Callable[..., Launcher]) -> None:
+    """The whole demo: the router answers the client; an engine killed is marked down,
+    requests succeed on the other one, it comes back; SIGTERM stops every process."""
+    la = launcher_factory()
+    cfg = la.wait_up()
+    base_url = cfg.router_url() + "/v1"
+    assert all(healthy(i.url) for i in cfg.instances()) and healthy(cfg.router_url())
+    client = subprocess.run([sys.executable, str(ROOT / "examples" / "demo_client.py"),
+                             "--base-url", base_url], capture_output=True, text=True,
+                            timeout=600)
+    assert client.returncode == 0, client.stdout + client.stderr
+    assert "workflow done" in client.stdout and client.stdout.count("stage ") == 3
+
+    def served_by_the_other() -> None:
+        import openai
+
+        c = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        for _ in range(3):
+            raw = c.chat.completions.with_raw_response.create(
+                model="auto", messages=[{"role": "user", "content": "hello"}],
+                max_tokens=8)
+            assert raw.parse().choices[0].message is not None
+            assert raw.headers.get("x-hetserve-engine") == "tiny-b-0"
+
+    kill_engine_and_wait_restart(la, cfg, "tiny-a-0", while_down=served_by_the_other)
+    log = (la.run_dir / "launcher.log").read_text()
+    assert f"POST {cfg.router_url()}/admin/engines/tiny-a-0/down: 200" in log
+    assert f"POST {cfg.router_url()}/admin/engines/tiny-a-0/up: 200" in log
+    sigterm_leaves_nothing(la, cfg)
+
+
+@needs_router
+def test_demo_flag(launcher_factory: Callable[..., Launcher]) -> None:
+    """``--demo`` (what ``make demo`` runs): up, client workflow, down, exit 0."""
+    la = launcher_factory("--demo")
+    assert la.proc.wait(START_TIMEOUT_S + 600) == 0, la.output()
+    out = la.output()
+    assert "workflow done" in out and out.count("  stage ") == 3
+    assert not _marked(la.run_dir)

@@ -1,0 +1,155 @@
+"""launcher.supervisor's process handling, against a stand-in server (not an engine).
+
+The stand-in answers ``GET /health`` and starts a grandchild that ignores SIGTERM, like a
+server whose worker outlives it: the supervisor must still leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launcher.plan import port_is_free
+from launcher.supervisor import Event, Managed, ProcessSpec, State, Supervisor
+
+STAND_IN = r'''
+import http.server, subprocess, sys
+port, mode = int(sys.argv[1]), sys.argv[2]
+print("stand-in starting", mode, flush=True)
+if mode == "crash":
+    print("boom: stand-in crashed", flush=True)
+    sys.exit(3)
+subprocess.Popen([sys.executable, "-c",
+                  "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  "time.sleep(600)"])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" and mode == "ok" else 503)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+'''
+
+
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    port = 20000 + os.getpid() % 20000
+    while port in _handed_out or not port_is_free("127.0.0.1", port):
+        port += 1
+    _handed_out.add(port)
+    return port
+
+
+@pytest.fixture
+def sup(tmp_path: Path) -> Iterator[Supervisor]:
+    s = Supervisor(tmp_path, health_timeout_s=20, max_restarts=2, backoff_s=0.2,
+                   backoff_max_s=1.0)
+    yield s
+    s.stop_all(grace_s=2)
+
+
+def spec(tmp_path: Path, mode: str = "ok", name: str = "stand-in") -> ProcessSpec:
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    port = free_port()
+    return ProcessSpec(name=name, argv=[sys.executable, str(script), str(port), mode],
+                       env={"STAND_IN": "1"}, log_path=tmp_path / f"{name}.log",
+                       health_url=f"http://127.0.0.1:{port}/health")
+
+
+def run_until(sup: Supervisor, done: Callable[[list[Event]], bool], restart: bool = True,
+              timeout: float = 30) -> list[Event]:
+    """Step ``sup`` until ``done(events)`` is true; return all events seen."""
+    events: list[Event] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events += sup.step(restart=restart)
+        if done(events):
+            return events
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; events: {[(e.kind, e.detail) for e in events]}")
+
+
+def tree(m: Managed) -> list[psutil.Process]:
+    assert m.pid is not None
+    root = psutil.Process(m.pid)
+    return [root] + root.children(recursive=True)
+
+
+def gone(procs: list[psutil.Process]) -> bool:
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    return not any(alive(p) for p in procs)
+
+
+def test_up_then_restart_after_crash(sup: Supervisor, tmp_path: Path) -> None:
+    m = sup.start(spec(tmp_path))
+    run_until(sup, lambda ev: m.state is State.UP and len(tree(m)) == 2)
+    old = tree(m)
+    env = old[0].environ()
+    assert env["STAND_IN"] == "1" and env["HETSERVE_RUN_DIR"] == str(tmp_path)
+    assert os.getpgid(m.pid) == m.pid  # its own process group
+    os.kill(m.pid, signal.SIGKILL)
+    events = run_until(sup, lambda ev: [e.kind for e in ev] == ["down", "up"])
+    assert events[0].detail == "killed by SIGKILL; restart 1 of 2 in 0.2 s"
+    assert m.restarts == 1 and m.pid != old[0].pid
+    assert gone(old)  # the orphaned grandchild was cleaned up too
+    assert "---- launcher: restart 1 ----" in (tmp_path / "stand-in.log").read_text()
+
+
+def test_gives_up_after_max_restarts(sup: Supervisor, tmp_path: Path) -> None:
+    m = sup.start(spec(tmp_path, mode="crash"))
+    events = run_until(sup, lambda ev: ev and ev[-1].kind == "failed")
+    assert [e.kind for e in events] == ["down", "down", "failed"]
+    assert events[-1].detail == "exited with code 3; gave up after 2 restarts"
+    assert m.state is State.FAILED
+
+
+def test_start_up_failure_is_final_and_logged(sup: Supervisor, tmp_path: Path) -> None:
+    m = sup.start(spec(tmp_path, mode="crash"))
+    events = run_until(sup, lambda ev: bool(ev), restart=False)
+    assert [(e.kind, e.detail) for e in events] == [("failed", "exited with code 3")]
+    assert sup.tail(m).splitlines()[-1] == "boom: stand-in crashed"
+
+
+def test_health_timeout(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path, health_timeout_s=1.5, max_restarts=0, backoff_s=0.1,
+                     backoff_max_s=0.1)
+    try:
+        m = sup.start(spec(tmp_path, mode="unhealthy"))
+        run_until(sup, lambda ev: m.state is State.STARTING and len(tree(m)) == 2)
+        procs = tree(m)
+        events = run_until(sup, lambda ev: bool(ev), restart=False)
+        assert [(e.kind, e.detail) for e in events] == [("failed", "not healthy after 1.5 s")]
+        assert gone(procs)
+    finally:
+        sup.stop_all(grace_s=1)
+
+
+def test_stop_all_leaves_nothing(sup: Supervisor, tmp_path: Path) -> None:
+    first = sup.start(spec(tmp_path, name="first"))
+    second = sup.start(spec(tmp_path, name="second"))
+    run_until(sup, lambda ev: all(m.state is State.UP and len(tree(m)) == 2
+                                  for m in (first, second)))
+    procs = tree(first) + tree(second)
+    helper = sup.spawn_plain([sys.executable, "-c", "import time; time.sleep(600)"], {})
+    procs.append(psutil.Process(helper.pid))
+    t0 = time.monotonic()
+    sup.stop_all(grace_s=2, first=[first], helpers=[helper])
+    assert time.monotonic() - t0 < 2 + 3  # grace, then SIGKILL and reaping
+    assert gone(procs)
+    assert not sup.marked()
+    assert first.popen is not None and first.popen.returncode == -signal.SIGTERM

@@ -1,0 +1,139 @@
+"""Chimera Algorithm 1: latency slack, confidence margin, ties, stickiness, priority."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from router.policies.chimera import model_latency, select_model
+from router.predictors.base import ModelProfile, PredictorSet
+from tests.unit.test_policies_base import World, req
+
+PROMPT = list(range(100, 112))
+
+
+def test_model_latency() -> None:
+    assert model_latency(inflight_tokens=800, decode_ms_per_token=10, max_batch_size=8) == 1000
+
+
+@pytest.mark.parametrize("lat_b,expected", [(3.0, "b"), (3.0000001, "a")])
+def test_slack_boundary(lat_b: float, expected: str) -> None:
+    # L_fast = 2, tau = 0.5: the slack admits L <= 3 (inclusive)
+    q = {"a": 0.5, "b": 0.9}
+    assert select_model(q, {"a": 2.0, "b": lat_b}, tau=0.5, delta_s=0.25) == expected
+
+
+@pytest.mark.parametrize("q_b,expected", [(0.75, "b"), (0.7, "a")])
+def test_margin_boundary(q_b: float, expected: str) -> None:
+    # q* = q[m_fast] = 0.5, delta_s = 0.25: q must reach 0.75 (inclusive)
+    assert select_model({"a": 0.5, "b": q_b}, {"a": 2.0, "b": 2.5}, 0.5, 0.25) == expected
+
+
+def test_walk_takes_the_most_confident_model_within_the_slack() -> None:
+    q = {"a": 0.5, "b": 0.9, "c": 0.8}
+    lat = {"a": 1.0, "b": 10.0, "c": 1.2}   # b is outside (1 + 0.5) x 1, c inside
+    assert select_model(q, lat, 0.5, 0.1) == "c"
+
+
+def test_fastest_tie_goes_to_the_more_confident_then_the_name() -> None:
+    assert select_model({"a": 0.5, "b": 0.7}, {"a": 1.0, "b": 1.0}, 0.2, 0.1) == "b"
+    assert select_model({"a": 0.6, "b": 0.6}, {"a": 1.0, "b": 1.0}, 0.2, 0.0) == "a"
+
+
+def test_walk_ties_in_confidence_go_to_the_faster_model() -> None:
+    q = {"a": 0.2, "b": 0.8, "c": 0.8}
+    assert select_model(q, {"a": 1.0, "b": 1.4, "c": 1.2}, 0.5, 0.1) == "c"
+
+
+def test_idle_cluster_picks_the_most_confident_model() -> None:
+    q = {"a": 0.5, "b": 0.9}
+    assert select_model(q, {"a": 0.0, "b": 0.0}, 0.2, 0.05) == "b"
+
+
+STATIC: dict[str, Any] = {
+    "static_prior": True, "tau": 0.5, "delta_s": 0.1,
+    "confidence": {"a": 0.5, "b": 0.9},
+    "mean_output_tokens": {"a": 100, "b": 200},
+    "decode_ms_per_token": {"a": 10, "b": 40},
+    "max_batch_size": {"a": 8, "b": 8},
+}
+
+
+def world() -> World:
+    return World({"a0": "a", "b0": "b", "b1": "b"})
+
+
+def test_decision_uses_inflight_predicted_tokens() -> None:
+    w = world()
+    p = w.build("chimera", STATIC)
+    r = req(tokens=PROMPT, stage_index=1, num_stages=4)
+    d = w.decide(p, r)
+    # idle: L = 0 everywhere -> b (0.9 >= 0.5 + 0.1); priority = 200 x 3 remaining stages
+    assert (d.model, d.priority, d.predicted_remaining_tokens) == ("b", 600, 600.0)
+    w.inflight("a0", "a", predicted=800, rid="x1")   # L_a = 800 x 10 / 8 = 1000
+    w.inflight("b0", "b", predicted=300, rid="x2")   # L_b = 300 x 40 / 8 = 1500 <= 1.5 x 1000
+    assert w.decide(p, r).model == "b"
+    w.inflight("b1", "b", predicted=1, rid="x3")     # L_b = 301 x 5 = 1505 > 1500
+    d = w.decide(p, r)
+    assert (d.model, d.instance, d.info["L_ms"]) == ("a", "a0", 1000.0)
+
+
+def test_program_sticks_to_its_model() -> None:
+    w = world()
+    p = w.build("chimera", STATIC)
+    w.programs.routed("prog", "a", now=0)
+    d = w.decide(p, req(tokens=PROMPT, program_id="prog", stage_index=1, num_stages=2))
+    assert (d.model, d.info["sticky"], d.priority, d.final) == ("a", True, 100, True)
+    off = w.build("chimera", {**STATIC, "sticky": False})
+    assert w.decide(off, req(tokens=PROMPT, program_id="prog")).model == "b"
+
+
+def test_sticky_model_without_candidates_is_reselected() -> None:
+    w = world()
+    p = w.build("chimera", STATIC)
+    w.programs.routed("prog", "a", now=0)
+    r = req(tokens=PROMPT, program_id="prog")
+    d = p.decide(r, w.cands("b"), w.view(), asyncio.run(p.predict([r]))[0])
+    assert (d.model, d.info["sticky"]) == ("b", False)
+
+
+def test_replica_within_the_model_by_lmetric() -> None:
+    w = world()
+    w.cache("b1", PROMPT)
+    assert w.decide(w.build("chimera", STATIC), req(tokens=PROMPT)).instance == "b1"
+
+
+class Router:
+    models = frozenset({"a", "b"})
+
+    async def confidence(self, reqs: Any) -> Any:
+        return [{"a": 0.95, "b": 0.1} for _ in reqs]
+
+
+class Length:
+    models = frozenset({"a", "b"})
+
+    async def remaining_tokens(self, reqs: Any) -> Any:
+        return [{"a": 1234.4, "b": 1.0} for _ in reqs]
+
+
+def test_profiles_and_predictors_replace_static_tables() -> None:
+    w = world()
+    preds = PredictorSet(semantic_router=Router(), length=Length(),
+                         profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
+    p = w.build("chimera", predictors=preds)
+    d = w.decide(p, req(tokens=PROMPT))
+    assert (d.model, d.priority) == ("a", 1234)
+    assert p.sources == {"confidence": "predictor", "remaining_tokens": "predictor",
+                         "profile": "predictor"}
+
+
+def test_missing_profile_says_what_to_profile() -> None:
+    preds = PredictorSet(semantic_router=Router(), length=Length(),
+                         profiles={"a": ModelProfile(10, 8)})
+    with pytest.raises(ValueError, match=r"decode profiles \(decode_ms_per_token, "
+                       r"max_batch_size\) of b: profile the engines \(python -m "
+                       r"kernels_bench profile\)"):
+        world().build("chimera", predictors=preds)
