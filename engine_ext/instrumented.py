@@ -2,7 +2,9 @@
 
 Runs inside the EngineCore process. The step never blocks on I/O: when a frame is due
 (rate limit ``telemetry_interval_ms``) or the engine just went idle, the snapshot is
-built here (one pass over the queues) and handed to ``TelemetryPublisher``'s thread.
+built here and handed to ``TelemetryPublisher``'s thread. Building it costs O(running):
+the waiting queues keep their prefill-token totals as requests come and go
+(``scheduler_patches.queues.PendingTokens``).
 Settings come from the ``hetserve`` table of vLLM's ``additional_config``:
 ``engine_id``, ``telemetry_endpoint`` (no endpoint: no telemetry), ``telemetry_interval_ms``,
 ``telemetry_heartbeat_ms``.
@@ -11,10 +13,13 @@ Settings come from the ``hetserve`` table of vLLM's ``additional_config``:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from vllm.v1.core.sched.request_queue import PriorityRequestQueue, RequestQueue
+from vllm.v1.core.sched.request_queue import (
+    FCFSRequestQueue,
+    PriorityRequestQueue,
+    RequestQueue,
+)
 from vllm.v1.request import Request
 
 from engine_ext.telemetry import (
@@ -24,17 +29,21 @@ from engine_ext.telemetry import (
     SchedulerSnapshot,
     TelemetryPublisher,
 )
-from scheduler_patches.queues import KeyedRequestQueue
+from scheduler_patches.queues import CountingFCFSQueue, CountingPriorityQueue
 from scheduler_patches.settings import hetserve_config
 
 
-def iter_unordered(queue: RequestQueue) -> Iterator[Request]:
-    """A queue's requests without paying for its order (vLLM's heap iterates by popping)."""
-    if isinstance(queue, KeyedRequestQueue):
-        return queue.unordered()
-    if isinstance(queue, PriorityRequestQueue):
-        return iter(queue._heap)
-    return iter(queue)
+def with_token_ledger(queue: RequestQueue) -> RequestQueue:
+    """The same kind of (empty) queue, keeping a ``pending`` prefill-token ledger."""
+    if hasattr(queue, "pending"):
+        return queue
+    if len(queue):
+        raise RuntimeError("can only swap an empty waiting queue")
+    if type(queue) is FCFSRequestQueue:
+        return CountingFCFSQueue()
+    if type(queue) is PriorityRequestQueue:
+        return CountingPriorityQueue()
+    raise TypeError(f"no token-counting variant of {type(queue).__name__}")
 
 
 class TelemetryMixin:
@@ -48,6 +57,8 @@ class TelemetryMixin:
         self.telemetry_preemptions = 0
         self._finished: list[FinishedRequest] = []
         self._was_idle = True
+        self.waiting = with_token_ledger(self.waiting)
+        self.kv_holding_waiting = with_token_ledger(self.kv_holding_waiting)
         endpoint = table.get("telemetry_endpoint")
         self.telemetry: TelemetryPublisher | None = None
         if endpoint:
@@ -57,6 +68,8 @@ class TelemetryMixin:
                 interval_s=float(table.get("telemetry_interval_ms", DEFAULT_INTERVAL_S * 1e3)) / 1e3,
                 heartbeat_s=float(table.get("telemetry_heartbeat_ms", DEFAULT_HEARTBEAT_S * 1e3)) / 1e3,
             )
+            # Announce the (idle) engine at once; heartbeats repeat it until work arrives.
+            self.telemetry.publish(self.snapshot(self.telemetry.next_seq()))
 
     # -- hooks --
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -105,13 +118,8 @@ class TelemetryMixin:
 
     def snapshot(self, seq: int) -> SchedulerSnapshot:
         """Current state; takes (and clears) the requests finished since the last one."""
-        queued_prefill = 0
+        queued_prefill = self.waiting.pending.total + self.kv_holding_waiting.pending.total
         pending_decode = 0
-        num_waiting = 0
-        for queue in (self.waiting, self.kv_holding_waiting):
-            for req in iter_unordered(queue):
-                num_waiting += 1
-                queued_prefill += max(0, req.num_tokens - req.num_computed_tokens)
         for req in self.running:
             queued_prefill += max(0, req.num_prompt_tokens - req.num_computed_tokens)
             pending_decode += max(0, req.max_tokens - req.num_output_tokens)
@@ -122,7 +130,7 @@ class TelemetryMixin:
             ts=time.time(),
             step=self.telemetry_step,
             batch_size=len(self.running),
-            num_waiting=num_waiting,
+            num_waiting=len(self.waiting) + len(self.kv_holding_waiting),
             queued_prefill_tokens=queued_prefill,
             pending_decode_tokens=pending_decode,
             kv_usage=float(self.kv_cache_manager.usage),

@@ -226,7 +226,7 @@ class TelemetryPublisher:
         self.interval_s = interval_s
         self.heartbeat_s = heartbeat_s
         self._ctx = ctx or zmq.Context.instance()
-        self._queue: queue.Queue[SchedulerSnapshot] = queue.Queue(maxsize=256)
+        self._queue: queue.Queue[SchedulerSnapshot | None] = queue.Queue(maxsize=256)
         self._last_sent = float("-inf")
         self._last: SchedulerSnapshot | None = None
         self._seq = 0
@@ -287,5 +287,10 @@ class TelemetryPublisher:
             sock.close(linger=0)
 
     def close(self) -> None:
+        """Stop the sender thread (woken at once) and close its socket."""
         self._stop.set()
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass  # the thread is busy draining and will see the stop flag
         self._thread.join(timeout=2)

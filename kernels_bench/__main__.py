@@ -7,7 +7,9 @@ import sys
 
 COMMANDS = {
     "scheduler": ("kernels_bench.scheduler_bench", "schedule() cost: ours vs vLLM's, 10..10k waiting"),
+    "telemetry": ("kernels_bench.telemetry_bench", "telemetry latency, rate, and step overhead on/off"),
     "router": ("kernels_bench.router_bench", "routing decision latency per policy vs round_robin"),
+    "trace": ("kernels_bench.trace.cli", "workflow traces: build, champ, datasheet, validate"),
 }
 
 

@@ -173,3 +173,29 @@ def test_async_variant_is_an_async_scheduler():
     assert scheduler_class("stjf", False).endswith(".STJFScheduler")
     with pytest.raises(ValueError, match="unknown engine policy"):
         scheduler_class("sjf", False)
+
+
+@pytest.mark.parametrize("cls,policy", [(STJFScheduler, "priority"), (VLLMScheduler, "fcfs"),
+                                        (VLLMScheduler, "priority"), (MLFQScheduler, "priority")])
+def test_snapshot_counts_match_a_full_walk(cls, policy):
+    """The O(1) prefill-token ledger agrees with walking the queues, through admissions,
+    preemptions (KV pressure) and aborts."""
+    s = make_scheduler(cls, policy=policy, max_num_seqs=3, num_blocks=20)
+    add_all(s, [make_request(f"r{i}", priority=i + 1, arrival_time=i, prompt_len=20 + i,
+                             max_tokens=100, first_token=50 * i) for i in range(8)])
+
+    def walk() -> int:
+        waiting = [r for q in (s.waiting, s.kv_holding_waiting) for r in q]
+        return (sum(r.num_tokens - r.num_computed_tokens for r in waiting)
+                + sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in s.running))
+
+    preempted = False
+    for i in range(150):
+        step(s)
+        if i == 5:
+            s.finish_requests(["r6"], RequestStatus.FINISHED_ABORTED)
+        snap = s.snapshot(i)
+        assert snap.queued_prefill_tokens == walk()
+        assert snap.num_waiting == len(s.waiting) + len(s.kv_holding_waiting)
+        preempted |= snap.num_preemptions > 0
+    assert preempted  # the KV pressure path was exercised
