@@ -1,0 +1,95 @@
+"""``python -m router --config cluster.toml [--host H] [--port P] [--uds PATH]``.
+
+Serves the router's app (``router.app``) with uvicorn on a TCP listener and, if a unix
+socket path is configured, on that socket too. Command-line values override the
+``[router]`` table; the TCP port must come from one of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import stat
+import sys
+
+import uvicorn
+
+from router.app import create_app
+from router.config import ClusterConfig, ConfigError, load_cluster_config
+
+
+def _tcp_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _unix_socket(path: str) -> socket.socket:
+    """Bind ``path`` (replacing a stale socket file, never any other file), mode 0600."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    return sock
+
+
+def _config(args: argparse.Namespace) -> ClusterConfig:
+    config = load_cluster_config(args.config)
+    overrides = {k: getattr(args, k) for k in ("host", "port", "uds")
+                 if getattr(args, k) is not None}
+    router = dataclasses.replace(config.router, **overrides)
+    if router.port is None:
+        raise ConfigError(config.source, "router.port", "not set; give --port or set it")
+    return dataclasses.replace(config, router=router)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m router", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="cluster TOML file (resolved form)")
+    parser.add_argument("--host", help="TCP listen address (default: router.host, loopback)")
+    parser.add_argument("--port", type=int, help="TCP port (default: router.port)")
+    parser.add_argument("--uds", help="also listen on this unix socket (default: router.uds)")
+    parser.add_argument("--log-level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):  # one line per proxied request otherwise
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        config = _config(args)
+        app = create_app(config)
+    except ValueError as exc:  # ConfigError, or a state the core rejects
+        print(f"router: {exc}", file=sys.stderr)
+        return 2
+    assert config.router.port is not None
+    try:
+        sockets = [_tcp_socket(config.router.host, config.router.port)]
+        if config.router.uds:
+            sockets.append(_unix_socket(config.router.uds))
+    except OSError as exc:
+        print(f"router: cannot listen: {exc}", file=sys.stderr)
+        return 2
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
+                                           timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=sockets)
+    finally:
+        if config.router.uds:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(config.router.uds)
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

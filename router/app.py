@@ -1,0 +1,391 @@
+"""The router's HTTP front: an OpenAI-compatible ASGI app over ``RouterCore``.
+
+``create_app(config)`` serves ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``, ``/health``, ``/metrics`` and, to loopback or unix-socket clients only,
+``POST /admin/engines/{instance}/down|up``. Per request: parse and validate
+(``router.request``), tokenize with the model's tokenizer (``router.tokenize``), ask the
+core for a decision, forward to the chosen engine (``router.upstream``) with the chosen
+``model``, ``priority`` and ``max_tokens``, and report the completion to the core exactly
+once (success, engine error, client disconnect or abort).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, TypeVar
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from router.config import ClusterConfig, ConfigError
+from router.metrics import RouterMetrics
+from router.policies.base import Decision, NoEngineAvailable, RoutingRequest, WorkflowMeta
+from router.request import (AUTO_MODEL, Kind, ParsedRequest, RequestError, context_error,
+                            parse_request, upstream_body)
+from router.state.core import RouterCore
+from router.tokenize import PromptInfo, Tokenizers
+from router.upstream import (StreamResult, Upstream, UpstreamError, completion_tokens,
+                             relay_events)
+
+MAX_BODY_BYTES = 32 * 2**20
+MAX_ROUTE_ATTEMPTS = 3
+"""Routing attempts per request when the chosen engine cannot be reached."""
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the response was complete."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A served model name, its model spec and the smallest context among its replicas
+    (``None`` when no replica sets ``max_model_len``: the engines then check it)."""
+
+    name: str
+    spec: str
+    max_model_len: int | None
+
+
+def served_models(config: ClusterConfig) -> dict[str, ServedModel]:
+    """Every served model name of the cluster, with the model whose tokenizer it uses."""
+    instances = config.instances()
+    out: dict[str, ServedModel] = {}
+    for name in dict.fromkeys(i.served_model_name for i in instances):
+        replicas = [i for i in instances if i.served_model_name == name]
+        specs = [i.model for i in replicas if i.model is not None]
+        if not specs:
+            raise ConfigError(config.source, f"engines.{replicas[0].engine}.model",
+                              f"not set; the router needs the model of '{name}' to load "
+                              "its tokenizer")
+        lengths = [i.max_model_len for i in replicas if i.max_model_len is not None]
+        out[name] = ServedModel(name, specs[0], min(lengths) if lengths else None)
+    return out
+
+
+def _error(exc: RequestError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _read_body(request: Request) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise RequestError(413, f"request body exceeds {MAX_BODY_BYTES} bytes",
+                               code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work``; cancel it and raise ``ClientDisconnected`` if the client leaves."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # we are cancelled: so is the work
+        task.cancel()
+        watch.cancel()
+        raise
+    watch.cancel()
+    if task not in done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientDisconnected()
+    return task.result()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class _Completion:
+    """Reports one routed request's end to the core, exactly once."""
+
+    def __init__(self, core: RouterCore, decision: Decision) -> None:
+        self._core, self.decision, self._done = core, decision, False
+
+    def finish(self, output_tokens: int, error: str | None) -> None:
+        if not self._done:
+            self._done = True
+            self._core.on_complete(self.decision, output_tokens, error)
+
+
+class Front:
+    """Request handling state shared by the endpoints."""
+
+    def __init__(self, config: ClusterConfig, core: RouterCore | None = None) -> None:
+        self.config = config
+        self.core = core or RouterCore(config)
+        self.metrics = RouterMetrics(self.core, config.router.policy)
+        self.instances = {i.name: i for i in config.instances()}
+        self.models = served_models(config)
+        self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
+        self.upstream: Upstream | None = None
+        self.created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(self.tokenizers.load)
+        if not self.tokenizers.same_tokenizer(list(self.models)):
+            log.warning("served models use different tokenizers: 'auto' requests are "
+                        "tokenized with %s's, KV prefix estimates for the others are "
+                        "approximate", next(iter(self.models)))
+        await self.core.start()
+        self.upstream = Upstream(self.config.router.request_timeout_s)
+        try:
+            yield
+        finally:
+            await self.upstream.aclose()
+            await self.core.stop()
+
+    # ------------------------------------------------------------ plain endpoints
+
+    async def list_models(self, _request: Request) -> Response:
+        data = [{"id": m.name, "object": "model", "created": self.created,
+                 "owned_by": "hetserve", "max_model_len": m.max_model_len}
+                for m in self.models.values()]
+        data.append({"id": AUTO_MODEL, "object": "model", "created": self.created,
+                     "owned_by": "hetserve", "max_model_len": None})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(self, _request: Request) -> Response:
+        engines = self.core.engines()
+        up = sum(1 for e in engines if e.up)
+        body = {"status": "ok" if up else "no engine up", "engines_up": up,
+                "engines": len(engines)}
+        return JSONResponse(body, status_code=200 if up else 503)
+
+    async def metrics_endpoint(self, _request: Request) -> Response:
+        return Response(self.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def admin(self, request: Request) -> Response:
+        """``POST /admin/engines/{instance}/down|up``: the launcher's health verdicts."""
+        if not self._local(request.scope):
+            return _error(RequestError(403, "admin endpoints answer only on loopback and "
+                                       "unix-socket listeners", type_="permission_error"))
+        name, state = request.path_params["instance"], request.path_params["state"]
+        if state not in ("up", "down") or name not in self.instances:
+            return _error(RequestError(404, f"no engine instance '{name}' (known: "
+                                       f"{', '.join(self.instances)}) or action '{state}' "
+                                       "(up, down)", code="not_found"))
+        reason = request.query_params.get("reason", "admin")
+        self.core.mark_engine(name, state == "up", reason)
+        return JSONResponse({"instance": name, "up": state == "up", "reason": reason})
+
+    def _local(self, scope: Scope) -> bool:
+        server = scope.get("server")
+        if server is not None and server[1] is None:
+            return True  # unix socket
+        client = scope.get("client")
+        return (_is_loopback(self.config.router.host) and client is not None
+                and _is_loopback(client[0]))
+
+    # ------------------------------------------------------------ generation
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: Request, kind: Kind) -> Response:
+        endpoint = request.url.path
+        try:
+            response = await self._dispatch(request, kind)
+        except RequestError as exc:
+            response = _error(exc)
+        except ClientDisconnected:
+            response = Response(status_code=499)
+        self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        return response
+
+    async def _dispatch(self, request: Request, kind: Kind) -> Response:
+        arrival = time.time()
+        parsed = parse_request(kind, await _read_body(request), request.headers,
+                               allow_client_priority=self.config.router.allow_client_priority)
+        routing = self._routing_request(parsed, await self._prompt(parsed), arrival)
+        attempt = 1
+        while True:
+            completion = _Completion(self.core, await self._route(routing))
+            try:
+                return await self._forward(request, parsed, routing.request_id, completion)
+            except UpstreamError as exc:  # "connect": it never reached the engine, retry
+                if exc.kind != "connect" or attempt == MAX_ROUTE_ATTEMPTS:
+                    raise exc.error() from None
+            attempt += 1
+
+    async def _prompt(self, parsed: ParsedRequest) -> PromptInfo:
+        """Tokenize for the requested model, or for ``auto`` with the shared tokenizer."""
+        names = [parsed.model] if parsed.model is not None else list(self.models)
+        if parsed.model is not None and parsed.model not in self.models:
+            raise RequestError(404, f"model '{parsed.model}' does not exist; served models: "
+                               f"{', '.join([*self.models, AUTO_MODEL])}", param="model",
+                               code="model_not_found")
+        start = time.perf_counter()
+        prompt = await self.tokenizers.prompt(names[0], parsed)
+        self.metrics.tokenize_latency.observe(time.perf_counter() - start)
+        checked = [(length, context_error(parsed, n, length, len(prompt.token_ids)))
+                   for n in names if (length := self.models[n].max_model_len) is not None]
+        if len(checked) == len(names) and all(error for _, error in checked):
+            error = max(checked, key=lambda c: c[0])[1]  # report the longest context's
+            assert error is not None
+            raise error
+        return prompt
+
+    @staticmethod
+    def _routing_request(parsed: ParsedRequest, prompt: PromptInfo,
+                         arrival: float) -> RoutingRequest:
+        return RoutingRequest(
+            request_id=uuid.uuid4().hex,
+            requested_model=parsed.model,
+            prompt_text=prompt.text,
+            system_text=prompt.system_text,
+            user_text=prompt.user_text,
+            prompt_token_ids=prompt.token_ids,
+            num_prompt_tokens=len(prompt.token_ids),
+            max_tokens=parsed.max_tokens,
+            workflow=WorkflowMeta(**parsed.workflow),
+            arrival_time=arrival,
+        )
+
+    async def _route(self, routing: RoutingRequest) -> Decision:
+        try:
+            return await self.core.route(routing)
+        except NoEngineAvailable as exc:
+            raise RequestError(503, f"no engine available: {exc}", type_="service_unavailable",
+                               code="no_engine_available") from None
+        except ValueError as exc:
+            raise RequestError(400, str(exc), code="invalid_value") from None
+
+    def _upstream_failed(self, completion: _Completion, exc: UpstreamError,
+                         output_tokens: int = 0) -> None:
+        instance = completion.decision.instance
+        self.metrics.upstream_errors.labels(instance, exc.kind).inc()
+        completion.finish(output_tokens, str(exc))
+        if exc.kind in ("connect", "protocol"):
+            log.warning("marking engine %s down: %s", instance, exc)
+            self.core.mark_engine(instance, False, str(exc))
+
+    async def _forward(self, request: Request, parsed: ParsedRequest, request_id: str,
+                       completion: _Completion) -> Response:
+        decision = completion.decision
+        priority = parsed.client_priority
+        if priority is None:
+            priority = decision.priority
+        body = upstream_body(parsed, decision.model, priority, decision.max_tokens)
+        path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
+        headers = {"content-type": "application/json", "x-request-id": request_id}
+        response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}
+        assert self.upstream is not None
+        try:
+            resp = await _unless_disconnected(request.receive, self.upstream.open(
+                decision.instance, decision.url.rstrip("/") + path, body, headers))
+            if not (parsed.stream and resp.status_code == 200):
+                content = await _unless_disconnected(
+                    request.receive, self.upstream.read(decision.instance, resp))
+        except UpstreamError as exc:
+            self._upstream_failed(completion, exc)
+            raise
+        except ClientDisconnected:
+            completion.finish(0, "client disconnected")
+            raise
+        except BaseException:
+            completion.finish(0, "aborted")
+            raise
+        if parsed.stream and resp.status_code == 200:
+            return _StreamResponse(self, completion, resp, parsed.include_usage,
+                                   response_headers)
+        error = None if resp.status_code < 400 else f"engine answered {resp.status_code}"
+        completion.finish(completion_tokens(content) if error is None else 0, error)
+        return Response(content, status_code=resp.status_code, headers=response_headers,
+                        media_type=resp.headers.get("content-type", "application/json"))
+
+
+def _decision_headers(decision: Decision, priority: int | None) -> dict[str, str]:
+    """The ``x-hetserve-*`` response headers (``none`` for no prediction or priority)."""
+    predicted = decision.predicted_remaining_tokens
+    return {"x-hetserve-model": decision.model, "x-hetserve-engine": decision.instance,
+            "x-hetserve-policy": decision.policy,
+            "x-hetserve-predicted-remaining-tokens":
+                str(round(predicted)) if predicted is not None and math.isfinite(predicted)
+                else "none",
+            "x-hetserve-priority": "none" if priority is None else str(priority)}
+
+
+class _StreamResponse(Response):
+    """Relays an engine's SSE stream and reports its end exactly once."""
+
+    def __init__(self, front: Front, completion: _Completion, resp: httpx.Response,
+                 keep_usage: bool, headers: dict[str, str]) -> None:
+        self.status_code, self.media_type, self.background = 200, "text/event-stream", None
+        self.init_headers(headers)  # no ``body``: no content-length
+        self._front, self._completion, self._resp = front, completion, resp
+        self._keep_usage = keep_usage
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        result = StreamResult()
+        instance = self._completion.decision.instance
+
+        async def pump() -> None:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": self.raw_headers})
+            async for event in relay_events(instance, self._resp, result, self._keep_usage):
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        error: str | None = "aborted"
+        try:
+            await _unless_disconnected(receive, pump())
+            error = None
+        except UpstreamError as exc:
+            self._front._upstream_failed(self._completion, exc, result.output_tokens)
+            with contextlib.suppress(OSError):
+                event = json.dumps(exc.error().body()).encode()
+                await send({"type": "http.response.body", "body": b"data: " + event + b"\n\n",
+                            "more_body": False})
+        except (ClientDisconnected, OSError):
+            error = "client disconnected"
+        finally:
+            self._completion.finish(result.output_tokens, error)
+            await self._resp.aclose()
+
+
+def create_app(config: ClusterConfig, core: RouterCore | None = None) -> Starlette:
+    """The router's ASGI app (``core`` defaults to ``RouterCore(config)``)."""
+    front = Front(config, core)
+    routes = [
+        Route("/v1/chat/completions", front.chat, methods=["POST"]),
+        Route("/v1/completions", front.completions, methods=["POST"]),
+        Route("/v1/models", front.list_models, methods=["GET"]),
+        Route("/health", front.health, methods=["GET"]),
+        Route("/metrics", front.metrics_endpoint, methods=["GET"]),
+        Route("/admin/engines/{instance}/{state}", front.admin, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=front.lifespan)
+    app.state.front = front
+    return app

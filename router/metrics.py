@@ -1,0 +1,125 @@
+"""Prometheus metrics of the router (one registry per app).
+
+The front counts what only it sees (HTTP requests, upstream errors, tokenization time).
+Everything the core keeps (engine table, in-flight accounting, telemetry counters,
+decisions and their latencies, ``RouterCore.stats``) is read at scrape time by a
+collector, so there is one source of truth for each number.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from router.state.core import RouterCore
+    from router.state.stats import Histogram as CoreHistogram
+
+TOKENIZE_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+                      2.5e-2, 5e-2, 0.1)
+
+_ENGINE_GAUGES = (
+    ("up", "1 if the router routes to the engine, else 0"),
+    ("batch_size", "running requests in the last telemetry snapshot"),
+    ("num_waiting", "waiting requests in the last telemetry snapshot"),
+    ("queued_prefill_tokens", "prompt tokens not yet computed (last snapshot)"),
+    ("pending_decode_tokens", "decode tokens still to generate (last snapshot)"),
+    ("kv_usage", "fraction of KV cache blocks in use (last snapshot)"),
+    ("inflight_requests", "requests the router has in flight on the engine"),
+    ("inflight_predicted_tokens", "predicted tokens of the router's in-flight requests"),
+)
+
+
+def _histogram(name: str, doc: str, labels: list[str], values: list[str],
+               hist: CoreHistogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    bounds = [repr(float(b)) for b in hist.buckets] + ["+Inf"]
+    cumulative = list(itertools.accumulate(hist.counts))
+    family.add_metric(values, list(zip(bounds, cumulative)), hist.sum)
+    return family
+
+
+class _CoreCollector(Collector):
+    """The core's engine table and counters, read at scrape time."""
+
+    def __init__(self, core: RouterCore, policy: str) -> None:
+        self._core, self._policy = core, policy
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._engines()
+        yield from self._telemetry()
+        stats = self._core.stats
+        decisions = CounterMetricFamily("hetserve_decisions", "routing decisions by policy "
+                                        "and model", labels=["policy", "model"])
+        for (policy, model), n in sorted(stats.decisions.items()):
+            decisions.add_metric([policy, model], n)
+        yield decisions
+        yield _histogram("hetserve_decision_latency_seconds", "route() entry to decision, "
+                         "including predictors and batching windows", ["policy"],
+                         [self._policy], stats.decision_latency_s)
+        yield _histogram("hetserve_predictor_latency_seconds", "one batched predictor call",
+                         [], [], stats.predictor_latency_s)
+        yield CounterMetricFamily("hetserve_engine_down_events", "times an engine went down",
+                                  value=stats.engine_down_events)
+        yield CounterMetricFamily("hetserve_programs_expired", "workflow programs dropped "
+                                  "after the TTL", value=stats.programs_expired)
+
+    def _engines(self) -> Iterator[Metric]:
+        labels = ["engine", "model"]
+        families = {name: GaugeMetricFamily(f"hetserve_engine_{name}", doc, labels=labels)
+                    for name, doc in _ENGINE_GAUGES}
+        staleness = GaugeMetricFamily(
+            "hetserve_telemetry_staleness_seconds", "seconds since the engine's last "
+            "telemetry snapshot (absent before the first one)", labels=labels)
+        for view in self._core.engines():
+            values = [view.name, view.model]
+            for name, family in families.items():
+                family.add_metric(values, float(getattr(view, name)))
+            if view.last_seen_age_s is not None:
+                staleness.add_metric(values, view.last_seen_age_s)
+        yield from families.values()
+        yield staleness
+
+    def _telemetry(self) -> Iterator[Metric]:
+        stats = self._core.stats
+        frames = CounterMetricFamily("hetserve_telemetry_frames", "telemetry frames received",
+                                     labels=["engine", "stream"])
+        lost = CounterMetricFamily("hetserve_telemetry_lost_frames", "frames lost in transit "
+                                   "(sequence gaps)", labels=["engine", "stream"])
+        for name, c in sorted(stats.engines.items()):
+            frames.add_metric([name, "snapshot"], c.snapshot_frames)
+            frames.add_metric([name, "kv"], c.kv_frames)
+            lost.add_metric([name, "snapshot"], c.snapshot_gaps)
+            lost.add_metric([name, "kv"], c.kv_gaps)
+        dropped = CounterMetricFamily("hetserve_telemetry_dropped_frames", "frames dropped "
+                                      "by the router", labels=["stream", "reason"])
+        dropped.add_metric(["snapshot", "malformed"], stats.malformed_snapshot_frames)
+        dropped.add_metric(["kv", "malformed"], stats.malformed_kv_frames)
+        dropped.add_metric(["any", "unknown_topic"], stats.unknown_topic_frames)
+        yield from (frames, lost, dropped)
+
+
+class RouterMetrics:
+    """Every metric the router exports."""
+
+    def __init__(self, core: RouterCore, policy: str) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.requests = Counter("hetserve_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=reg)
+        self.tokenize_latency = Histogram(
+            "hetserve_tokenize_latency_seconds", "time spent tokenizing prompts",
+            buckets=TOKENIZE_BUCKETS_S, registry=reg)
+        self.upstream_errors = Counter(
+            "hetserve_upstream_errors", "failed engine calls by engine and kind "
+            "(connect, timeout, protocol, status)", ["engine", "kind"], registry=reg)
+        reg.register(_CoreCollector(core, policy))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

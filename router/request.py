@@ -1,0 +1,390 @@
+"""Parsing and validation of OpenAI request bodies and hetserve workflow metadata.
+
+Everything a client sends is checked here, before routing: a bad body raises
+``RequestError`` (an OpenAI-style error object with a 4xx status and a message that
+names the field and what is wrong). Nothing in this module raises anything else on any
+input. The rest of the body (sampling parameters, tools, ...) passes to the engine
+unchanged, which validates it against its own schema.
+
+Workflow metadata comes from a ``workflow`` object in the body (what OpenAI clients send
+through ``extra_body``) or from ``X-Hetserve-*`` headers; a field given in both places
+takes the body's value. See ``docs/router.md`` for the field table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+from engine_ext.contract import PRIORITY_MAX, PRIORITY_MIN
+
+Kind = Literal["chat", "completion"]
+AUTO_MODEL = "auto"
+"""``model`` value (or absent ``model``) that lets the policy choose the model."""
+
+
+class RequestError(Exception):
+    """A client or upstream error, rendered as an OpenAI error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_
+
+    def body(self) -> dict[str, Any]:
+        """``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+
+def _bad(message: str, param: str | None, code: str = "invalid_value") -> RequestError:
+    return RequestError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated request; ``body`` is the client's JSON object, untouched."""
+
+    kind: Kind
+    body: dict[str, Any]
+    model: str | None
+    """Requested served model name, ``None`` for ``auto``."""
+    stream: bool
+    include_usage: bool
+    """The client asked for ``stream_options.include_usage``."""
+    max_tokens: int | None
+    max_tokens_param: str
+    """``max_completion_tokens`` if the client set it (chat), else ``max_tokens``."""
+    messages: list[dict[str, Any]] | None = None
+    """Chat messages with text-part lists joined into strings (as vLLM does)."""
+    prompt: str | list[int] | None = None
+    """Completion prompt: text or token ids."""
+    client_priority: int | None = None
+    """The client's ``priority`` when the config allows it, else ``None``."""
+    workflow: dict[str, Any] = field(default_factory=dict)
+    """Validated workflow fields that were given (keys of ``WORKFLOW_FIELDS``)."""
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object (no NaN/Infinity, bounded nesting)."""
+    try:
+        obj = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise _bad(f"request body is not valid JSON: {detail}", None, "invalid_json") from None
+    if not isinstance(obj, dict):
+        raise _bad(f"request body must be a JSON object, got {_type(obj)}", None, "invalid_json")
+    return obj
+
+
+def _type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+# ---------------------------------------------------------------- typed field checks
+
+
+def _int(value: Any, param: str, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"'{param}' must be an integer, got {_type(value)}", param, "invalid_type")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise _bad(f"'{param}' must be {bound}, got {value}", param)
+    return value
+
+
+def _number(value: Any, param: str, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"'{param}' must be a number, got {_type(value)}", param, "invalid_type")
+    if not math.isfinite(value) or value < minimum:
+        raise _bad(f"'{param}' must be a finite number >= {minimum}, got {value}", param)
+    return float(value)
+
+
+def _str(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise _bad(f"'{param}' must be a string, got {_type(value)}", param, "invalid_type")
+    if not value:
+        raise _bad(f"'{param}' must not be empty", param)
+    return value
+
+
+def _bool(value: Any, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(f"'{param}' must be a boolean, got {_type(value)}", param, "invalid_type")
+    return value
+
+
+def _str_list(value: Any, param: str) -> list[str]:
+    if not isinstance(value, list):
+        raise _bad(f"'{param}' must be an array of strings, got {_type(value)}", param,
+                   "invalid_type")
+    return [_str(v, f"{param}[{i}]") for i, v in enumerate(value)]
+
+
+def _weights(value: Any, param: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise _bad(f"'{param}' must be an object of name -> number, got {_type(value)}",
+                   param, "invalid_type")
+    return {k: _number(v, f"{param}.{k}", 0.0) for k, v in value.items()}
+
+
+# ---------------------------------------------------------------- workflow metadata
+
+WORKFLOW_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "program_id": _str,
+    "workflow": _str,
+    "stage": _str,
+    "stage_index": lambda v, p: _int(v, p, 0),
+    "num_stages": lambda v, p: _int(v, p, 1),
+    "final": _bool,
+    "budget": lambda v, p: _number(v, p, 0.0),
+    "weights": _weights,
+    "attempt": lambda v, p: _int(v, p, 1),
+    "tried_models": _str_list,
+}
+"""Workflow field -> validator (JSON value, param name) -> value."""
+
+HEADER_PREFIX = "x-hetserve-"
+
+
+def _header_value(name: str, raw: str) -> Any:
+    """Convert a header string to the JSON value its workflow field expects."""
+    raw = raw.strip()
+    if name in ("stage_index", "num_stages", "attempt"):
+        try:
+            return int(raw)
+        except ValueError:
+            return raw  # the validator reports the type error
+    if name == "budget":
+        try:
+            return float(raw)
+        except ValueError:
+            return raw
+    if name == "final":
+        return {"true": True, "1": True, "yes": True,
+                "false": False, "0": False, "no": False}.get(raw.lower(), raw)
+    if name == "tried_models":
+        return [m.strip() for m in raw.split(",") if m.strip()]
+    if name == "weights":
+        weights: dict[str, Any] = {}
+        for item in filter(None, (p.strip() for p in raw.split(","))):
+            key, sep, val = item.partition("=")
+            try:
+                weights[key.strip()] = float(val) if sep else val
+            except ValueError:
+                weights[key.strip()] = val
+        return weights
+    return raw
+
+
+def header_name(field_name: str) -> str:
+    """``program_id`` -> ``X-Hetserve-Program-Id``."""
+    return "X-Hetserve-" + "-".join(p.capitalize() for p in field_name.split("_"))
+
+
+def parse_workflow(body_value: Any, headers: Mapping[str, str]) -> dict[str, Any]:
+    """Validated workflow fields from ``X-Hetserve-*`` headers, overridden by the body."""
+    merged: dict[str, tuple[Any, str]] = {}
+    given = {k.lower(): v for k, v in headers.items() if k.lower().startswith(HEADER_PREFIX)}
+    for name in WORKFLOW_FIELDS:
+        raw = given.pop(header_name(name).lower(), None)
+        if raw is not None:
+            merged[name] = (_header_value(name, raw), header_name(name))
+    unknown = sorted(given)
+    if unknown:
+        raise _bad(f"unknown header '{unknown[0]}'; workflow headers are "
+                   + ", ".join(header_name(n) for n in WORKFLOW_FIELDS), unknown[0])
+    if body_value is not None:
+        if not isinstance(body_value, dict):
+            raise _bad(f"'workflow' must be an object, got {_type(body_value)}", "workflow",
+                       "invalid_type")
+        for key, value in body_value.items():
+            if key not in WORKFLOW_FIELDS:
+                raise _bad(f"unknown field 'workflow.{key}'; expected one of "
+                           + ", ".join(WORKFLOW_FIELDS), f"workflow.{key}")
+            merged[key] = (value, f"workflow.{key}")
+    out = {name: WORKFLOW_FIELDS[name](value, param) for name, (value, param) in merged.items()}
+    index, stages = out.get("stage_index"), out.get("num_stages")
+    if index is not None and stages is not None and index >= stages:
+        raise _bad(f"'workflow.stage_index' ({index}) must be < 'workflow.num_stages' "
+                   f"({stages})", "workflow.stage_index")
+    return out
+
+
+# ---------------------------------------------------------------- bodies
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        raise _bad("'messages' is required: a non-empty array of {role, content} objects",
+                   "messages", "missing_field")
+    if not isinstance(value, list) or not value:
+        raise _bad(f"'messages' must be a non-empty array, got "
+                   f"{'an empty array' if value == [] else _type(value)}", "messages",
+                   "invalid_type" if not isinstance(value, list) else "invalid_value")
+    return [_message(m, f"messages[{i}]") for i, m in enumerate(value)]
+
+
+def _message(msg: Any, param: str) -> dict[str, Any]:
+    if not isinstance(msg, dict):
+        raise _bad(f"'{param}' must be an object, got {_type(msg)}", param, "invalid_type")
+    role = _str(msg.get("role"), f"{param}.role") if "role" in msg else None
+    if role is None:
+        raise _bad(f"'{param}.role' is required", f"{param}.role", "missing_field")
+    content = msg.get("content")
+    if content is None:
+        if role != "assistant":
+            raise _bad(f"'{param}.content' is required for role '{role}'",
+                       f"{param}.content", "missing_field")
+        return dict(msg)
+    if isinstance(content, str):
+        return dict(msg)
+    if not isinstance(content, list):
+        raise _bad(f"'{param}.content' must be a string or an array of content parts, got "
+                   f"{_type(content)}", f"{param}.content", "invalid_type")
+    texts = []
+    for j, part in enumerate(content):
+        p = f"{param}.content[{j}]"
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else _type(part)
+            raise _bad(f"'{p}' must be a text part {{\"type\": \"text\", \"text\": ...}}; "
+                       f"'{kind}' parts are not supported", p)
+        texts.append(_str_or_empty(part.get("text"), f"{p}.text"))
+    return {**msg, "content": "\n".join(texts)}
+
+
+def _str_or_empty(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise _bad(f"'{param}' must be a string, got {_type(value)}", param, "invalid_type")
+    return value
+
+
+def _token_ids(value: list[Any], param: str) -> list[int]:
+    return [_int(t, f"{param}[{i}]", 0) for i, t in enumerate(value)]
+
+
+def _prompt(value: Any) -> str | list[int]:
+    if value is None:
+        raise _bad("'prompt' is required: a string or an array of token ids", "prompt",
+                   "missing_field")
+    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+        if len(value) != 1:
+            raise _bad(f"'prompt' holds {len(value)} prompts; the router routes one prompt "
+                       "per request, send one request per prompt", "prompt")
+        value = value[0]
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            raise _bad("'prompt' must be a string or an array of token ids", "prompt",
+                       "invalid_type")
+    if isinstance(value, str):
+        if not value:
+            raise _bad("'prompt' must not be empty", "prompt")
+        return value
+    if isinstance(value, list):
+        if not value:
+            raise _bad("'prompt' must not be empty", "prompt")
+        return _token_ids(value, "prompt")
+    raise _bad(f"'prompt' must be a string or an array of token ids, got {_type(value)}",
+               "prompt", "invalid_type")
+
+
+def _optional(body: dict[str, Any], key: str, check: Callable[[Any, str], Any]) -> Any:
+    value = body.get(key)
+    return None if value is None else check(value, key)
+
+
+def parse_request(
+    kind: Kind,
+    raw: bytes,
+    headers: Mapping[str, str],
+    *,
+    allow_client_priority: bool = False,
+) -> ParsedRequest:
+    """Validate a ``/v1/chat/completions`` or ``/v1/completions`` request."""
+    body = parse_json(raw)
+    model = _optional(body, "model", _str)
+    stream = bool(_optional(body, "stream", _bool))
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad(f"'stream_options' must be an object, got {_type(options)}",
+                   "stream_options", "invalid_type")
+    include_usage = bool(_optional(options or {}, "include_usage", _bool))
+    _optional(body, "n", lambda v, p: _int(v, p, 1))
+    param = "max_tokens"
+    if kind == "chat" and body.get("max_completion_tokens") is not None:
+        param = "max_completion_tokens"
+    max_tokens = _optional(body, param, lambda v, p: _int(v, p, 1))
+    priority = None
+    if allow_client_priority:
+        priority = _optional(body, "priority",
+                             lambda v, p: _int(v, p, PRIORITY_MIN, PRIORITY_MAX))
+    return ParsedRequest(
+        kind=kind,
+        body=body,
+        model=None if model in (None, AUTO_MODEL) else model,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        max_tokens_param=param,
+        messages=_messages(body.get("messages")) if kind == "chat" else None,
+        prompt=_prompt(body.get("prompt")) if kind == "completion" else None,
+        client_priority=priority,
+        workflow=parse_workflow(body.get("workflow"), headers),
+    )
+
+
+def context_error(parsed: ParsedRequest, model: str, max_model_len: int,
+                  num_prompt_tokens: int) -> RequestError | None:
+    """The error for a request whose prompt plus ``max_tokens`` exceeds ``max_model_len``."""
+    if num_prompt_tokens >= max_model_len:
+        return RequestError(
+            400, f"model '{model}' has a context of {max_model_len} tokens, but the prompt "
+            f"alone is {num_prompt_tokens} tokens; shorten the prompt",
+            param="messages" if parsed.kind == "chat" else "prompt",
+            code="context_length_exceeded")
+    max_tokens, param = parsed.max_tokens, parsed.max_tokens_param
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        return RequestError(
+            400, f"model '{model}' has a context of {max_model_len} tokens, but {param}="
+            f"{max_tokens} plus {num_prompt_tokens} prompt tokens is "
+            f"{num_prompt_tokens + max_tokens}; lower {param} to at most "
+            f"{max_model_len - num_prompt_tokens}", param=param, code="context_length_exceeded")
+    return None
+
+
+def upstream_body(
+    parsed: ParsedRequest, model: str, priority: int | None, max_tokens: int | None
+) -> bytes:
+    """The body sent to the engine: the client's body with ``model``, ``priority`` and
+    ``max_tokens`` set by the router, ``workflow`` removed, and usage requested on streams
+    (the router strips the usage chunk again if the client did not ask for it)."""
+    body = {k: v for k, v in parsed.body.items() if k not in ("workflow", "priority")}
+    body["model"] = model
+    if priority is not None:
+        body["priority"] = priority
+    if max_tokens is not None:
+        body[parsed.max_tokens_param] = max_tokens
+    if parsed.stream:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return json.dumps(body).encode("ascii")
