@@ -56,7 +56,7 @@ class TelemetryMixin:
         self.telemetry_step = 0
         self.telemetry_preemptions = 0
         self._finished: list[FinishedRequest] = []
-        self._was_idle = True
+        self._was_idle = True  # state of the last published snapshot
         self.waiting = with_token_ledger(self.waiting)
         self.kv_holding_waiting = with_token_ledger(self.kv_holding_waiting)
         endpoint = table.get("telemetry_endpoint")
@@ -111,7 +111,9 @@ class TelemetryMixin:
             self._finished.clear()
             return
         idle = not self.running and not self.waiting and not self.kv_holding_waiting
-        if not pub.due() and not (idle and not self._was_idle):
+        # An engine going idle stops stepping: send its last state (and the requests that
+        # just finished) now rather than at the next due time, which may never come.
+        if not pub.due() and not (idle and (not self._was_idle or self._finished)):
             return
         self._was_idle = idle
         pub.publish(self.snapshot(pub.next_seq()))

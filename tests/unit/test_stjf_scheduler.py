@@ -1,6 +1,7 @@
 """STJF with aging inside vLLM's real Scheduler (no model executor; see sched_harness)."""
 
 import random
+import time
 
 import pytest
 
@@ -199,3 +200,38 @@ def test_snapshot_counts_match_a_full_walk(cls, policy):
         assert snap.num_waiting == len(s.waiting) + len(s.kv_holding_waiting)
         preempted |= snap.num_preemptions > 0
     assert preempted  # the KV pressure path was exercised
+
+
+def test_going_idle_publishes_state_and_finished_at_once(tmp_path):
+    """A burst shorter than the rate limit still reports its finished requests."""
+    import zmq
+
+    from engine_ext.telemetry import snapshot_decoder
+
+    endpoint = f"ipc://{tmp_path}/t"
+    s = make_scheduler(STJFScheduler, hetserve={
+        "engine_id": "e", "telemetry_endpoint": endpoint, "telemetry_interval_ms": 60_000})
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    try:
+        decoder = snapshot_decoder()
+        assert sub.poll(5000)  # the startup announcement (sent before we subscribed) or a beat
+        for round_ in range(2):  # the second burst starts from an idle, published state
+            add_all(s, [make_request(f"b{round_}", max_tokens=2, first_token=round_)])
+            step(s)
+            step(s)
+            assert not s.running and not s.waiting
+            deadline = time.time() + 5
+            got = []
+            while time.time() < deadline and not any(f for g in got for f in g.finished):
+                if sub.poll(200):
+                    got.append(decoder.decode(sub.recv_multipart())[2])
+            finished = [f for g in got for f in g.finished]
+            assert [f.request_id for f in finished] == [f"b{round_}"]
+            assert finished[0].output_tokens == 2 and got[-1].batch_size == 0
+    finally:
+        s.shutdown()
+        sub.close(linger=0)
+        ctx.term()
