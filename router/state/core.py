@@ -28,6 +28,7 @@ from router.policies.registry import build_policy
 from router.predictors.base import PredictorSet
 from router.state.collector import BatchCollector
 from router.state.engines import EngineState, EngineTable
+from router.state.health_probe import HealthProber
 from router.state.inflight import InflightLedger, InflightRecord
 from router.state.kv_hash import BlockHasher
 from router.state.programs import ProgramTable
@@ -67,6 +68,8 @@ class RouterCore:
         self._batching: tuple[BatchWindow, BatchCollector] | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._next_expiry = 0.0
+        self.prober = HealthProber({i.name: i.url for i in instances},
+                                   lambda name: self.mark_engine(name, True, "health probe"))
 
     # ---- lifecycle ----
 
@@ -93,8 +96,10 @@ class RouterCore:
         except ValueError:
             await self.stop()
             raise
+        await self.prober.start()
 
     async def stop(self) -> None:
+        await self.prober.stop()
         if self._batching is not None:
             await self._batching[1].stop(NoEngineAvailable("the router is shutting down"))
         await self.snapshots.stop()
@@ -211,10 +216,16 @@ class RouterCore:
             self.programs.completed(decision.program_id, decision.final, error is not None,
                                     self.clock())
 
-    def mark_engine(self, instance: str, up: bool, reason: str) -> None:
-        """Mark an engine down (failed HTTP call, launcher) or back up (launcher)."""
+    def mark_engine(self, instance: str, up: bool, reason: str, probe: bool = False) -> None:
+        """Mark an engine down or back up. ``probe=True`` (a failed HTTP call): the
+        health prober marks it up once it answers ``/health``; otherwise (launcher,
+        operator) only an explicit mark brings it back."""
         if instance not in self.table.engines:
             raise ValueError(f"unknown instance '{instance}'")
+        if up or not probe:
+            self.prober.forget(instance)
+        else:
+            self.prober.watch(instance)
         if self.table.mark(instance, up, reason):
             self._stats.engine_down_events += 1
         if not up:

@@ -1,10 +1,11 @@
 """Engine table: each engine's last scheduler snapshot, liveness and KV prefix index.
 
 Liveness: an engine is down while it is marked down (failed HTTP calls, the launcher's
-admin calls; only ``mark(up=True)`` clears a mark) or while its snapshots have stopped
-for ``heartbeat_timeout_s``. An engine that has never sent a snapshot is up (an idle
-engine only publishes once it has scheduled something); after its first snapshot it
-must keep sending them. When an engine goes down its KV index is cleared and the caller
+admin calls; only ``mark(up=True)`` clears a mark, which the health prober does for
+failed calls) or while its snapshots have stopped for ``heartbeat_timeout_s``. An engine
+that has not sent a snapshot yet is up (engines announce themselves at start and send
+a heartbeat every second when idle, so the router sees them within a second); after
+its first snapshot it must keep sending them. When an engine goes down its KV index is cleared and the caller
 releases its in-flight accounting; it receives nothing until it is back.
 """
 
