@@ -289,7 +289,7 @@ class Front:
         completion.finish(output_tokens, str(exc))
         if exc.kind in ("connect", "protocol"):
             log.warning("marking engine %s down: %s", instance, exc)
-            self.core.mark_engine(instance, False, str(exc))
+            self.core.mark_engine(instance, False, str(exc), probe=True)
 
     async def _forward(self, request: Request, parsed: ParsedRequest, request_id: str,
                        completion: _Completion) -> Response:
