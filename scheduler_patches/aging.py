@@ -15,6 +15,10 @@ Key of a request, lowest first::
 - After a promoted request has received ``Q`` scheduling iterations (steps in which it
   was scheduled) it is demoted back to level 0 and its counters restart.
 
+Guarantee: a request that has waited ``k * S`` ticks (``k <= max_promotions``) sorts ahead
+of every request that has waited less than ``k * S``; one that waits ``max_promotions * S``
+ties only with requests as starved as itself, ordered among them by priority again.
+
 Counting without touching every waiting request each step: a request's pass-over count
 is ``tick - entered_tick`` (the ticks since it entered its current level while waiting),
 so promotions are found by scanning one FIFO per level from the front (amortised O(1)
@@ -36,8 +40,8 @@ class AgingSettings:
     """Per-engine anti-starvation settings (Chimera section 3.7).
 
     The paper names the threshold S and the quantum Q but gives no values we could
-    verify offline; these defaults bound a passed-over request's extra wait to about
-    ``S`` engine steps (a few seconds on a GPU) and let it keep its boost for ``Q`` steps.
+    verify offline; with these defaults a passed-over request is promoted every ``S``
+    engine steps (a few seconds on a GPU) and keeps its boost for ``Q`` steps.
     """
 
     starvation_threshold: int = 128

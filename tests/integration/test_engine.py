@@ -77,12 +77,33 @@ def engine(tmp_path_factory) -> EngineProc:
     eng.stop()
 
 
-@pytest.fixture
-def collector(engine):
+@pytest.fixture(scope="module")
+def aging_engine(tmp_path_factory) -> EngineProc:
+    """Three promotion levels, and a snapshot every step (the test counts steps)."""
+    tmp: Path = tmp_path_factory.mktemp("aging-engine")
+    eng = start_engine(tmp, "stjf-aging", extra=[
+        "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
+        "--max-promotions", "3", "--telemetry-interval-ms", "0",
+    ])
+    yield eng
+    eng.stop()
+
+
+def _collect(engine: EngineProc):
     c = Collector(engine)
     time.sleep(0.3)  # let the subscription reach the publisher
     yield c
     c.close()
+
+
+@pytest.fixture
+def collector(engine):
+    yield from _collect(engine)
+
+
+@pytest.fixture
+def aging_collector(aging_engine):
+    yield from _collect(aging_engine)
 
 
 async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int,
@@ -96,11 +117,15 @@ async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int,
     return r.json()
 
 
-
-
-async def _wait_for(collector: Collector, predicate, timeout: float = 60) -> SchedulerSnapshot:
+async def _wait_for(collector: Collector, predicate, timeout: float = 120,
+                    watch: list[asyncio.Task] = ()) -> SchedulerSnapshot:
+    """The newest recent snapshot matching ``predicate``; a failed task in ``watch`` is
+    raised at once instead of waiting out the timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        for task in watch:
+            if task.done() and task.exception() is not None:
+                raise task.exception()
         for snap in reversed(collector.snapshots[-50:]):
             if predicate(snap):
                 return snap
@@ -134,8 +159,10 @@ def test_service_order_follows_the_key(engine, collector):
             for name, prio in [("p50", 50), ("p10", 10), ("none", None), ("p30", 30), ("p20", 20)]:
                 others.append(asyncio.create_task(job(name, prio)))
                 await asyncio.sleep(0.01)
-            queued = await _wait_for(collector, lambda s: s.num_waiting == 5)
-            await _wait_for(collector, lambda s: s.step >= queued.step + S + 2)
+            queued = await _wait_for(collector, lambda s: s.num_waiting == 5,
+                                     watch=[blocker, *others])
+            await _wait_for(collector, lambda s: s.step >= queued.step + S + 2,
+                            watch=[blocker, *others])
             blocker.cancel()
             await asyncio.gather(*others)
             return done
@@ -143,41 +170,42 @@ def test_service_order_follows_the_key(engine, collector):
     assert asyncio.run(run()) == ["p10", "p20", "p30", "p50", "none"]
 
 
-def test_low_priority_request_is_served_within_the_aging_bound(engine):
-    """A low-priority request under a steady stream of short high-priority ones."""
-    short_tokens, n_short, outstanding = 4, 40, 3
+def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, aging_collector):
+    """A low-priority request under a steady stream of short high-priority ones.
+
+    Measured in engine steps from telemetry (every step is published on this engine), not
+    by client-side timing: the low request has a long prompt, so the steps during which
+    its uncomputed prompt shows in ``queued_prefill_tokens`` are exactly its wait."""
+    engine, collector = aging_engine, aging_collector
+    short_tokens, n_short, outstanding, low_prompt_words = 4, 80, 10, 300
+    promotions = 3
 
     async def run():
-        events: list[tuple[str, float]] = []
         async with httpx.AsyncClient(base_url=engine.url) as client:
             sem = asyncio.Semaphore(outstanding)
 
             async def short(i: int) -> None:
                 async with sem:
                     await _complete(client, f"short {i}", short_tokens, 1)
-                    events.append(("short", time.monotonic()))
 
-            async def low() -> None:
-                await asyncio.sleep(0.05)
-                body = {"model": "tiny-a", "prompt": "low", "max_tokens": 2, "ignore_eos": True,
-                        "priority": 1_000_000, "stream": True}
-                async with client.stream("POST", "/v1/completions", json=body, timeout=300) as r:
-                    first = True
-                    async for line in r.aiter_lines():
-                        if first and line.startswith("data:"):
-                            events.append(("low", time.monotonic()))
-                            first = False
+            shorts = [asyncio.create_task(short(i)) for i in range(n_short)]
+            await _wait_for(collector, lambda s: s.num_waiting >= outstanding - 2, watch=shorts)
+            await _complete(client, " ".join(["low"] * low_prompt_words), 2, 1_000_000)
+            await asyncio.gather(*shorts)
 
-            await asyncio.gather(low(), *[short(i) for i in range(n_short)])
-        return events
-
-    events = asyncio.run(run())
-    shorts_before = [kind for kind, _ in sorted(events, key=lambda e: e[1])].index("low")
-    # Promoted after S pass-overs (each short takes `short_tokens` steps), then admitted
-    # when the running short finishes: at most S / short_tokens + 2 shorts go first.
-    bound = S // short_tokens + 2
-    assert shorts_before <= bound, f"{shorts_before} shorts went first, bound {bound}"
-    assert shorts_before < n_short - outstanding  # it did not simply wait for the stream end
+    asyncio.run(run())
+    snaps = sorted(collector.snapshots, key=lambda s: s.step)
+    low_queued = [s.queued_prefill_tokens >= low_prompt_words // 2 for s in snaps]
+    first = low_queued.index(True)
+    last = len(low_queued) - 1 - low_queued[::-1].index(True)
+    assert not any(low_queued[last + 1:]) and all(low_queued[first:last + 1])
+    waited = snaps[last + 1].step - snaps[first - 1].step  # bracketing: an upper bound
+    # The shorts wait at most outstanding * short_tokens < 3S steps, so they never reach
+    # level -3; the low request does after 3S steps waiting and is admitted when the
+    # running short finishes (at most short_tokens + 1 steps). Without aging
+    # (--max-promotions 0) it waits for the whole stream: 202 steps when measured.
+    bound = promotions * S + short_tokens + 3
+    assert waited <= bound, f"low request waited {waited} steps, bound {bound}"
 
 
 def test_telemetry_reports_batch_and_waiting(engine, collector):
