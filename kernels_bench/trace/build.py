@@ -1,0 +1,188 @@
+"""``python -m kernels_bench trace build``: run every model of a cluster over a suite's
+workflows and append one trace unit per finished (problem, workflow, model).
+
+Models run one after another, each on its own engine (started through the launcher, then
+stopped). Inside a model, up to ``--concurrency`` workflow runs are in flight, each
+sending its stages in order (greedy, fixed seed). A finished unit is appended to ``--out``
+at once (flushed, fsynced); a restarted build reads the file, skips every unit already
+there and does the rest, so a killed build loses only the units in flight. The header
+records the settings; resuming with different settings is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+from kernels_bench.trace.format import (
+    FORMAT,
+    VERSION,
+    Header,
+    Stage,
+    TraceWriter,
+    Unit,
+    read_records,
+    unit_key,
+)
+from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
+from kernels_bench.trace.workflows import WORKFLOWS, prompt_version, stage_messages
+
+
+@dataclass(frozen=True)
+class Settings:
+    suite: str
+    problems: int
+    seed: int
+    max_tokens: int
+    concurrency: int
+    code_timeout_s: float
+
+    def header_settings(self) -> dict[str, object]:
+        """What must match for two builds to share a file (problem count may grow)."""
+        return {"seed": self.seed, "max_tokens": self.max_tokens, "temperature": 0.0,
+                "prompt_version": prompt_version(), "code_timeout_s": self.code_timeout_s}
+
+
+async def call_stage(client: httpx.AsyncClient, base_url: str, model: str, suite: str,
+                     role: str, index: int, problem: Problem, history: list[tuple[str, str]],
+                     s: Settings) -> Stage:
+    """One chat completion (greedy) for one stage."""
+    messages = stage_messages(suite, role, problem.text, history)
+    body = {"model": model, "messages": [{"role": m.role, "content": m.content}
+                                         for m in messages],
+            "temperature": 0.0, "max_tokens": s.max_tokens, "seed": s.seed}
+    t0 = time.monotonic()
+    r = await client.post(f"{base_url}/v1/chat/completions", json=body)
+    if r.status_code != 200:
+        raise RuntimeError(f"{problem.id} stage {index} ({role}): HTTP {r.status_code}: "
+                           f"{r.text[:500]}")
+    out = r.json()
+    choice, usage = out["choices"][0], out["usage"]
+    return Stage(index=index, role=role, messages=messages,
+                 prompt_tokens=usage["prompt_tokens"], output_tokens=usage["completion_tokens"],
+                 output_text=choice["message"]["content"] or "",
+                 finish_reason=choice.get("finish_reason") or "", latency_s=time.monotonic() - t0)
+
+
+async def run_unit(client: httpx.AsyncClient, base_url: str, model: str, problem: Problem,
+                   workflow: str, s: Settings) -> Unit:
+    """One model's run of one workflow on one problem, judged."""
+    t0 = time.monotonic()
+    stages: list[Stage] = []
+    for i, role in enumerate(WORKFLOWS[s.suite][workflow]):
+        history = [(st.role, st.output_text) for st in stages]
+        stages.append(await call_stage(client, base_url, model, s.suite, role, i, problem,
+                                       history, s))
+    verdict = await asyncio.to_thread(judge, problem, stages[-1].output_text, s.code_timeout_s)
+    return Unit(key=unit_key(problem.id, workflow, model), problem_id=problem.id,
+                workflow=workflow, model=model, user_prompt=problem.text,
+                reference=problem.reference, stages=stages, final_answer=verdict.final_answer,
+                correct=verdict.correct, score=verdict.score,
+                total_output_tokens=sum(st.output_tokens for st in stages),
+                latency_s=time.monotonic() - t0, detail=verdict.detail)
+
+
+async def run_model(base_url: str, model: str, todo: list[tuple[Problem, str]], s: Settings,
+                    writer: TraceWriter) -> None:
+    """Run ``todo`` on one engine, appending each unit as it finishes."""
+    sem = asyncio.Semaphore(s.concurrency)
+    correct = 0
+    bar = tqdm(total=len(todo), desc=f"{s.suite} {model}", unit="run", file=sys.stderr,
+               dynamic_ncols=True)
+
+    async def one(client: httpx.AsyncClient, problem: Problem, workflow: str) -> None:
+        nonlocal correct
+        async with sem:
+            unit = await run_unit(client, base_url, model, problem, workflow, s)
+        writer.append(unit)
+        correct += unit.correct
+        bar.update()
+        bar.set_postfix(correct=f"{correct}/{bar.n}")
+
+    limits = httpx.Limits(max_connections=s.concurrency + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+        tasks = [asyncio.create_task(one(client, p, w)) for p, w in todo]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            bar.close()
+
+
+def open_trace(out: Path, header: Header) -> set[str]:
+    """Create ``out`` with ``header``, or check an existing one's; return its unit keys."""
+    if not out.exists() or out.stat().st_size == 0:
+        with TraceWriter(out) as w:
+            w.append(header)
+        return set()
+    old, units = read_records(out)
+    for field in ("suite", "workflows", "settings"):
+        if getattr(old, field) != getattr(header, field):
+            raise SystemExit(f"{out}: was built with a different {field} "
+                             f"({getattr(old, field)!r}, now {getattr(header, field)!r}); "
+                             "use another --out or the original settings")
+    return {u.key for u in units}
+
+
+def build(cluster: Path, s: Settings, out: Path, models: list[str] | None, workflows: list[str],
+          command: str) -> None:
+    from kernels_bench.trace.engines import describe_model, engine_session
+    from router.config import load_cluster_config
+
+    cfg = load_cluster_config(cluster)
+    names = models or [e.name for e in cfg.engines]
+    unknown = sorted(set(names) - {e.name for e in cfg.engines})
+    if unknown:
+        raise SystemExit(f"--models: no engine named {unknown} in {cluster}")
+    problems = load_problems(s.suite, s.problems, s.seed)
+    header = Header(format=FORMAT, version=VERSION, suite=s.suite,
+                    workflows=WORKFLOWS[s.suite], settings=s.header_settings(),
+                    sources=[SOURCES[s.suite]] + [describe_model(e) for e in cfg.engines],
+                    command=command)
+    done = open_trace(out, header)
+    for name in names:
+        served = cfg.engine(name).served_model_name
+        todo = [(p, w) for p in problems for w in workflows
+                if unit_key(p.id, w, served) not in done]
+        total = len(problems) * len(workflows)
+        print(f"[trace] {served}: {total - len(todo)}/{total} units done, {len(todo)} to run",
+              file=sys.stderr, flush=True)
+        if not todo:
+            continue
+        with engine_session(cfg, name) as eng, TraceWriter(out) as writer:
+            asyncio.run(run_model(eng.base_url, eng.served_model_name, todo, s, writer))
+    print(f"[trace] done: {out}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels_bench trace build",
+        description="Run every model of a cluster over a suite's workflows (resumable).")
+    ap.add_argument("--cluster", type=Path, required=True, help="cluster.toml: the models")
+    ap.add_argument("--suite", choices=sorted(WORKFLOWS), required=True)
+    ap.add_argument("--problems", type=int, required=True, help="number of problems")
+    ap.add_argument("--out", type=Path, required=True, help="trace file (.jsonl or .jsonl.gz)")
+    ap.add_argument("--models", nargs="+", help="engine names to run (default: all, in order)")
+    ap.add_argument("--workflows", nargs="+", help="workflow ids (default: all of the suite)")
+    ap.add_argument("--seed", type=int, default=0, help="problem and sampling seed")
+    ap.add_argument("--max-tokens", type=int, default=512, help="output cap per stage")
+    ap.add_argument("--concurrency", type=int, default=32, help="workflow runs in flight")
+    ap.add_argument("--code-timeout", type=float, default=10.0, help="seconds per test run")
+    args = ap.parse_args(argv)
+    workflows = args.workflows or list(WORKFLOWS[args.suite])
+    bad = sorted(set(workflows) - set(WORKFLOWS[args.suite]))
+    if bad:
+        ap.error(f"--workflows: {bad} not in {args.suite}'s {list(WORKFLOWS[args.suite])}")
+    s = Settings(args.suite, args.problems, args.seed, args.max_tokens, args.concurrency,
+                 args.code_timeout)
+    command = shlex.join(["python", "-m", "kernels_bench", "trace", "build", *argv])
+    build(args.cluster, s, args.out, args.models, workflows, command)

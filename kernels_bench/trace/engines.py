@@ -1,0 +1,102 @@
+"""One engine of a cluster file at a time, started through the launcher's Python API.
+
+The trace builder runs the models of a cluster one after another (so two big models never
+share the machine): :func:`engine_session` plans just that engine (``make_plan(...,
+only=[name])``: the launcher's placement, ports, environment and ``engine_ext.serve``
+command, no router), starts it under the launcher's ``Supervisor``, waits for
+``/health`` and stops it on exit (its log is kept if anything failed). An engine with a
+``url`` (run elsewhere) is used as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from launcher.devices import detect_devices
+from launcher.plan import make_plan
+from launcher.supervisor import State, Supervisor
+from router.config import ClusterConfig, EngineConfig, http_url
+
+
+@dataclass(frozen=True)
+class EngineHandle:
+    name: str
+    served_model_name: str
+    base_url: str
+
+
+def describe_model(e: EngineConfig) -> dict[str, str]:
+    """What a trace records about an engine's model (no path of this machine)."""
+    out = {"name": e.served_model_name, "engine": e.name,
+           "model": Path(e.model).name if e.model and not e.model.startswith("builtin:")
+           else str(e.model or e.url)}
+    source = Path(e.model or "") / "hetserve-source.json"
+    if e.model and source.is_file():
+        meta = json.loads(source.read_text())
+        out.update(description=meta["description"], license=meta["license"],
+                   gguf_sha256=meta["gguf_sha256"], packages=" ".join(meta["packages"]))
+    return out
+
+
+@contextlib.contextmanager
+def engine_session(cfg: ClusterConfig, name: str) -> Iterator[EngineHandle]:
+    """Start engine ``name`` of ``cfg`` (unless remote), yield it healthy, stop it."""
+    e = cfg.engine(name)
+    if e.remote:
+        assert e.url is not None
+        yield EngineHandle(name, e.served_model_name, e.url.rstrip("/"))
+        return
+    if e.replicas != 1:
+        raise ValueError(f"engines.{name}: the trace builder runs one replica per model "
+                         f"(replicas = {e.replicas})")
+    run_dir = Path(tempfile.mkdtemp(prefix=f"hetserve-trace-{name}-"))
+    plan = make_plan(cfg, detect_devices(), run_dir, only=[name])
+    (proc_plan,) = plan.engines
+    la = cfg.launcher
+    sup = Supervisor(run_dir, health_timeout_s=la.health_timeout_s, max_restarts=0,
+                     backoff_s=la.restart_backoff_s, backoff_max_s=la.restart_backoff_max_s)
+    t0 = time.monotonic()
+    print(f"[trace] starting engine {name} ({proc_plan.devices}, port {proc_plan.port}); "
+          f"log {proc_plan.spec.log_path}", file=sys.stderr, flush=True)
+    proc = sup.start(proc_plan.spec)
+    url = http_url(e.host, proc_plan.port)
+    failed = True
+    try:
+        # Healthy means our process is up AND the port serves our model: another server
+        # may take the port while a big model loads (then ours fails to bind and exits).
+        while proc.state is not State.UP or not _serves(url, e.served_model_name):
+            for ev in sup.step(restart=False):
+                if ev.kind == "failed":
+                    raise RuntimeError(f"engine {name} failed to start: {ev.detail}\n"
+                                       f"{sup.tail(proc)}")
+            if time.monotonic() - t0 > la.health_timeout_s:
+                raise RuntimeError(f"engine {name}: {url} does not serve model "
+                                   f"{e.served_model_name!r} after {la.health_timeout_s:g} s")
+            time.sleep(0.5)
+        print(f"[trace] engine {name} healthy after {time.monotonic() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+        yield EngineHandle(name, e.served_model_name, url)
+        failed = False
+    finally:
+        sup.stop_all(la.grace_period_s)
+        if not failed:
+            shutil.rmtree(run_dir, ignore_errors=True)  # keep the engine log only on failure
+
+
+def _serves(url: str, model: str) -> bool:
+    """Whether the OpenAI server at ``url`` lists ``model``."""
+    try:
+        r = httpx.get(f"{url}/v1/models", timeout=5.0)
+        return r.status_code == 200 and model in {m["id"] for m in r.json()["data"]}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return False

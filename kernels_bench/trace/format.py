@@ -1,0 +1,346 @@
+"""The workflow trace format (version 1): schema, validation, reading and appending.
+
+A trace file is JSON Lines, plain (``.jsonl``) or gzip-compressed (``.jsonl.gz``, possibly
+several gzip members back to back, as the builder appends them). Line 1 is a
+:class:`Header`; every further line is a :class:`Unit`: one model's run of one workflow on
+one problem. :func:`load_trace` validates every line (an error names the file, the line,
+the unit's key and the bad field) and groups units into :class:`WorkflowRun` objects, one
+per (problem, workflow), holding each model's :class:`ModelRun`. See docs/traces.md.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+FORMAT: Final = "hetserve-trace"
+VERSION: Final = 1
+
+NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+NonNegF = Annotated[float, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class TraceFormatError(ValueError):
+    """A trace file or record that does not follow the format."""
+
+
+class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One chat message as sent to the engine."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Stage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One LLM call of a workflow run."""
+
+    index: NonNeg
+    role: Name
+    """The agent role (``planner``, ``solver``, ``verifier``, ``coder``, ``qa``, ...)."""
+    messages: list[Message]
+    """Exactly what was sent: the role's system prompt, then the user turn with the
+    problem and the accumulated history of earlier stages."""
+    prompt_tokens: NonNeg
+    output_tokens: NonNeg
+    output_text: str
+    finish_reason: str
+    """``stop`` or ``length`` (hit ``max_tokens``), as the engine reported it."""
+    latency_s: NonNegF
+    """Wall time of the call as the builder saw it (depends on the load of the build)."""
+
+
+class Unit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="unit", tag_field="kind"):
+    """One model's run of one workflow on one problem: the builder's unit of work."""
+
+    key: Name
+    """``<problem_id>|<workflow>|<model>``: unique in a trace."""
+    problem_id: Name
+    workflow: Name
+    model: Name
+    user_prompt: str
+    """The problem as the agent's user gave it (the same for every stage and model)."""
+    reference: str
+    """Math: the reference answer; code: the task id of the tests that judged it."""
+    stages: list[Stage]
+    final_answer: str | None
+    """Math: the extracted answer (None: none found); code: the extracted program."""
+    correct: bool
+    score: float
+    """The suite's own score (reasoning-gym's ``score_answer``; code: 1.0 or 0.0)."""
+    total_output_tokens: NonNeg
+    latency_s: NonNegF
+    detail: str = ""
+    """Why it was judged so (extraction method, sandbox outcome)."""
+
+
+class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="header",
+             tag_field="kind"):
+    """The first line of a trace: what it is and how it was made."""
+
+    format: Literal["hetserve-trace"]
+    version: int
+    suite: Name
+    """``math``, ``code`` or ``champ``."""
+    workflows: dict[str, list[str]]
+    """Workflow id -> its stage roles in order."""
+    settings: dict[str, Any]
+    """Generation and problem settings (seed, max_tokens, temperature, ...)."""
+    sources: list[dict[str, str]]
+    """Data sets and models used, with their licenses."""
+    command: str = ""
+    """The command that built it."""
+
+
+class ModelRun(msgspec.Struct, frozen=True):
+    """One model's part of a :class:`WorkflowRun` (a validated :class:`Unit`)."""
+
+    model: str
+    stages: list[Stage]
+    final_answer: str | None
+    correct: bool
+    score: float
+    total_output_tokens: int
+    latency_s: float
+    detail: str
+
+    def remaining_output_tokens(self, stage: int) -> int:
+        """Output tokens of stages ``stage`` and later (the length predictor's target)."""
+        return sum(s.output_tokens for s in self.stages[stage:])
+
+
+class WorkflowRun(msgspec.Struct, frozen=True):
+    """One workflow on one problem, with every model's run of it."""
+
+    problem_id: str
+    workflow: str
+    roles: list[str]
+    user_prompt: str
+    reference: str
+    models: dict[str, ModelRun]
+
+
+class Trace(msgspec.Struct, frozen=True):
+    """A loaded, validated trace."""
+
+    header: Header
+    runs: list[WorkflowRun]
+
+    @property
+    def models(self) -> list[str]:
+        """Every model that appears, sorted."""
+        return sorted({m for r in self.runs for m in r.models})
+
+    def complete_runs(self, models: Iterable[str] | None = None) -> list[WorkflowRun]:
+        """The runs that every one of ``models`` (default: all) has finished."""
+        want = set(self.models if models is None else models)
+        return [r for r in self.runs if want <= r.models.keys()]
+
+
+Record = Header | Unit
+_decoder = msgspec.json.Decoder(Record)
+_encoder = msgspec.json.Encoder()
+
+
+def unit_key(problem_id: str, workflow: str, model: str) -> str:
+    """The key of one unit."""
+    return f"{problem_id}|{workflow}|{model}"
+
+
+def check_unit(u: Unit, workflows: dict[str, list[str]]) -> None:
+    """Cross-field checks msgspec cannot express; raise ValueError naming the field."""
+    if u.key != unit_key(u.problem_id, u.workflow, u.model):
+        raise ValueError(f"`key` {u.key!r} is not problem_id|workflow|model")
+    if u.workflow not in workflows:
+        raise ValueError(f"`workflow` {u.workflow!r} is not in the header's workflows "
+                         f"{sorted(workflows)}")
+    roles = [s.role for s in u.stages]
+    if roles != workflows[u.workflow]:
+        raise ValueError(f"`stages` roles {roles} differ from workflow {u.workflow!r}: "
+                         f"{workflows[u.workflow]}")
+    for i, s in enumerate(u.stages):
+        if s.index != i:
+            raise ValueError(f"`stages[{i}].index` is {s.index}, expected {i}")
+        if not s.messages:
+            raise ValueError(f"`stages[{i}].messages` is empty")
+    total = sum(s.output_tokens for s in u.stages)
+    if u.total_output_tokens != total:
+        raise ValueError(f"`total_output_tokens` is {u.total_output_tokens}, the stages sum "
+                         f"to {total}")
+
+
+def encode(record: Record) -> bytes:
+    """One JSON line (with its newline)."""
+    return _encoder.encode(record) + b"\n"
+
+
+def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of a ``.jsonl`` or ``.jsonl.gz`` file. Every record ends
+    with a newline, so text after the last one (a build killed mid-write) is skipped."""
+    text = _read_text(Path(path))
+    text = text[: text.rfind(b"\n") + 1]
+    for n, line in enumerate(text.split(b"\n"), start=1):
+        if line.strip():
+            yield n, line
+
+
+def read_records(path: str | os.PathLike[str]) -> tuple[Header, list[Unit]]:
+    """The validated header and units of a trace file, in file order."""
+    path = Path(path)
+    header: Header | None = None
+    units: list[Unit] = []
+    seen: dict[str, int] = {}
+    for n, line in iter_lines(path):
+        where = f"{path}: line {n}"
+        try:
+            rec = _decoder.decode(line)
+        except msgspec.DecodeError as e:
+            raise TraceFormatError(f"{where}{_key_hint(line)}: {e}") from None
+        if header is None:
+            if not isinstance(rec, Header):
+                raise TraceFormatError(f"{where}: the first record must be the header "
+                                       f"(kind \"header\"), found kind \"unit\"")
+            if rec.version != VERSION:
+                raise TraceFormatError(f"{where}: trace format version {rec.version}; this "
+                                       f"code reads version {VERSION}")
+            header = rec
+            continue
+        if isinstance(rec, Header):
+            raise TraceFormatError(f"{where}: a second header (only line 1 may be one)")
+        try:
+            check_unit(rec, header.workflows)
+        except ValueError as e:
+            raise TraceFormatError(f"{where} (unit {rec.key}): {e}") from None
+        if rec.key in seen:
+            raise TraceFormatError(f"{where} (unit {rec.key}): duplicate key, first on "
+                                   f"line {seen[rec.key]}")
+        seen[rec.key] = n
+        units.append(rec)
+    if header is None:
+        raise TraceFormatError(f"{path}: empty trace (no header line)")
+    return header, units
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """Load and validate a trace; units are grouped per (problem, workflow) in file order."""
+    header, units = read_records(path)
+    runs: dict[tuple[str, str], WorkflowRun] = {}
+    for u in units:
+        run = runs.get((u.problem_id, u.workflow))
+        if run is None:
+            run = runs[(u.problem_id, u.workflow)] = WorkflowRun(
+                u.problem_id, u.workflow, header.workflows[u.workflow], u.user_prompt,
+                u.reference, {})
+        elif (u.user_prompt, u.reference) != (run.user_prompt, run.reference):
+            raise TraceFormatError(f"{path} (unit {u.key}): user_prompt or reference differs "
+                                   f"from another model's run of the same problem")
+        run.models[u.model] = ModelRun(u.model, u.stages, u.final_answer, u.correct, u.score,
+                                       u.total_output_tokens, u.latency_s, u.detail)
+    return Trace(header, list(runs.values()))
+
+
+class TraceWriter:
+    """Appends records to a trace file durably: one flushed and fsynced write per record
+    (one gzip member per record for ``.gz``), so a kill loses at most the unit in flight."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.gz = self.path.suffix == ".gz"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair_tail()
+        self._f = self.path.open("ab")
+
+    def append(self, record: Record) -> None:
+        data = encode(record)
+        self._f.write(gzip.compress(data, mtime=0) if self.gz else data)
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _repair_tail(self) -> None:
+        """Cut a torn last record (or gzip member) so appends start on a clean boundary."""
+        if not self.path.exists():
+            return
+        raw = self.path.read_bytes()
+        good = _good_prefix(raw, self.gz)
+        if good < len(raw):
+            with self.path.open("r+b") as f:
+                f.truncate(good)
+
+
+def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> int:
+    """Rewrite a trace as one gzip member (better compression), units sorted by key;
+    return the number of units. ``dst`` is written atomically."""
+    header, units = read_records(src)
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + ".tmp")
+    body = encode(header) + b"".join(encode(u) for u in sorted(units, key=lambda u: u.key))
+    tmp.write_bytes(gzip.compress(body, compresslevel=9, mtime=0)
+                    if dst.suffix == ".gz" else body)
+    tmp.replace(dst)
+    return len(units)
+
+
+def _read_text(path: Path) -> bytes:
+    raw = path.read_bytes()
+    if path.suffix != ".gz":
+        return raw
+    out = io.BytesIO()
+    for member in _members(raw):
+        out.write(member)
+    return out.getvalue()
+
+
+def _members(raw: bytes) -> Iterator[bytes]:
+    """Decompressed gzip members; a truncated last member yields its readable part."""
+    pos = 0
+    while pos < len(raw):
+        d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        try:
+            data = d.decompress(raw[pos:])
+        except zlib.error as e:
+            raise TraceFormatError(f"corrupt gzip data at byte {pos}: {e}") from None
+        yield data
+        if not d.eof:
+            return
+        pos = len(raw) - len(d.unused_data)
+
+
+def _good_prefix(raw: bytes, gz: bool) -> int:
+    """Length of the longest prefix of ``raw`` made of whole records."""
+    if not gz:
+        return raw.rfind(b"\n") + 1
+    pos = 0
+    while pos < len(raw):
+        d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        try:
+            d.decompress(raw[pos:])
+        except zlib.error:
+            return pos
+        if not d.eof:
+            return pos
+        pos = len(raw) - len(d.unused_data)
+    return pos
+
+
+def _key_hint(line: bytes) -> str:
+    try:
+        key = msgspec.json.decode(line).get("key")
+    except (msgspec.DecodeError, AttributeError):
+        return ""
+    return f" (unit {key})" if isinstance(key, str) else ""

@@ -1,0 +1,65 @@
+"""The code sandbox: pass, fail, infinite loop, network access; HumanEval programs."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from kernels_bench.trace.sandbox import humaneval_program, run_program
+
+
+def test_passing_and_failing_programs() -> None:
+    assert run_program("assert sum([1, 2]) == 3\n").status == "passed"
+    failed = run_program("def f():\n    return 2\nassert f() == 3, 'wrong'\n")
+    assert failed.status == "failed" and "AssertionError: wrong" in failed.detail
+
+
+def test_infinite_loop_times_out() -> None:
+    result = run_program("while True:\n    pass\n", timeout_s=1.0)
+    assert result.status == "timeout" and result.duration_s < 5
+
+
+def test_network_is_unreachable() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(3.0)
+        port = server.getsockname()[1]
+        accepted: list[object] = []
+        t = threading.Thread(target=lambda: accepted.append(_accept(server)))
+        t.start()
+        result = run_program(f"import socket\nsocket.create_connection(('127.0.0.1', {port}),"
+                             " timeout=2).sendall(b'leak')\n")
+        t.join()
+    assert result.status == "failed"
+    assert "network access is disabled" in result.detail
+    assert accepted == [None]
+    raw = run_program("import _socket\ns = _socket.socket()\n"
+                      f"s.connect(('127.0.0.1', {port}))\n")
+    assert raw.status == "failed"
+
+
+def _accept(server: socket.socket) -> object:
+    try:
+        return server.accept()
+    except OSError:
+        return None
+
+
+def test_no_access_to_the_callers_environment(monkeypatch) -> None:
+    monkeypatch.setenv("HETSERVE_SECRET", "x")
+    assert run_program("import os\nassert 'HETSERVE_SECRET' not in os.environ\n").passed
+
+
+PROBLEM = {
+    "prompt": "def helper(x):\n    return x + 1\n\n\ndef add_two(x: int) -> int:\n"
+              "    \"\"\"Add two.\"\"\"\n",
+    "test": "def check(candidate):\n    assert candidate(1) == 3\n",
+    "entry_point": "add_two",
+}
+
+
+def test_humaneval_program_keeps_helpers_and_judges_the_solution() -> None:
+    good = "def add_two(x):\n    return helper(helper(x))\n"
+    assert run_program(humaneval_program(PROBLEM, good)).passed
+    assert not run_program(humaneval_program(PROBLEM, "def add_two(x):\n    return x\n")).passed
