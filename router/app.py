@@ -228,6 +228,7 @@ class Front:
         arrival = time.time()
         parsed = parse_request(kind, await _read_body(request), request.headers,
                                allow_client_priority=self.config.router.allow_client_priority)
+        self._check_per_model(parsed)
         routing = self._routing_request(parsed, await self._prompt(parsed), arrival)
         attempt = 1
         while True:
@@ -238,6 +239,17 @@ class Front:
                 if exc.kind != "connect" or attempt == MAX_ROUTE_ATTEMPTS:
                     raise exc.error() from None
             attempt += 1
+
+    def _check_per_model(self, parsed: ParsedRequest) -> None:
+        """Every model named in ``per_model`` must be served here (also in a
+        ``per_model.priority`` the config drops)."""
+        for key, table in parsed.per_model.items():
+            unknown = sorted(set(table) - set(self.models))
+            if unknown:
+                raise RequestError(400, f"'per_model.{key}' names model '{unknown[0]}', "
+                                   f"which is not served here; served models: "
+                                   f"{', '.join(self.models)}", param=f"per_model.{key}",
+                                   code="model_not_found")
 
     async def _prompt(self, parsed: ParsedRequest) -> PromptInfo:
         """Tokenize for the requested model, or for ``auto`` with the shared tokenizer."""
@@ -296,8 +308,12 @@ class Front:
         decision = completion.decision
         priority = parsed.client_priority
         if priority is None:
-            priority = decision.priority
-        body = upstream_body(parsed, decision.model, priority, decision.max_tokens)
+            priority = parsed.model_priority.get(decision.model, decision.priority)
+        max_tokens = decision.max_tokens
+        forced = parsed.model_max_tokens.get(decision.model)
+        if forced is not None:  # the client's per-model length, within the policy's clamp
+            max_tokens = forced if max_tokens is None else min(forced, max_tokens)
+        body = upstream_body(parsed, decision.model, priority, max_tokens)
         path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
         headers = {"content-type": "application/json", "x-request-id": request_id}
         response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}

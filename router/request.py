@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
 from engine_ext.contract import PRIORITY_MAX, PRIORITY_MIN
+from router.vinelm.objective import (Objective, ObjectiveError, objective_from_header,
+                                     parse_objective)
 
 Kind = Literal["chat", "completion"]
 AUTO_MODEL = "auto"
@@ -74,6 +76,12 @@ class ParsedRequest:
     """Completion prompt: text or token ids."""
     client_priority: int | None = None
     """The client's ``priority`` when the config allows it, else ``None``."""
+    per_model: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The validated ``per_model`` tables as given (the front checks their model names)."""
+    model_max_tokens: dict[str, int] = field(default_factory=dict)
+    """``per_model.max_tokens``: served model -> ``max_tokens`` if the router picks it."""
+    model_priority: dict[str, int] = field(default_factory=dict)
+    """``per_model.priority`` when the config allows client priorities, else empty."""
     workflow: dict[str, Any] = field(default_factory=dict)
     """Validated workflow fields that were given (keys of ``WORKFLOW_FIELDS``)."""
 
@@ -150,6 +158,13 @@ def _weights(value: Any, param: str) -> dict[str, float]:
     return {k: _number(v, f"{param}.{k}", 0.0) for k, v in value.items()}
 
 
+def _objective(value: Any, param: str) -> Objective:
+    try:
+        return parse_objective(value, param)
+    except ObjectiveError as exc:
+        raise _bad(exc.message, exc.param) from None
+
+
 # ---------------------------------------------------------------- workflow metadata
 
 WORKFLOW_FIELDS: dict[str, Callable[[Any, str], Any]] = {
@@ -163,6 +178,7 @@ WORKFLOW_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "weights": _weights,
     "attempt": lambda v, p: _int(v, p, 1),
     "tried_models": _str_list,
+    "objective": _objective,
 }
 """Workflow field -> validator (JSON value, param name) -> value."""
 
@@ -187,6 +203,8 @@ def _header_value(name: str, raw: str) -> Any:
                 "false": False, "0": False, "no": False}.get(raw.lower(), raw)
     if name == "tried_models":
         return [m.strip() for m in raw.split(",") if m.strip()]
+    if name == "objective":
+        return objective_from_header(raw)
     if name == "weights":
         weights: dict[str, Any] = {}
         for item in filter(None, (p.strip() for p in raw.split(","))):
@@ -230,6 +248,35 @@ def parse_workflow(body_value: Any, headers: Mapping[str, str]) -> dict[str, Any
     if index is not None and stages is not None and index >= stages:
         raise _bad(f"'workflow.stage_index' ({index}) must be < 'workflow.num_stages' "
                    f"({stages})", "workflow.stage_index")
+    return out
+
+
+# ---------------------------------------------------------------- per-model values
+
+PER_MODEL_FIELDS = ("max_tokens", "priority")
+"""Keys of the body's ``per_model`` object: values the router applies according to the
+model it picks (trace replay forces each model's own output length; oracle STJF)."""
+
+
+def parse_per_model(value: Any) -> dict[str, dict[str, int]]:
+    """``per_model`` = ``{"max_tokens": {model: int >= 1}, "priority": {model: int}}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(f"'per_model' must be an object, got {_type(value)}", "per_model",
+                   "invalid_type")
+    out: dict[str, dict[str, int]] = {}
+    for key, table in value.items():
+        param = f"per_model.{key}"
+        if key not in PER_MODEL_FIELDS:
+            raise _bad(f"unknown field '{param}'; expected one of "
+                       + ", ".join(PER_MODEL_FIELDS), param)
+        if not isinstance(table, dict):
+            raise _bad(f"'{param}' must be an object of model -> integer, got "
+                       f"{_type(table)}", param, "invalid_type")
+        low, high = (1, None) if key == "max_tokens" else (PRIORITY_MIN, PRIORITY_MAX)
+        out[key] = {_str(m, param): _int(v, f"{param}.{m}", low, high)
+                    for m, v in table.items()}
     return out
 
 
@@ -339,6 +386,7 @@ def parse_request(
     if allow_client_priority:
         priority = _optional(body, "priority",
                              lambda v, p: _int(v, p, PRIORITY_MIN, PRIORITY_MAX))
+    per_model = parse_per_model(body.get("per_model"))
     return ParsedRequest(
         kind=kind,
         body=body,
@@ -350,6 +398,9 @@ def parse_request(
         messages=_messages(body.get("messages")) if kind == "chat" else None,
         prompt=_prompt(body.get("prompt")) if kind == "completion" else None,
         client_priority=priority,
+        per_model=per_model,
+        model_max_tokens=per_model.get("max_tokens", {}),
+        model_priority=per_model.get("priority", {}) if allow_client_priority else {},
         workflow=parse_workflow(body.get("workflow"), headers),
     )
 
@@ -377,9 +428,11 @@ def upstream_body(
     parsed: ParsedRequest, model: str, priority: int | None, max_tokens: int | None
 ) -> bytes:
     """The body sent to the engine: the client's body with ``model``, ``priority`` and
-    ``max_tokens`` set by the router, ``workflow`` removed, and usage requested on streams
-    (the router strips the usage chunk again if the client did not ask for it)."""
-    body = {k: v for k, v in parsed.body.items() if k not in ("workflow", "priority")}
+    ``max_tokens`` set by the router, ``workflow``, ``priority`` and ``per_model`` removed,
+    and usage requested on streams (the router strips the usage chunk again if the client
+    did not ask for it)."""
+    body = {k: v for k, v in parsed.body.items()
+            if k not in ("workflow", "priority", "per_model")}
     body["model"] = model
     if priority is not None:
         body["priority"] = priority

@@ -259,6 +259,23 @@ def test_client_priority_is_not_forwarded(cluster: Cluster) -> None:
     assert resp.status_code == 200 and resp.headers["x-hetserve-priority"] == "none"
 
 
+def test_per_model_max_tokens_follow_the_chosen_model(cluster: Cluster) -> None:
+    """The engine generates the length given for the model the router picked; per-model
+    priorities are dropped when the config does not allow client priorities."""
+    lengths = {"tiny-a": 3, "tiny-b": 7}
+    seen = set()
+    for _ in range(4):
+        resp = httpx.post(cluster.url + "/v1/chat/completions", timeout=60, json={
+            "model": "auto", "messages": MESSAGES, "max_tokens": 7, "ignore_eos": True,
+            "per_model": {"max_tokens": lengths, "priority": {"tiny-a": 1, "tiny-b": 2}}})
+        assert resp.status_code == 200, resp.text
+        model = resp.headers["x-hetserve-model"]
+        assert resp.json()["usage"]["completion_tokens"] == lengths[model]
+        assert resp.headers["x-hetserve-priority"] == "none"
+        seen.add(model)
+    assert seen == set(lengths)  # round robin: both models served
+
+
 # ---------------------------------------------------------------- bad input
 
 CHAT_OK: dict[str, Any] = {"model": "tiny-a", "messages": MESSAGES}
@@ -283,6 +300,10 @@ BAD_INPUT = [
      "'X-Hetserve-Num-Stages' must be an integer"),
     ("/v1/chat/completions", {**CHAT_OK, "max_tokens": "8"}, {}, 400, "invalid_type",
      "'max_tokens' must be an integer"),
+    ("/v1/chat/completions", {**CHAT_OK, "per_model": {"max_tokens": {"tiny-z": 3}}}, {},
+     400, "model_not_found", "'per_model.max_tokens' names model 'tiny-z'"),
+    ("/v1/chat/completions", {**CHAT_OK, "per_model": {"max_tokens": {"tiny-a": 0}}}, {},
+     400, "invalid_value", "'per_model.max_tokens.tiny-a' must be >= 1"),
 ]
 
 
