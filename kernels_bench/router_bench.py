@@ -62,6 +62,15 @@ STATIC: dict[str, dict[str, Any]] = {
     "laar": {"static_prior": True, "capability": {"small": 0.6, "large": 0.8},
              "mean_output_tokens": {"small": 200, "large": 300},
              "decode_ms_per_token": {"small": 5.0, "large": 15.0}},
+    # the bench's requests carry no VineLM objective: this measures its fallback path
+    "vinelm": {"static_prior": True, "fallback": "lmetric",
+               "workflows": {"bench": {"stages": [{"name": "solve", "models": list(MODELS),
+                                                   "answers": True}]}},
+               "success": {"small": 0.6, "large": 0.8}, "cost_per_call": {"small": 1.0,
+                                                                         "large": 4.0},
+               "latency_s_per_call": {"small": 1.0, "large": 3.0},
+               "decode_ms_per_token": {"small": 5.0, "large": 15.0},
+               "max_batch_size": {"small": 64, "large": 32}},
 }
 
 

@@ -318,6 +318,8 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
         router,
         uds=_abs(router.uds, base_dir),
         predictors={k: _abs(v, base_dir) for k, v in router.predictors.items()},
+        policy_settings={name: _abs_paths(table, base_dir)
+                         for name, table in router.policy_settings.items()},
     )
     launcher = _build(source, "launcher", LauncherConfig,
                       _expect_table(source, "launcher", data.get("launcher", {})))
@@ -685,6 +687,12 @@ def _abs(path: str | None, base_dir: Path) -> str | None:
     if path is None:
         return None
     return os.path.normpath(base_dir / Path(path).expanduser())
+
+
+def _abs_paths(table: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A policy table with its non-empty ``*_path`` strings made absolute."""
+    return {k: _abs(v, base_dir) if k.endswith("_path") and isinstance(v, str) and v else v
+            for k, v in table.items()}
 
 
 def _table(obj: Any) -> dict[str, Any]:

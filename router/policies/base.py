@@ -18,6 +18,7 @@ from typing import (Any, Callable, ClassVar, Generic, Iterable, Mapping, Protoco
 from engine_ext.contract import PRIORITY_MAX
 from router.predictors.base import PredictorSet
 from router.state.view import EngineView, StateView
+from router.vinelm.objective import Objective
 
 
 class NoEngineAvailable(Exception):
@@ -41,6 +42,8 @@ class WorkflowMeta:
     attempt: int = 1
     tried_models: Sequence[str] = ()
     """Models already tried for this request (LAAR's retry penalty); stored as a tuple."""
+    objective: Objective | None = None
+    """VineLM's request objective (``router.vinelm.objective``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tried_models", tuple(self.tried_models))
@@ -197,6 +200,12 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     origin = get_origin(tp)
+    if tp is Any:  # a nested table the settings class validates itself
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise SettingError(key, f"must be a string, got {value!r}")
+        return value
     if origin is dict:
         _, vtp = get_args(tp)
         if not isinstance(value, Mapping):

@@ -15,12 +15,13 @@ from router.policies.random_baseline import RandomPolicy
 from router.policies.round_robin import RoundRobin
 from router.policies.routebalance import RouteBalance
 from router.policies.shortest_queue import ShortestQueue
+from router.policies.vinelm import VineLM
 from router.policies.vllm_balancer import VllmBalancer
 from router.predictors.base import PredictorSet
 
 POLICIES: dict[str, type[Policy[Any]]] = {p.name: p for p in (
     Chimera, LMetric, RouteBalance, Laar, RoundRobin, RandomPolicy, VllmBalancer,
-    ShortestQueue, Linear, PrefixFilter, Dynamo)}
+    ShortestQueue, Linear, PrefixFilter, Dynamo, VineLM)}
 
 
 def validate_settings(name: str, table: Mapping[str, Any]) -> Any:

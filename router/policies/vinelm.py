@@ -1,0 +1,221 @@
+"""``vinelm``: VineLM's per-invocation model choice over an annotated execution trie.
+
+A request whose workflow metadata carries an ``objective`` (``router.vinelm.objective``)
+and names a configured workflow template is placed by the controller: the trie of its
+workflow is re-rooted at the models chosen for the program's earlier calls, the
+subtrie is searched under the objective with the realised elapsed time
+(``router.vinelm.search``), and the first model of the best path serves this call.
+Load-aware adjustment: each model's current expected delay, the smallest over its
+candidate engines of
+
+    D_e = decode_tokens_e x decode_ms_per_token[m] / max_batch_size[m] / 1000   (s)
+
+(the engine's queued decode work at its full-batch decode rate; Chimera's L[m] per
+engine), is added to the remaining latency of every path that uses the model. The
+replica within the model is chosen by ``lmetric``. Requests without an objective go to
+the ``fallback`` policy (default ``chimera``: one model per program).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from router.policies.base import (Decision, Policy, RoutingRequest, SettingError, check,
+                                  decision, parse_settings)
+from router.policies.lmetric import LMetric, LMetricSettings
+from router.state.view import EngineView, StateView
+from router.vinelm.controller import Controller
+from router.vinelm.estimate import build_trie
+from router.vinelm.template import TemplateError, WorkflowTemplate, parse_templates
+from router.vinelm.trie import Trie, load_tries, prefixes
+
+
+@dataclass(frozen=True)
+class VineLMSettings:
+    workflows: dict[str, Any] = field(default_factory=dict)
+    """Workflow templates by name (``router.vinelm.template``)."""
+    profile_path: str = ""
+    """The annotated tries (``python -m router.vinelm profile``); relative to the
+    cluster file."""
+    static_prior: bool = False
+    """Annotate the tries from the three tables below instead of a profile."""
+    success: dict[str, float] = field(default_factory=dict)
+    """Static conditional success c of an answering invocation per model: the cascade
+    decomposition mu = mu_parent + (1 - mu_parent) x c."""
+    cost_per_call: dict[str, float] = field(default_factory=dict)
+    latency_s_per_call: dict[str, float] = field(default_factory=dict)
+    prompt_cost_per_1k: dict[str, float] = field(default_factory=dict)
+    """Cost per 1000 prompt tokens per model (profiling's cost of an invocation)."""
+    output_cost_per_1k: dict[str, float] = field(default_factory=dict)
+    """Cost per 1000 output tokens per model."""
+    load_aware: bool = True
+    """Add each model's expected engine delay D_e to the paths that use it."""
+    decode_ms_per_token: dict[str, float] = field(default_factory=dict)
+    """Static decode profile for D_e when no profile predictor is configured."""
+    max_batch_size: dict[str, int] = field(default_factory=dict)
+    fallback: str = "chimera"
+    """Policy for requests that carry no objective."""
+    program_ttl_s: float = 600.0
+    """A program with no call for this long leaves the controller."""
+    cascades_per_problem: int = 1
+    """Sampling budget of cascade profiling: cascades per profiled problem."""
+    smooth_rank: int = 1
+    """Rank of the smoothing of the deepest conditional estimates (VineLM: rank-1)."""
+    smooth_depths: int = 1
+    """Deepest trie depths whose conditional estimates are smoothed (0: none)."""
+    seed: int = 0
+    """Seed of cascade sampling's random model choices."""
+
+    def __post_init__(self) -> None:
+        try:
+            templates = parse_templates(self.workflows)
+        except TemplateError as e:
+            raise SettingError(e.key, e.message) from None
+        check("fallback", self.fallback != "vinelm", "must be another policy")
+        check("program_ttl_s", self.program_ttl_s > 0, "must be > 0")
+        check("cascades_per_problem", self.cascades_per_problem >= 1, "must be >= 1")
+        check("smooth_rank", self.smooth_rank >= 1, "must be >= 1")
+        check("smooth_depths", self.smooth_depths >= 0, "must be >= 0")
+        for key in ("success",):
+            for m, v in getattr(self, key).items():
+                check(f"{key}.{m}", 0 <= v <= 1, "must be in [0, 1]")
+        for key in ("cost_per_call", "latency_s_per_call", "prompt_cost_per_1k",
+                    "output_cost_per_1k"):
+            for m, v in getattr(self, key).items():
+                check(f"{key}.{m}", v >= 0, "must be >= 0")
+        for key in ("decode_ms_per_token", "max_batch_size"):
+            for m, v in getattr(self, key).items():
+                check(f"{key}.{m}", v > 0, "must be > 0")
+        if self.static_prior:
+            models = sorted({m for t in templates.values() for m in t.models()})
+            for key in ("success", "cost_per_call", "latency_s_per_call"):
+                missing = [m for m in models if m not in getattr(self, key)]
+                if missing:
+                    raise SettingError(key, f"static_prior = true but no value for "
+                                       f"{', '.join(missing)}")
+
+
+def static_trie(template: WorkflowTemplate, s: VineLMSettings) -> Trie:
+    """A trie annotated from the static tables (cascade decomposition per invocation)."""
+    invs = template.invocations()
+    mu: dict[tuple[str, ...], float] = {(): 0.0}
+    cost, lat = {}, {}
+    for p in prefixes(invs):
+        c = s.success[p[-1]] if invs[len(p) - 1].answers else 0.0
+        mu[p] = mu[p[:-1]] + (1.0 - mu[p[:-1]]) * c
+        cost[p], lat[p] = s.cost_per_call[p[-1]], s.latency_s_per_call[p[-1]]
+    del mu[()]
+    return build_trie(template.name, invs, mu, cost, lat, {})
+
+
+def engine_delay_s(decode_tokens: float, decode_ms_per_token: float,
+                   max_batch_size: int) -> float:
+    """D_e = decode_tokens_e x decode_ms_per_token[m] / max_batch_size[m] / 1000."""
+    return decode_tokens * decode_ms_per_token / max_batch_size / 1000.0
+
+
+class VineLM(Policy[VineLMSettings]):
+    name = "vinelm"
+    Settings = VineLMSettings
+
+    def __init__(self, settings: VineLMSettings, cluster: Any, predictors: Any,
+                 all_settings: Mapping[str, Mapping[str, Any]]) -> None:
+        super().__init__(settings, cluster, predictors, all_settings)
+        from router.policies.registry import POLICIES, validate_settings
+
+        s = settings
+        self.templates = parse_templates(s.workflows)
+        if not self.templates:
+            raise ValueError("policy 'vinelm' needs workflow templates: add "
+                             "[router.policies.vinelm.workflows.<name>] tables")
+        served = set(cluster.models)
+        for name, t in self.templates.items():
+            unknown = [m for m in t.models() if m not in served]
+            if unknown:
+                raise ValueError(f"router.policies.vinelm.workflows.{name}: models "
+                                 f"{', '.join(unknown)} are not served by any engine")
+        if s.profile_path:
+            self.tries = load_tries(s.profile_path, self.templates)
+            self.sources["trie"] = "profile"
+        elif s.static_prior:
+            self.tries = {n: static_trie(t, s) for n, t in self.templates.items()}
+            self.sources["trie"] = "static_prior"
+        else:
+            raise ValueError("policy 'vinelm' needs annotated tries: profile the workflows "
+                             "(python -m router.vinelm profile) and set "
+                             "router.policies.vinelm.profile_path, or set static_prior = true "
+                             "with the success, cost_per_call and latency_s_per_call tables")
+        self.decode_ms: dict[str, float] = {}
+        self.max_batch: dict[str, int] = {}
+        if s.load_aware:
+            profiles = getattr(predictors, "profiles", None) or {}
+            for m in cluster.models:
+                if m in profiles:
+                    self.decode_ms[m] = profiles[m].decode_ms_per_token
+                    self.max_batch[m] = profiles[m].max_batch_size
+                elif m in s.decode_ms_per_token and m in s.max_batch_size:
+                    self.decode_ms[m], self.max_batch[m] = (s.decode_ms_per_token[m],
+                                                            s.max_batch_size[m])
+                else:
+                    raise ValueError(
+                        f"policy 'vinelm' (load_aware = true) needs the decode profile of "
+                        f"{m}: profile the engines (python -m kernels_bench profile) and set "
+                        "router.predictors.profiles, or give router.policies.vinelm."
+                        "decode_ms_per_token and max_batch_size, or set load_aware = false")
+        self.controller = Controller(self.tries, s.program_ttl_s)
+        if s.fallback not in POLICIES:
+            raise ValueError(f"router.policies.vinelm.fallback: unknown policy {s.fallback!r}")
+        fb_cls = POLICIES[s.fallback]
+        self.fallback = fb_cls(validate_settings(s.fallback, all_settings.get(s.fallback, {})),
+                               cluster, predictors, all_settings)
+        if self.fallback.window is not None:
+            raise ValueError(f"router.policies.vinelm.fallback: {s.fallback!r} batches "
+                             "requests; choose a per-request policy")
+        self.replicas = LMetric(parse_settings(LMetricSettings, "lmetric",
+                                               all_settings.get("lmetric", {})),
+                                cluster, predictors, all_settings)
+
+    def _controlled(self, req: RoutingRequest) -> bool:
+        return req.workflow.objective is not None
+
+    async def predict(self, reqs: Sequence[RoutingRequest]) -> list[Any]:
+        idx = [i for i, r in enumerate(reqs) if not self._controlled(r)]
+        out: list[Any] = [None] * len(reqs)
+        if idx:
+            for i, p in zip(idx, await self.fallback.predict([reqs[i] for i in idx])):
+                out[i] = p
+        return out
+
+    def delays(self, cands: Sequence[EngineView]) -> dict[str, float]:
+        """Per model, the smallest D_e over its candidate engines."""
+        out: dict[str, float] = {}
+        for e in cands:
+            if e.model in self.decode_ms:
+                d = engine_delay_s(e.decode_tokens, self.decode_ms[e.model],
+                                   self.max_batch[e.model])
+                out[e.model] = min(d, out.get(e.model, d))
+        return out
+
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: Any) -> Decision:
+        if not self._controlled(req):
+            return self.fallback.decide(req, cands, view, pred)
+        w = req.workflow
+        if w.workflow is None:
+            raise ValueError("'workflow.objective' needs 'workflow.workflow' (the template's "
+                             f"name: {', '.join(sorted(self.tries))})")
+        delays = self.delays(cands) if self.settings.load_aware else {}
+        depth, plan = self.controller.plan(
+            w.program_id, w.workflow, w.stage, w.stage_index, w.attempt, w.num_stages,
+            req.arrival_time, w.objective, delays, {e.model for e in cands})
+        model = plan.path[depth]
+        self.controller.chosen(w.program_id, w.workflow, depth, model, req.arrival_time)
+        if w.is_final:
+            self.controller.finished(w.program_id)
+        engine, hot = self.replicas.choose(req, [e for e in cands if e.model == model], view)
+        return decision(req, engine, self.name, info={
+            "depth": depth, "plan": list(plan.path), "feasible": plan.feasible,
+            "expected_accuracy": plan.accuracy, "expected_cost": plan.cost,
+            "expected_latency_s": plan.latency_s, "delay_s": delays.get(model, 0.0),
+            "hotspot": hot})

@@ -1,0 +1,160 @@
+"""``python -m router.vinelm``: profile workflow tries, and the synthetic experiments.
+
+    python -m router.vinelm profile --config cluster.toml --workflow math \\
+        --executor engines --url http://127.0.0.1:8000 --suite math --problems 200 \\
+        --out vinelm-profile.json
+    python -m router.vinelm profile ... --executor trace --trace data/traces/math.jsonl.gz
+    python -m router.vinelm profile ... --executor synthetic --problems 300
+    python -m router.vinelm experiment --config cluster.toml --workflow math --out DIR
+
+The templates, prices and profiling settings come from the cluster file's
+``[router.policies.vinelm]`` table (docs/vinelm.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from router.config import ConfigError, load_cluster_config
+from router.policies.registry import validate_settings
+from router.policies.vinelm import VineLMSettings
+from router.vinelm.estimate import EstimationSettings, annotate
+from router.vinelm.executors import EngineExecutor, Prices, trace_table
+from router.vinelm.experiment import (frontier_experiment, profiling_experiment,
+                                      slo_experiment, write)
+from router.vinelm.profiling import Executor, MissingExecution, cascade_sample
+from router.vinelm.synthetic import default_env
+from router.vinelm.template import WorkflowTemplate, parse_templates
+from router.vinelm.trie import save_tries
+
+
+def _settings(config: str) -> VineLMSettings:
+    cfg = load_cluster_config(config)
+    table = cfg.router.policy_settings.get("vinelm")
+    if table is None:
+        raise SystemExit(f"{config}: no [router.policies.vinelm] table")
+    settings: VineLMSettings = validate_settings("vinelm", table)
+    return settings
+
+
+def _templates(s: VineLMSettings, names: str) -> list[WorkflowTemplate]:
+    templates = parse_templates(s.workflows)
+    out = []
+    for n in names.split(","):
+        if n not in templates:
+            raise SystemExit(f"--workflow {n!r}: no such template; templates: "
+                             f"{', '.join(templates) or 'none'}")
+        out.append(templates[n])
+    return out
+
+
+def _executor(args: argparse.Namespace, t: WorkflowTemplate, s: VineLMSettings
+              ) -> tuple[Executor, list[str]]:
+    invs = t.invocations()
+    if args.executor == "synthetic":
+        return default_env(invs, args.seed), [f"synthetic/{i}" for i in range(args.problems)]
+    prices = Prices(s.prompt_cost_per_1k, s.output_cost_per_1k)
+    prices.check(t.models())
+    if args.executor == "trace":
+        if not args.trace:
+            raise SystemExit("--executor trace needs --trace FILE")
+        from kernels_bench.trace import load_trace
+
+        executor, problems = trace_table(load_trace(args.trace), invs, prices)
+        return executor, problems[:args.problems]
+    if not (args.url and args.suite):
+        raise SystemExit("--executor engines needs --url (a router or server serving every "
+                         "admissible model) and --suite")
+    from kernels_bench.trace.suites import load_problems
+
+    problems = {p.id: p for p in load_problems(args.suite, args.problems, args.seed)}
+    return EngineExecutor(args.url, args.suite, problems, invs, prices, args.max_tokens,
+                          args.seed), list(problems)
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    s = _settings(args.config)
+    est = EstimationSettings(s.smooth_rank, s.smooth_depths)
+    tries: dict[str, Any] = {}
+    for t in _templates(s, args.workflow):
+        executor, problems = _executor(args, t, s)
+        try:
+            obs = cascade_sample(executor, t.invocations(), problems, s.cascades_per_problem,
+                                 s.seed, progress=True)
+        except MissingExecution as e:
+            raise SystemExit(f"{e}. The trace executor knows single-model runs only: profile "
+                             "mixed-model paths with --executor engines") from None
+        trie = annotate(t.name, t.invocations(), obs, est)
+        nodes = len(trie.nodes) - 1
+        info = {"executor": args.executor, "problems": len(problems),
+                "cascades_per_problem": s.cascades_per_problem, "executions": obs.executions,
+                "exhaustive_executions": nodes * len(problems),
+                "execution_fraction": obs.executions / (nodes * len(problems)),
+                "smooth_rank": s.smooth_rank, "smooth_depths": s.smooth_depths,
+                "seed": s.seed}
+        tries[t.name] = trie.to_json(t, info)
+        print(json.dumps({"workflow": t.name, **info}))
+    save_tries(args.out, tries)
+    print(f"wrote {args.out}")
+
+
+def cmd_experiment(args: argparse.Namespace) -> None:
+    s = _settings(args.config)
+    est = EstimationSettings(s.smooth_rank, s.smooth_depths)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for t in _templates(s, args.workflow):
+        env = default_env(t.invocations(), args.seed)
+        train = [f"train/{i}" for i in range(args.problems)]
+        test = [f"test/{i}" for i in range(args.test_problems)]
+        report, sparse, truth = profiling_experiment(t, env, train, s.cascades_per_problem,
+                                                     est, s.seed)
+        report = {"workflow": t.name, "seed": args.seed, "profiling": report,
+                  "frontier": frontier_experiment(t, env, sparse, truth, test),
+                  "slo": slo_experiment(t, env, sparse, test, args.slow_factor,
+                                        args.slow_share, args.seed)}
+        path = out_dir / f"vinelm-{t.name}.json"
+        write(report, path)
+        print(json.dumps(report, indent=1))
+        print(f"wrote {path} and {path.with_suffix('.png')}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m router.vinelm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("profile", help="cascade-profile workflow tries into a profile file")
+    p.add_argument("--config", required=True, help="cluster file with [router.policies.vinelm]")
+    p.add_argument("--workflow", required=True, help="template name(s), comma-separated")
+    p.add_argument("--executor", choices=("engines", "trace", "synthetic"), required=True)
+    p.add_argument("--trace", help="trace file (--executor trace)")
+    p.add_argument("--url", help="router or server URL (--executor engines)")
+    p.add_argument("--suite", choices=("math", "code"), help="problem suite (engines)")
+    p.add_argument("--problems", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0, help="problem / environment seed")
+    p.add_argument("--out", required=True)
+    e = sub.add_parser("experiment", help="sparse vs exhaustive profiling, frontier and SLO "
+                       "on the synthetic environment (JSON + PNG)")
+    e.add_argument("--config", required=True)
+    e.add_argument("--workflow", required=True)
+    e.add_argument("--problems", type=int, default=300, help="profiled problems")
+    e.add_argument("--test-problems", type=int, default=500)
+    e.add_argument("--slow-factor", type=float, default=4.0)
+    e.add_argument("--slow-share", type=float, default=0.3)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--out", default="bench_results")
+    args = ap.parse_args(argv)
+    try:
+        {"profile": cmd_profile, "experiment": cmd_experiment}[args.cmd](args)
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()
