@@ -216,8 +216,8 @@ def plot(report: Mapping[str, Any], out: Path) -> None:
     for key, label in (("vinelm", "VineLM (sparse trie, re-rooted)"),
                        ("vinelm_exhaustive_trie", "VineLM (exhaustive trie)"),
                        ("static", "best static assignment (exhaustive)")):
-        axes[0].plot([r[f"{key}_cost"] for r in rows], [r[f"{key}_accuracy"] for r in rows],
-                     "o-", label=label)
+        pts = sorted((r[f"{key}_cost"], r[f"{key}_accuracy"]) for r in rows)
+        axes[0].plot([x for x, _ in pts], [y for _, y in pts], "o-", label=label)
         axes[1].plot([r["budget"] for r in rows], [r[f"{key}_accuracy"] for r in rows],
                      "o-", label=label)
     axes[0].set_xlabel("mean realised cost")
