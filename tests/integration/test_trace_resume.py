@@ -1,0 +1,109 @@
+"""The trace builder on a real engine (builtin:tiny-a): killed mid-build, then resumed, it
+ends with every unit exactly once and keeps the units written before the kill."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kernels_bench.trace.format import read_records
+from launcher.supervisor import MARKER_ENV
+
+pytestmark = pytest.mark.engine
+
+PROBLEMS = 4
+WORKFLOWS = 3
+CLUSTER = """
+[router]
+policy = "round_robin"
+
+[[engines]]
+name = "tiny-a"
+model = "builtin:tiny-a"
+max_num_seqs = 4
+max_model_len = 2048
+dtype = "float32"
+enforce_eager = true
+seed = 0
+kv_cache_bytes = 67108864
+
+[launcher]
+base_port = 18700
+"""
+
+
+def _build(tmp_path: Path, out: Path, run_root: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "kernels_bench", "trace", "build", "--cluster",
+            str(tmp_path / "cluster.toml"), "--suite", "math", "--problems", str(PROBLEMS),
+            "--out", str(out), "--max-tokens", "48", "--concurrency", "1"]
+    env = {**os.environ, "TMPDIR": str(run_root), "HF_HUB_OFFLINE": "1"}
+    log = (tmp_path / "build.log").open("ab")
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _units(out: Path) -> list:
+    try:
+        return read_records(out)[1]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill_leftover_engines(run_root: Path) -> None:
+    """Kill the engines the killed builder started (their run dirs are under ``run_root``)
+    and wait until they are gone, so the next engine finds its port free."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARKER_ENV, "").startswith(str(run_root)):
+                p.kill()
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    psutil.wait_procs(found, timeout=30)
+
+
+@pytest.fixture
+def run_root() -> Iterator[Path]:
+    """A short folder for the engines' run dirs (ipc:// socket paths are limited)."""
+    root = Path(tempfile.mkdtemp(prefix="hst-"))
+    yield root
+    _kill_leftover_engines(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_killed_build_resumes_without_loss_or_duplicates(tmp_path: Path, run_root: Path) -> None:
+    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    out = tmp_path / "trace.jsonl.gz"
+    total = PROBLEMS * WORKFLOWS
+    first = _build(tmp_path, out, run_root)
+    try:
+        deadline = time.monotonic() + 400
+        while len(_units(out)) < 3:
+            assert first.poll() is None, (tmp_path / "build.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no units written"
+            time.sleep(0.05)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        _kill_leftover_engines(run_root)
+    before = _units(out)
+    assert 3 <= len(before) < total, "the kill came too late to test resumption"
+
+    second = _build(tmp_path, out, run_root)
+    assert second.wait(timeout=600) == 0, (tmp_path / "build.log").read_text()[-3000:]
+    after = _units(out)
+    keys = [u.key for u in after]
+    assert len(keys) == len(set(keys)) == total
+    assert after[: len(before)] == before
+    assert f"{len(before)}/{total} units done" in (tmp_path / "build.log").read_text()
