@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-unit bench-scheduler
+.PHONY: setup demo test test-unit bench-scheduler replay
 
 setup:
 	@scripts/setup_venv.sh
@@ -19,3 +19,17 @@ test-unit: setup
 
 bench-scheduler: setup
 	$(PY) -m kernels_bench scheduler
+
+# The serving replay on this machine: two built-in engines of different speed
+# (examples/replay.toml), the shipped math trace, Poisson arrivals at a rate that queues,
+# our policies against vLLM's balancer with FCFS engines (docs/replay.md). The trace holds
+# the 0.5B model's runs so far, so both engines replay them; once it holds the 1.5B model's
+# too: make replay REPLAY_MODEL_MAP=tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct
+REPLAY_TRACE ?= data/traces/math.jsonl.gz
+REPLAY_MODEL_MAP ?= tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-0.5b-instruct
+REPLAY_POLICIES ?= chimera:stjf lmetric vllm:fcfs oracle
+
+replay: setup
+	$(PY) -m kernels_bench replay --cluster examples/replay.toml --trace $(REPLAY_TRACE) \
+		--model-map $(REPLAY_MODEL_MAP) --policies $(REPLAY_POLICIES) \
+		--rates 3 --arrival poisson --workflows 40 --seed 0 --priors-from-trace

@@ -10,6 +10,11 @@ COMMANDS = {
     "telemetry": ("kernels_bench.telemetry_bench", "telemetry latency, rate, and step overhead on/off"),
     "router": ("kernels_bench.router_bench", "routing decision latency per policy vs round_robin"),
     "trace": ("kernels_bench.trace.cli", "workflow traces: build, champ, datasheet, validate"),
+    "profile": ("kernels_bench.profile_bench", "per engine: decode step time vs batch and "
+                "context, prefill per token"),
+    "replay": ("kernels_bench.replay.cli", "serving replay: policies compared on a trace"),
+    "results": ("kernels_bench.replay.results", "docs/results.md from the latest replay"),
+    "predictors": ("kernels_bench.predictor_bench", "predictor latency alone and batched, batch 1/16/64"),
 }
 
 

@@ -1,0 +1,117 @@
+"""``python -m kernels_bench replay``: compare routing and scheduling policies by replaying
+a workflow trace through a real cluster. See docs/replay.md."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from kernels_bench.replay.arrivals import PROCESSES
+from kernels_bench.replay.cluster import ClusterError
+from kernels_bench.replay.output import SUMMARY
+from kernels_bench.replay.report import markdown_tables
+from kernels_bench.replay.run import ReplayOptions, replay
+from kernels_bench.replay.spec import SpecError, parse_model_map, parse_policies
+from kernels_bench.replay.workload import WorkloadError
+from kernels_bench.trace.format import TraceFormatError, load_trace
+from launcher import LaunchError
+from router.config import SCHED_POLICIES, ConfigError, load_cluster_config
+from router.policies import POLICIES
+
+MAIN_POLICIES = ["chimera:stjf", "chimera:fcfs", "lmetric", "routebalance", "laar",
+                 "vllm:fcfs", "round_robin", "oracle"]
+BASELINE = "vllm:fcfs"
+RESULTS_ROOT = Path("bench_results/replay")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m kernels_bench replay", description=__doc__.split("\n\n")[0],
+        epilog="Policy specs: ROUTER[:SCHED][+oracle]; 'oracle' = chimera:stjf+oracle. "
+        "SCHED sets every engine's scheduler (stjf, fcfs, priority, mlfq); without it the "
+        "cluster file's applies.")
+    p.add_argument("--cluster", type=Path, required=True, help="cluster file (TOML)")
+    p.add_argument("--trace", type=Path, required=True, help="workflow trace (.jsonl[.gz])")
+    p.add_argument("--policies", nargs="+", default=MAIN_POLICIES, metavar="SPEC",
+                   help=f"policies to compare (default: {' '.join(MAIN_POLICIES)})")
+    p.add_argument("--rates", nargs="+", type=float, default=[1.0], metavar="R",
+                   help="arrival rates, workflows per second (default: 1)")
+    p.add_argument("--arrival", choices=PROCESSES, default="poisson")
+    p.add_argument("--cv", type=float, default=2.0,
+                   help="coefficient of variation of gamma gaps (--arrival gamma)")
+    p.add_argument("--workflows", type=int, default=100, help="workflows per run")
+    p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
+    p.add_argument("--model-map", action="append", default=[], metavar="SERVED=TRACE,...",
+                   help="trace model replayed by each served model (default: same name)")
+    p.add_argument("--retries", type=int, default=0, metavar="R",
+                   help="retry a workflow whose answer is wrong up to R times (TTCA)")
+    p.add_argument("--run-attempts", type=int, default=3, metavar="N",
+                   help="run a policy and rate again, up to N times in all, while the "
+                   "router marks an engine down during it (default 3)")
+    p.add_argument("--priors-from-trace", action="store_true",
+                   help="fill the static-prior tables a policy with static_prior = true "
+                   "leaves out (confidence, quality, capability, mean_output_tokens) from "
+                   "the trace")
+    p.add_argument("--baseline", default=BASELINE, help=f"ratio reference (default {BASELINE})")
+    p.add_argument("--out", type=Path, help="output folder (default: "
+                   f"{RESULTS_ROOT}/<timestamp>)")
+    p.add_argument("--run-dir", type=Path, help="engine and router logs and sockets "
+                   "(default: <out>/cluster)")
+    return p
+
+
+def _portable(arg: str) -> str:
+    """An argument as the results may show it: an absolute path relative to the current
+    folder when inside it, else by its name only (no path of this machine)."""
+    path = Path(arg)
+    if not path.is_absolute():
+        return arg
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return path.name
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM stops a replay like Ctrl-C: the cluster is brought down, results kept."""
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.workflows < 1 or a.run_attempts < 1 or a.retries < 0 or any(r <= 0 for r in a.rates):
+        parser.error("--workflows and --run-attempts must be >= 1, --retries >= 0 and every "
+                     "rate > 0")
+    out = a.out or RESULTS_ROOT / time.strftime("%Y%m%d-%H%M%S")
+    if (out / SUMMARY).exists():
+        parser.error(f"{out} already holds a replay; give another --out")
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        specs = parse_policies(a.policies, POLICIES, SCHED_POLICIES)
+        opts = ReplayOptions(
+            policies=specs, rates=a.rates, arrival=a.arrival, cv=a.cv, workflows=a.workflows,
+            seed=a.seed, model_map=parse_model_map(a.model_map), max_attempts=a.retries + 1,
+            run_attempts=a.run_attempts,
+            priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
+            run_dir=a.run_dir or out / "cluster")
+        cfg = load_cluster_config(a.cluster)
+        trace = load_trace(a.trace)
+        command = "python -m kernels_bench replay " + shlex.join(map(_portable, argv))
+        summary = replay(cfg, trace, a.trace.name, opts, command)
+    except (ConfigError, SpecError, WorkloadError, TraceFormatError, ClusterError,
+            LaunchError, ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print("\n" + markdown_tables(summary))
+    print(f"\nwrote {out} (requests, workflows, summary, plots); "
+          "`python -m kernels_bench results` turns it into docs/results.md")

@@ -1,0 +1,235 @@
+"""The agentic client: replays workflows through the router as an agent framework would.
+
+Each workflow starts at its arrival time; each stage is sent when the previous one has
+finished, with the accumulated context (``workload.stage_messages``), the workflow
+metadata, ``model = "auto"``, and the trace's output length of every served model in
+``per_model.max_tokens`` (the router applies the one of the model it picks; with
+``ignore_eos`` the engine generates exactly that many tokens). Oracle runs also send the
+true remaining tokens per model in ``per_model.priority``.
+
+Retries (TTCA): an attempt whose final answer is wrong (the trace's correctness of the
+model that served its final stage) is run again, up to ``max_attempts`` in all, as a new
+program (``<job>.<attempt>``) whose calls carry ``attempt`` and, per stage, the models
+already tried for that stage (``tried_models``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from kernels_bench.replay.records import RequestRecord, WorkflowRecord
+from kernels_bench.replay.workload import (Job, forced_tokens, outcome, per_model,
+                                           remaining_tokens, stage_messages)
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    model_map: Mapping[str, str]
+    """Served model -> trace model."""
+    oracle: bool = False
+    max_attempts: int = 1
+
+
+@dataclass
+class CallResult:
+    """What the router answered to one call."""
+
+    model: str = ""
+    engine: str = ""
+    priority: int | None = None
+    predicted_remaining_tokens: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    first_token_s: float | None = None
+    end_s: float = 0.0
+    error: str | None = None
+
+
+Sender = Callable[[dict[str, Any]], Awaitable[CallResult]]
+"""Sends one chat body and returns the result (times from the run's clock)."""
+
+
+def stage_body(job: Job, attempt: int, stage: int, served: Sequence[str],
+               tried: Sequence[str], s: ClientSettings) -> dict[str, Any]:
+    """The chat request of ``stage`` of ``attempt`` (``served``: trace models of the
+    earlier stages of this attempt; ``tried``: served models of this stage in earlier
+    attempts)."""
+    run = job.run
+    lengths = per_model(s.model_map, forced_tokens, run, stage)
+    body: dict[str, Any] = {
+        "model": "auto",
+        "messages": stage_messages(run, stage, served),
+        "max_tokens": max(lengths.values()),
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "per_model": {"max_tokens": lengths},
+        "workflow": {
+            "program_id": f"{job.job_id}.{attempt}",
+            "workflow": run.workflow,
+            "stage": run.roles[stage],
+            "stage_index": stage,
+            "num_stages": job.num_stages,
+            "final": stage == job.num_stages - 1,
+            "attempt": attempt,
+            "tried_models": list(tried),
+        },
+    }
+    if s.oracle:
+        body["per_model"]["priority"] = per_model(s.model_map, remaining_tokens, run, stage)
+    return body
+
+
+def should_retry(correct: bool, attempt: int, max_attempts: int) -> bool:
+    """Another attempt follows a wrong answer while attempts remain."""
+    return not correct and attempt < max_attempts
+
+
+class AgenticClient:
+    """Runs jobs concurrently through ``send``; ``clock`` gives seconds since run start."""
+
+    def __init__(self, settings: ClientSettings, send: Sender,
+                 clock: Callable[[], float]) -> None:
+        self.settings, self.send, self.clock = settings, send, clock
+        self.requests: list[RequestRecord] = []
+        self.workflows: list[WorkflowRecord] = []
+
+    async def run(self, jobs: Sequence[Job], progress: tqdm | None = None) -> None:
+        async def one(job: Job) -> None:
+            await asyncio.sleep(max(0.0, job.arrival_s - self.clock()))
+            await self.workflow(job)
+            if progress is not None:
+                progress.update()
+                progress.set_postfix(errors=sum(w.error is not None for w in self.workflows),
+                                     refresh=False)
+
+        await asyncio.gather(*(one(j) for j in jobs))
+
+    async def workflow(self, job: Job) -> WorkflowRecord:
+        """All attempts of one job (starting now, at its arrival)."""
+        run = job.run
+        wf = WorkflowRecord(job.job_id, run.problem_id, run.workflow, job.num_stages,
+                            arrival_s=job.arrival_s, end_s=job.arrival_s)
+        self.workflows.append(wf)
+        tried: list[list[str]] = [[] for _ in range(job.num_stages)]
+        for attempt in range(1, self.settings.max_attempts + 1):
+            wf.attempts = attempt
+            served: list[str] = []
+            for stage in range(job.num_stages):
+                rec = await self.call(job, attempt, stage, served, tried[stage])
+                wf.output_tokens += rec.output_tokens
+                wf.end_s = rec.end_s
+                if rec.error is not None:
+                    wf.error = f"stage {stage} of attempt {attempt}: {rec.error}"
+                    return wf
+                served.append(rec.trace_model)
+                tried[stage].append(rec.model)
+            wf.final_models.append(tried[-1][-1])
+            wf.correct, wf.score = outcome(run, served[-1])
+            if wf.correct:
+                wf.ttca_s = wf.end_s - wf.arrival_s
+            if not should_retry(wf.correct, attempt, self.settings.max_attempts):
+                break
+        return wf
+
+    async def call(self, job: Job, attempt: int, stage: int, served: Sequence[str],
+                   tried: Sequence[str]) -> RequestRecord:
+        """Send one stage and record it."""
+        body = stage_body(job, attempt, stage, served, tried, self.settings)
+        send_s = self.clock()
+        res = await self.send(body)
+        trace_model = self.settings.model_map.get(res.model, "")
+        rec = RequestRecord(
+            job_id=job.job_id, program_id=body["workflow"]["program_id"], attempt=attempt,
+            stage_index=stage, num_stages=job.num_stages, role=job.run.roles[stage],
+            send_s=send_s, end_s=res.end_s, first_token_s=res.first_token_s,
+            model=res.model, engine=res.engine, trace_model=trace_model,
+            priority=res.priority, predicted_remaining_tokens=res.predicted_remaining_tokens,
+            forced_tokens=body["per_model"]["max_tokens"].get(res.model, 0),
+            output_tokens=res.output_tokens, prompt_tokens=res.prompt_tokens,
+            trace_prompt_tokens=(job.run.models[trace_model].stages[stage].prompt_tokens
+                                 if trace_model else 0),
+            error=res.error)
+        if rec.error is None and not trace_model:
+            rec.error = f"the router chose model {res.model!r}, which the replay does not map"
+        elif rec.error is None and rec.output_tokens != rec.forced_tokens:
+            rec.error = (f"engine generated {rec.output_tokens} tokens, {rec.forced_tokens} "
+                         "were forced (does it honour ignore_eos and max_tokens?)")
+        self.requests.append(rec)
+        return rec
+
+
+def _header_number(value: str | None) -> float | None:
+    if value is None or value == "none":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def http_sender(http: httpx.AsyncClient, url: str, clock: Callable[[], float]) -> Sender:
+    """A ``Sender`` that streams ``POST url`` (the router's chat endpoint)."""
+
+    async def send(body: dict[str, Any]) -> CallResult:
+        res = CallResult()
+        try:
+            async with http.stream("POST", url, json=body) as resp:
+                h = resp.headers
+                res.model = h.get("x-hetserve-model", "")
+                res.engine = h.get("x-hetserve-engine", "")
+                prio = _header_number(h.get("x-hetserve-priority"))
+                res.priority = None if prio is None else int(prio)
+                res.predicted_remaining_tokens = _header_number(
+                    h.get("x-hetserve-predicted-remaining-tokens"))
+                if resp.status_code != 200:
+                    detail = (await resp.aread()).decode(errors="replace")[:500]
+                    res.error = f"HTTP {resp.status_code}: {detail}"
+                else:
+                    await _read_stream(resp, res, clock)
+        except httpx.HTTPError as e:
+            res.error = f"{type(e).__name__}: {e}"
+        res.end_s = clock()
+        return res
+
+    return send
+
+
+async def _read_stream(resp: httpx.Response, res: CallResult,
+                       clock: Callable[[], float]) -> None:
+    """Server-sent events: first chunk time, usage, a mid-stream error."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            break
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError:
+            res.error = f"stream event is not JSON: {data[:200]!r}"
+            break
+        if "error" in event:
+            res.error = f"stream error: {json.dumps(event['error'])[:500]}"
+            break
+        if event.get("choices") and res.first_token_s is None:
+            res.first_token_s = clock()
+        usage = event.get("usage")
+        if usage:
+            res.output_tokens = int(usage.get("completion_tokens") or 0)
+            res.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+
+
+def run_clock() -> Callable[[], float]:
+    """Seconds since now (the run's start)."""
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0

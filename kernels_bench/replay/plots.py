@@ -1,0 +1,106 @@
+"""The replay's PNG plots: latency-versus-score frontier, latency CDFs, traffic share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+PLOTS = ("frontier.png", "cdf.png", "traffic.png")
+
+
+def _policies(summary: Mapping[str, Any]) -> list[str]:
+    return [p["label"] for p in summary["meta"]["policies"]]
+
+
+def frontier(path: Path, summary: Mapping[str, Any]) -> None:
+    """Score against mean E2E latency and E2E per token, one line per policy across
+    the rates (points labelled with the rate)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for policy in _policies(summary):
+        runs = sorted((r for r in summary["runs"] if r["policy"] == policy),
+                      key=lambda r: r["rate"])
+        runs = [r for r in runs if r["summary"]["score"] is not None]
+        if not runs:
+            continue
+        y = [r["summary"]["score"] for r in runs]
+        for ax, key, scale in ((axes[0], "e2e_s", 1.0), (axes[1], "e2e_per_token_s", 1e3)):
+            x = [r["summary"][key]["mean"] * scale for r in runs]
+            (line,) = ax.plot(x, y, "o-", label=policy)
+            for xi, yi, r in zip(x, y, runs):
+                ax.annotate(f"{r['rate']:g}/s", (xi, yi), fontsize=7, color=line.get_color(),
+                            xytext=(3, 3), textcoords="offset points")
+    axes[0].set_xlabel("workflow E2E latency, mean (s)")
+    axes[1].set_xlabel("E2E latency per output token, mean (ms)")
+    for ax in axes:
+        ax.set_ylabel("task score")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="best")
+    fig.suptitle("Latency vs score per policy across arrival rates (up-left is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cdf(path: Path, summary: Mapping[str, Any], workflows: Sequence[Mapping[str, Any]]) -> None:
+    """CDF of workflow E2E latency per policy, one panel per rate."""
+    rates = summary["meta"]["rates"]
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 3.8), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        for policy in _policies(summary):
+            xs = np.sort([w["end_s"] - w["arrival_s"] for w in workflows
+                          if w["policy"] == policy and w["rate"] == rate and not w["error"]])
+            if xs.size:
+                ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=policy)
+        ax.set_title(f"{rate:g} workflows/s")
+        ax.set_xlabel("workflow E2E latency (s)")
+        ax.set_ylabel("share of workflows")
+        ax.grid(alpha=0.3)
+    handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
+    if handles:
+        axes[0][-1].legend(handles.values(), handles.keys(), fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def traffic(path: Path, summary: Mapping[str, Any]) -> None:
+    """Share of calls per served model, per policy, one panel per rate."""
+    rates = summary["meta"]["rates"]
+    policies = _policies(summary)
+    models = sorted({m for r in summary["runs"] for m in r["summary"]["traffic"]})
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 0.45 * len(policies) + 1.6),
+                             squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        shares: dict[str, dict[str, float]] = {p: {} for p in policies}
+        for r in summary["runs"]:
+            if r["rate"] == rate:
+                shares[r["policy"]] = {m: v["calls"] for m, v in r["summary"]["traffic"].items()}
+        left = np.zeros(len(policies))
+        for m in models:
+            width = np.array([shares[p].get(m, 0.0) for p in policies])
+            ax.barh(policies, width, left=left, label=m)
+            left += width
+        ax.set_xlim(0, 1)
+        ax.invert_yaxis()
+        ax.set_title(f"{rate:g} workflows/s")
+        ax.set_xlabel("share of calls")
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_all(folder: Path, summary: Mapping[str, Any],
+              workflows: Sequence[Mapping[str, Any]]) -> None:
+    if not summary["runs"]:
+        return
+    frontier(folder / PLOTS[0], summary)
+    cdf(folder / PLOTS[1], summary, workflows)
+    traffic(folder / PLOTS[2], summary)

@@ -1,0 +1,52 @@
+"""Static priors from the trace (``--priors-from-trace``), for policies run on constants.
+
+Per served model, over the trace runs that every replayed model completed:
+  accuracy[m]           = share of its runs whose final answer is correct
+  mean_output_tokens[m] = mean output tokens of its stages (as forced in the replay)
+They fill, in every ``[router.policies.<name>]`` table that sets ``static_prior = true``,
+the tables below that the file leaves out; nothing the file sets is replaced. These are
+in-sample constants (the replayed runs are among those averaged): a weak, explicit prior,
+not a trained predictor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from kernels_bench.trace.format import Trace
+from kernels_bench.replay.workload import forced_tokens
+
+FILLS = {
+    "chimera": {"confidence": "accuracy", "mean_output_tokens": "mean_output_tokens"},
+    "routebalance": {"quality": "accuracy", "mean_output_tokens": "mean_output_tokens"},
+    "laar": {"capability": "accuracy", "mean_output_tokens": "mean_output_tokens"},
+}
+"""Policy -> settings table -> trace statistic that fills it."""
+
+
+def trace_priors(trace: Trace, model_map: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """``{"accuracy": {served: ...}, "mean_output_tokens": {served: ...}}``."""
+    runs = trace.complete_runs(model_map.values())
+    acc, length = {}, {}
+    for served, traced in model_map.items():
+        acc[served] = float(np.mean([r.models[traced].correct for r in runs]))
+        length[served] = float(np.mean([forced_tokens(r, traced, s) for r in runs
+                                        for s in range(len(r.roles))]))
+    return {"accuracy": acc, "mean_output_tokens": length}
+
+
+def fill_static_priors(tables: Mapping[str, Mapping[str, Any]],
+                       priors: Mapping[str, Mapping[str, float]]
+                       ) -> dict[str, dict[str, Any]]:
+    """Policy tables with the missing static-prior tables filled (copies)."""
+    out = {name: dict(table) for name, table in tables.items()}
+    for name, fills in FILLS.items():
+        table = out.get(name)
+        if table is None or not table.get("static_prior"):
+            continue
+        for key, stat in fills.items():
+            table.setdefault(key, dict(priors[stat]))
+    return out

@@ -1,0 +1,243 @@
+"""One replay: every policy at every rate on the same workload, results written as it goes.
+
+The workload (trace runs and, per rate, arrival times) is drawn once from the seed, so
+every policy replays exactly the same workflows at the same times. Runs are ordered so
+that policies sharing engine settings run back to back on the same engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import os
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from kernels_bench.replay import engine_metrics as em
+from kernels_bench.replay.arrivals import arrival_times
+from kernels_bench.replay.client import AgenticClient, ClientSettings, http_sender, run_clock
+from kernels_bench.replay.cluster import ReplayCluster, engine_variant
+from kernels_bench.replay.metrics import summarize
+from kernels_bench.replay.output import write_run, write_summary
+from kernels_bench.replay.priors import fill_static_priors, trace_priors
+from kernels_bench.replay.spec import PolicySpec, resolve_model_map
+from kernels_bench.replay.workload import Job, select_runs
+from kernels_bench.trace.format import Trace
+from router.config import ClusterConfig, EngineConfig, RouterConfig, parse_cluster_config
+from router.policies.base import ClusterInfo
+from router.policies.registry import build_policy
+from router.predictors.base import PredictorSet
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    policies: list[PolicySpec]
+    rates: list[float]
+    arrival: str
+    cv: float
+    workflows: int
+    seed: int
+    model_map: dict[str, str]
+    """As given on the command line (served -> trace model); resolved against both."""
+    max_attempts: int
+    run_attempts: int
+    """Runs of a policy and rate, in all, while the router marks an engine down in them."""
+    priors_from_trace: bool
+    baseline: str
+    out: Path
+    run_dir: Path
+    """Where the engines' and routers' logs and sockets go."""
+
+
+def served_models(cfg: ClusterConfig) -> list[str]:
+    return list(dict.fromkeys(e.served_model_name for e in cfg.engines))
+
+
+def router_variant(cfg: ClusterConfig, spec: PolicySpec,
+                   priors: dict[str, dict[str, float]] | None) -> RouterConfig:
+    """The router of a run: the spec's policy, oracle priorities allowed, the file's
+    settings (with trace priors filled in when asked)."""
+    tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in
+                                         cfg.router.policy_settings.items()}
+    if priors is not None:
+        tables = fill_static_priors(tables, priors)
+    return dataclasses.replace(
+        cfg.router, policy=spec.router, policy_settings=tables,
+        allow_client_priority=cfg.router.allow_client_priority or spec.oracle)
+
+
+def check_variant(cfg: ClusterConfig, router: RouterConfig, label: str) -> None:
+    """Fail before any engine starts if the router could not start with ``router``: bad
+    settings, or (when no predictor artifacts are configured) a missing static table."""
+    draft = dataclasses.replace(cfg, router=router)
+    parse_cluster_config(draft.to_dict(), cfg.source, Path(cfg.source).resolve().parent)
+    if router.predictors:
+        return  # the router loads and checks them at start-up
+    engines = {name: e.served_model_name for e in cfg.engines
+               for name in ([e.name] if e.remote else
+                            [f"{e.name}-{i}" for i in range(e.replicas)])}
+    try:
+        build_policy(router.policy, router.policy_settings, ClusterInfo(engines),
+                     PredictorSet())
+    except ValueError as e:
+        hint = ("" if "static_prior" not in str(e) else "; --priors-from-trace fills "
+                "confidence, quality, capability and mean_output_tokens from the trace")
+        raise ValueError(f"policy {label!r}: {e}{hint}") from None
+
+
+def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions
+              ) -> dict[float, list[Job]]:
+    """Per rate, the jobs: the same seeded runs, arrivals drawn with the seed."""
+    runs = select_runs(trace, traced_models, opts.workflows, opts.seed)
+    out = {}
+    for rate in opts.rates:
+        times = arrival_times(len(runs), rate, opts.arrival, opts.cv, opts.seed)
+        out[rate] = [Job(f"w{i:04d}", run, t) for i, (run, t) in enumerate(zip(runs, times))]
+    return out
+
+
+def ordered(specs: Sequence[PolicySpec], engines: Callable[[PolicySpec], list[EngineConfig]]
+            ) -> list[PolicySpec]:
+    """Specs grouped by engine settings (groups in order of first appearance)."""
+    groups: list[tuple[list[EngineConfig], list[PolicySpec]]] = []
+    for s in specs:
+        e = engines(s)
+        for key, members in groups:
+            if key == e:
+                members.append(s)
+                break
+        else:
+            groups.append((e, [s]))
+    return [s for _, members in groups for s in members]
+
+
+def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
+           command: str) -> dict[str, Any]:
+    """Run every policy at every rate; write outputs after each run; return the summary."""
+    model_map = resolve_model_map(served_models(cfg), opts.model_map, trace.models)
+    priors = trace_priors(trace, model_map) if opts.priors_from_trace else None
+    routers = {s.label: router_variant(cfg, s, priors) for s in opts.policies}
+    for s in opts.policies:
+        check_variant(cfg, routers[s.label], s.label)
+    engines = {s.label: engine_variant(cfg, s.sched) for s in opts.policies}
+    jobs = make_jobs(trace, list(model_map.values()), opts)
+    summary: dict[str, Any] = {
+        "meta": _meta(cfg, trace, trace_name, opts, model_map, priors, command),
+        "runs": []}
+    opts.out.mkdir(parents=True, exist_ok=True)
+    plan = [(s, r) for s in ordered(opts.policies, lambda s: engines[s.label])
+            for r in opts.rates]
+    cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)
+    try:
+        for i, (spec, rate) in enumerate(plan, 1):
+            desc = f"[{i}/{len(plan)}] {spec.label} @ {rate:g}/s"
+            for attempt in range(1, opts.run_attempts + 1):
+                cluster.prepare(engines[spec.label])
+                url = cluster.start_router(routers[spec.label], desc)
+                cluster.reset_prefix_caches()
+                run = _one_run(cluster, url, jobs[rate], spec, model_map, opts, desc)
+                cluster.stop_router()
+                cluster.check_engines()
+                if not run["summary"]["engine_down_events"] or attempt == opts.run_attempts:
+                    break
+                tqdm.write(f"{desc}: the router marked an engine down during the run; "
+                           f"running it again ({attempt + 1} of {opts.run_attempts})")
+            run.update(policy=spec.label, router=spec.router, sched=spec.sched,
+                       oracle=spec.oracle, rate=rate, run_attempts=attempt)
+            summary["runs"].append({k: v for k, v in run.items()
+                                    if k not in ("requests", "workflows")})
+            write_run(opts.out, run)
+            write_summary(opts.out, summary)
+            tqdm.write(_one_line(run))
+    finally:
+        cluster.close()
+    return summary
+
+
+def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec,
+             model_map: dict[str, str], opts: ReplayOptions, desc: str) -> dict[str, Any]:
+    instances = cluster.instances()
+    before = {i.name: em.scrape(cluster.http, i.url) for i in instances}
+    downs_before = em.router_down_events(cluster.http, url)
+    client_settings = ClientSettings(model_map, spec.oracle, opts.max_attempts)
+
+    async def go() -> AgenticClient:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                                     limits=limits) as http:
+            clock = run_clock()
+            client = AgenticClient(client_settings,
+                                   http_sender(http, f"{url}/v1/chat/completions", clock),
+                                   clock)
+            with tqdm(total=len(jobs), desc=desc, unit="wf", leave=False) as bar:
+                await client.run(jobs, bar)
+        return client
+
+    client = asyncio.run(go())
+    after = {i.name: em.scrape(cluster.http, i.url) for i in instances}
+    per_engine = {n: after[n] - before[n] for n in before}
+    summary = summarize(client.requests, client.workflows, em.total(per_engine.values()))
+    summary["engine_down_events"] = int(em.router_down_events(cluster.http, url) - downs_before)
+    return {
+        "summary": summary,
+        "engines": {n: dataclasses.asdict(c) for n, c in per_engine.items()},
+        "requests": client.requests,
+        "workflows": client.workflows,
+    }
+
+
+def _one_line(run: dict[str, Any]) -> str:
+    s = run["summary"]
+    e2e, q = s["e2e_s"], s["queue_s"]
+    parts = [f"{run['policy']} @ {run['rate']:g}/s:",
+             f"E2E mean {_fmt(e2e['mean'])} s p95 {_fmt(e2e['p95'])} s",
+             f"queue {_fmt(q['mean'])} s", f"score {_fmt(s['score'])}",
+             f"errors {s['errors']}"]
+    if s["engine_down_events"]:
+        parts.append(f"warning: the router marked an engine down {s['engine_down_events']} "
+                     "time(s) during this run (see the router logs)")
+    return "  ".join(parts)
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def _meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
+          model_map: dict[str, str], priors: dict[str, dict[str, float]] | None,
+          command: str) -> dict[str, Any]:
+    """What the run was (file names only, never a path of this machine)."""
+    return {
+        "command": command,
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cluster": Path(cfg.source).name,
+        "trace": trace_name,
+        "suite": trace.header.suite,
+        "model_map": model_map,
+        "engines": [{"name": e.name, "model": _model_name(e), "served": e.served_model_name,
+                     "replicas": e.replicas, "sched_policy": e.sched_policy,
+                     "max_num_seqs": e.max_num_seqs, "max_model_len": e.max_model_len}
+                    for e in cfg.engines],
+        "policies": [dataclasses.asdict(s) for s in opts.policies],
+        "rates": opts.rates, "arrival": opts.arrival,
+        "cv": opts.cv if opts.arrival == "gamma" else 1.0,
+        "workflows": opts.workflows, "seed": opts.seed, "max_attempts": opts.max_attempts,
+        "run_attempts": opts.run_attempts,
+        "baseline": opts.baseline, "priors_from_trace": priors,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "processor": platform.processor() or platform.machine()},
+    }
+
+
+def _model_name(e: EngineConfig) -> str:
+    """The engine's model as results show it: a local folder by its name only."""
+    if e.model is None:
+        return e.url or ""
+    return Path(e.model).name if os.path.isabs(e.model) else e.model

@@ -1,0 +1,93 @@
+"""The serving replay for real: examples/replay.toml's two built-in engines started
+through the launcher API, the tiny fixture trace, Chimera, vLLM's balancer and the oracle
+on the same STJF engines (one engine start keeps it short), a handful of workflows, one
+retry for wrong answers. Metric arithmetic on a hand-made schedule is in tests/unit.
+
+    .venv/bin/python -m pytest tests/e2e/test_replay.py -m engine -v
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernels_bench.replay import cli, results
+from kernels_bench.trace.format import load_trace
+from kernels_bench.replay.workload import remaining_tokens
+from tests.replay_fixture import write_trace
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+MAP = {"tiny-a": "small", "tiny-b": "large"}
+
+
+def rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_replay_end_to_end(tmp_path: Path) -> None:
+    trace_path = write_trace(tmp_path / "trace.jsonl", problems=3)
+    out = tmp_path / "out"
+    cli.main(["--cluster", str(ROOT / "examples" / "replay.toml"), "--trace", str(trace_path),
+              "--policies", "chimera:stjf", "vllm", "oracle", "--baseline", "vllm", "--rates", "4",
+              "--workflows", "6", "--model-map", "tiny-a=small,tiny-b=large", "--retries", "1",
+              "--priors-from-trace", "--out", str(out)])
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["policy"], r["rate"]) for r in summary["runs"]] == [
+        ("chimera:stjf", 4.0), ("vllm", 4.0), ("oracle", 4.0)]  # one engine start: all STJF
+    for run in summary["runs"]:
+        s = run["summary"]
+        assert s["errors"] == 0 and s["workflows"] == 6 and s["engine_down_events"] == 0, run
+        assert s["e2e_s"]["mean"] > 0 and s["queue_s"]["n"] >= s["calls"]
+        assert abs(sum(v["calls"] for v in s["traffic"].values()) - 1) < 1e-9
+
+    trace = load_trace(trace_path)
+    runs = {(r.problem_id, r.workflow): r for r in trace.runs}
+    workflows = {(w["policy"], w["job_id"]): w for w in rows(out / "workflows.jsonl")}
+    calls = rows(out / "requests.jsonl")
+    assert len(calls) == sum(w["num_stages"] * w["attempts"] for w in workflows.values())
+    for c in calls:
+        w = workflows[(c["policy"], c["job_id"])]
+        run = runs[(w["problem_id"], w["workflow"])]
+        traced = MAP[c["model"]]
+        # the engine generated exactly the trace's length for the model the router chose
+        want = run.models[traced].stages[c["stage_index"]].output_tokens
+        assert c["trace_model"] == traced and c["output_tokens"] == c["forced_tokens"] == want
+        if c["policy"] == "oracle":  # true remaining tokens of the chosen model
+            assert c["priority"] == remaining_tokens(run, traced, c["stage_index"])
+        elif c["policy"] == "chimera:stjf":  # STJF priority = predicted remaining tokens
+            assert c["priority"] == round(c["predicted_remaining_tokens"])
+        else:
+            assert c["priority"] is None
+    for run_ in summary["runs"]:  # engine side: vLLM's own count of generated tokens
+        generated = sum(e["generation_tokens"] for e in run_["engines"].values())
+        assert generated == sum(c["output_tokens"] for c in calls
+                                if c["policy"] == run_["policy"])
+
+    retried = 0
+    for (policy, job_id), w in workflows.items():
+        run = runs[(w["problem_id"], w["workflow"])]
+        verdicts = [run.models[MAP[m]].correct for m in w["final_models"]]
+        # an attempt follows a wrong one, up to 2 attempts; the last one decides
+        assert len(verdicts) == w["attempts"] and not any(verdicts[:-1])
+        assert w["attempts"] == 2 or verdicts[-1]
+        assert w["correct"] == verdicts[-1] and (w["ttca_s"] is not None) == w["correct"]
+        mine = [c for c in calls if (c["policy"], c["job_id"]) == (policy, job_id)]
+        assert sorted({c["program_id"] for c in mine}) == [
+            f"{job_id}.{a}" for a in range(1, w["attempts"] + 1)]
+        assert len(mine) == w["attempts"] * w["num_stages"]
+        retried += w["attempts"] - 1
+    # the fast tiny-a replays 'small', wrong on odd problems: some attempt must have failed
+    assert retried > 0, "no workflow was retried: the retry path was not exercised"
+
+    page = tmp_path / "docs" / "results.md"
+    results.main(["--run", str(out), "--out", str(page)])
+    text = page.read_text()
+    assert "| chimera:stjf | 4 |" in text and "Ratios against `vllm`" in text
+    assert (tmp_path / "docs" / "results" / "frontier.png").exists()
+    assert str(tmp_path) not in text  # no path of this machine in the page

@@ -1,0 +1,74 @@
+"""Cluster config variants of a replay: engine scheduler, router policy, run order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernels_bench.replay.cluster import ClusterError, engine_variant
+from kernels_bench.replay.run import check_variant, ordered, router_variant
+from kernels_bench.replay.spec import parse_policies
+from router.config import SCHED_POLICIES, ClusterConfig, load_cluster_config
+from router.policies import POLICIES
+
+ROOT = Path(__file__).resolve().parents[2]
+PRIORS = {"accuracy": {"tiny-a": 0.3, "tiny-b": 0.6},
+          "mean_output_tokens": {"tiny-a": 200.0, "tiny-b": 250.0}}
+
+
+@pytest.fixture
+def cfg() -> ClusterConfig:
+    return load_cluster_config(ROOT / "examples" / "replay.toml")
+
+
+def specs(*labels: str) -> list:  # type: ignore[type-arg]
+    return parse_policies(labels, POLICIES, SCHED_POLICIES)
+
+
+def test_engine_variant_sets_the_scheduler_and_dev_mode(cfg: ClusterConfig) -> None:
+    fcfs = engine_variant(cfg, "fcfs")
+    assert [e.sched_policy for e in fcfs] == ["fcfs", "fcfs"]
+    assert all(e.env["VLLM_SERVER_DEV_MODE"] == "1" for e in fcfs)
+    assert [e.sched_policy for e in engine_variant(cfg, None)] == ["stjf", "stjf"]
+
+
+def test_engine_variant_refuses_to_set_a_remote_scheduler(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text(
+        '[router]\npolicy = "vllm"\n[[engines]]\nname = "far-0"\nurl = "http://10.0.0.7:8101"\n'
+        'telemetry_endpoint = "tcp://10.0.0.2:5601"\nkv_events_endpoint = "tcp://10.0.0.2:5602"\n')
+    cfg = load_cluster_config(tmp_path / "c.toml")
+    assert engine_variant(cfg, None) == cfg.engines
+    with pytest.raises(ClusterError, match="far-0 is remote"):
+        engine_variant(cfg, "fcfs")
+
+
+def test_router_variant(cfg: ClusterConfig) -> None:
+    oracle, lm = specs("oracle", "lmetric")
+    r = router_variant(cfg, oracle, PRIORS)
+    assert r.policy == "chimera" and r.allow_client_priority
+    assert r.policy_settings["chimera"]["confidence"] == {"tiny-a": 0.3, "tiny-b": 0.6}
+    assert r.heartbeat_timeout_s == cfg.router.heartbeat_timeout_s  # the file's other keys
+    r = router_variant(cfg, lm, None)
+    assert r.policy == "lmetric" and not r.allow_client_priority
+    assert "confidence" not in r.policy_settings["chimera"]
+    check_variant(cfg, router_variant(cfg, oracle, PRIORS), "oracle")
+    with pytest.raises(ValueError, match="policy 'oracle'.*--priors-from-trace"):
+        check_variant(cfg, router_variant(cfg, oracle, None), "oracle")
+
+
+def test_runs_grouped_by_engine_settings(cfg: ClusterConfig) -> None:
+    given = specs("chimera:stjf", "vllm:fcfs", "lmetric", "chimera:fcfs", "oracle")
+    got = ordered(given, lambda s: engine_variant(cfg, s.sched))
+    assert [s.label for s in got] == ["chimera:stjf", "lmetric", "oracle", "vllm:fcfs",
+                                      "chimera:fcfs"]
+
+
+def test_results_name_no_path_of_this_machine(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernels_bench.replay.cli import _portable
+
+    monkeypatch.chdir(tmp_path)
+    assert _portable(str(tmp_path / "runs" / "out")) == "runs/out"  # need not exist
+    assert _portable("/elsewhere/trace.jsonl.gz") == "trace.jsonl.gz"
+    assert _portable("chimera:stjf") == "chimera:stjf" and _portable("3") == "3"

@@ -1,0 +1,125 @@
+"""Replay workload: run selection, length forcing, context splicing, arrivals, priors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kernels_bench.replay.arrivals import arrival_times, gamma_shape_scale
+from kernels_bench.replay.client import ClientSettings, stage_body
+from kernels_bench.replay.priors import fill_static_priors, trace_priors
+from kernels_bench.replay.workload import (Job, WorkloadError, forced_tokens, outcome,
+                                           remaining_tokens, select_runs, stage_messages)
+from kernels_bench.trace.format import Trace, WorkflowRun
+from tests.replay_fixture import output_text, output_tokens, tiny_trace
+
+MAP = {"a": "small", "b": "large"}
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Trace:
+    return tiny_trace(tmp_path)
+
+
+def plan_solve(trace: Trace, problem: int) -> WorkflowRun:
+    return next(r for r in trace.runs
+                if r.problem_id == f"p{problem}" and r.workflow == "plan_solve")
+
+
+def test_select_runs_is_seeded_and_cycles(trace: Trace) -> None:
+    a = select_runs(trace, ["small", "large"], 20, seed=1)
+    assert a == select_runs(trace, ["small", "large"], 20, seed=1)
+    assert a != select_runs(trace, ["small", "large"], 20, seed=2)
+    assert a[:8] == a[8:16] and len({(r.problem_id, r.workflow) for r in a}) == 8
+
+
+def test_select_runs_needs_complete_runs(trace: Trace) -> None:
+    with pytest.raises(WorkloadError, match="ghost: 0 runs"):
+        select_runs(trace, ["small", "ghost"], 3, seed=0)
+
+
+def test_forced_and_remaining_tokens(trace: Trace) -> None:
+    run = plan_solve(trace, 3)
+    assert forced_tokens(run, "small", 0) == output_tokens("small", 3, 0) == 16
+    assert forced_tokens(run, "large", 1) == 37
+    assert remaining_tokens(run, "large", 0) == 36 + 37
+    assert remaining_tokens(run, "small", 1) == 17
+
+
+def test_stage_messages_splice_the_served_history(trace: Trace) -> None:
+    run = plan_solve(trace, 1)
+    first = stage_messages(run, 0, [])
+    assert first == [{"role": m.role, "content": m.content}
+                     for m in run.models["large"].stages[0].messages]
+    same = stage_messages(run, 1, ["small"])
+    assert same[1]["content"] == run.models["small"].stages[1].messages[1].content
+    mixed = stage_messages(run, 1, ["large"])
+    assert output_text("large", 1, 0).strip() in mixed[1]["content"]
+    assert "small says" not in mixed[1]["content"]
+    with pytest.raises(ValueError, match="earlier stages"):
+        stage_messages(run, 1, [])
+
+
+def test_outcome_is_the_final_stage_models(trace: Trace) -> None:
+    run = plan_solve(trace, 1)
+    assert outcome(run, "small") == (False, 0.0)
+    assert outcome(run, "large") == (True, 1.0)
+
+
+def test_stage_body_forces_each_models_length(trace: Trace) -> None:
+    job = Job("w0001", plan_solve(trace, 2), 0.0)
+    body = stage_body(job, attempt=2, stage=1, served=["large"], tried=["a"],
+                      s=ClientSettings(MAP))
+    assert body["per_model"] == {"max_tokens": {"a": 15, "b": 35}}
+    assert body["max_tokens"] == 35 and body["ignore_eos"] is True and body["stream"] is True
+    assert body["model"] == "auto"
+    assert body["workflow"] == {
+        "program_id": "w0001.2", "workflow": "plan_solve", "stage": "solver",
+        "stage_index": 1, "num_stages": 2, "final": True, "attempt": 2,
+        "tried_models": ["a"]}
+    assert "priority" not in body
+
+
+def test_stage_body_oracle_priority_is_true_remaining_tokens(trace: Trace) -> None:
+    job = Job("w0", plan_solve(trace, 0), 0.0)
+    body = stage_body(job, 1, 0, [], [], ClientSettings(MAP, oracle=True))
+    assert body["per_model"]["priority"] == {"a": 10 + 11, "b": 30 + 31}
+
+
+def test_poisson_and_gamma_arrivals() -> None:
+    t = arrival_times(20000, 4.0, "poisson", 2.0, seed=3)
+    gaps = np.diff(t)
+    assert t[0] == 0.0 and np.all(gaps >= 0)
+    assert abs(gaps.mean() - 0.25) < 0.01 and abs(gaps.std() / gaps.mean() - 1) < 0.05
+    g = np.diff(arrival_times(20000, 4.0, "gamma", 2.0, seed=3))
+    assert abs(g.mean() - 0.25) < 0.02 and abs(g.std() / g.mean() - 2) < 0.15
+    assert arrival_times(5, 1.0, "gamma", 2.0, 7) == arrival_times(5, 1.0, "gamma", 2.0, 7)
+    assert gamma_shape_scale(2.0, 0.5) == (4.0, 0.125)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ((3, 1.0, "uniform", 1.0, 0), "arrival process"),
+    ((3, 0.0, "poisson", 1.0, 0), "rate must be > 0"),
+    ((3, 1.0, "gamma", 0.0, 0), "--cv must be > 0"),
+])
+def test_arrival_errors(args: tuple, fragment: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError, match=fragment):
+        arrival_times(*args)
+
+
+def test_trace_priors_fill_only_missing_static_tables(trace: Trace) -> None:
+    priors = trace_priors(trace, MAP)
+    assert priors["accuracy"] == {"a": 0.5, "b": 1.0}
+    # stages: per problem p, plan_solve (2 stages) + solve (1 stage)
+    small = [10 + 2 * p + s for p in range(4) for s in (0, 1)] + [10 + 2 * p for p in range(4)]
+    assert priors["mean_output_tokens"]["a"] == pytest.approx(np.mean(small))
+    tables: dict[str, dict[str, Any]] = {"chimera": {"static_prior": True, "confidence": {"a": 0.1, "b": 0.2}},
+              "laar": {"static_prior": False}, "lmetric": {}}
+    filled = fill_static_priors(tables, priors)
+    assert filled["chimera"]["confidence"] == {"a": 0.1, "b": 0.2}
+    assert filled["chimera"]["mean_output_tokens"] == priors["mean_output_tokens"]
+    assert filled["laar"] == {"static_prior": False} and filled["lmetric"] == {}
+    assert "mean_output_tokens" not in tables["chimera"]  # the input is not changed
