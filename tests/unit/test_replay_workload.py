@@ -116,8 +116,9 @@ def test_trace_priors_fill_only_missing_static_tables(trace: Trace) -> None:
     # stages: per problem p, plan_solve (2 stages) + solve (1 stage)
     small = [10 + 2 * p + s for p in range(4) for s in (0, 1)] + [10 + 2 * p for p in range(4)]
     assert priors["mean_output_tokens"]["a"] == pytest.approx(np.mean(small))
-    tables: dict[str, dict[str, Any]] = {"chimera": {"static_prior": True, "confidence": {"a": 0.1, "b": 0.2}},
-              "laar": {"static_prior": False}, "lmetric": {}}
+    tables: dict[str, dict[str, Any]] = {
+        "chimera": {"static_prior": True, "confidence": {"a": 0.1, "b": 0.2}},
+        "laar": {"static_prior": False}, "lmetric": {}}
     filled = fill_static_priors(tables, priors)
     assert filled["chimera"]["confidence"] == {"a": 0.1, "b": 0.2}
     assert filled["chimera"]["mean_output_tokens"] == priors["mean_output_tokens"]
