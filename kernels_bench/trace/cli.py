@@ -1,4 +1,5 @@
-"""``python -m kernels_bench trace <command>``: build, convert, check and describe traces."""
+"""``python -m kernels_bench trace <command>``: build, convert, check, judge and describe
+traces."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ COMMANDS = {
     "build": ("kernels_bench.trace.build", "run a cluster's models over a suite's workflows"),
     "champ": ("kernels_bench.trace.champ", "convert champ-dataset into a trace"),
     "datasheet": ("kernels_bench.trace.datasheet", "write the datasheet of trace files"),
+    "rejudge": ("kernels_bench.trace.rejudge", "judge a finished trace again from its outputs"),
 }
 
 

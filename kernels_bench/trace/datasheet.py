@@ -131,7 +131,8 @@ def render(summaries: list[dict[str, Any]], title: str, regenerate: str) -> str:
                              for m in models for w in s["workflows"]}), ""]
         out += ["**How answers were judged** (verdict kind: accuracy and units of that "
                 "kind): " + "; ".join(
-                    f"{m}: " + ", ".join(f"{k} {_acc_cell(v)}" for k, v in s["judged"][m].items())
+                    f"{m}: " + (", ".join(f"{k} {_acc_cell(v)}"
+                                          for k, v in s["judged"][m].items()) or "-")
                     for m in models), ""]
         caption = ("**Command** (rebuilds the file, or continues it after an interruption; "
                    "with a larger `--problems` it extends it, skipping every finished unit)"

@@ -36,10 +36,13 @@ class EngineHandle:
 
 
 def describe_model(e: EngineConfig) -> dict[str, str]:
-    """What a trace records about an engine's model (no path of this machine)."""
+    """What a trace records about an engine's model and its serving settings (no path of
+    this machine)."""
     out = {"name": e.served_model_name, "engine": e.name,
            "model": Path(e.model).name if e.model and not e.model.startswith("builtin:")
            else str(e.model or e.url)}
+    out.update({k: str(v) for k in ("dtype", "max_num_seqs", "max_model_len", "seed")
+                if (v := getattr(e, k)) is not None})
     source = Path(e.model or "") / "hetserve-source.json"
     if e.model and source.is_file():
         meta = json.loads(source.read_text())

@@ -283,16 +283,21 @@ class TraceWriter:
                 f.truncate(good)
 
 
+def write_records(dst: str | os.PathLike[str], header: Header, units: list[Unit]) -> None:
+    """Write a whole trace atomically (``.gz``: one gzip member), units in the given order."""
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + ".tmp")
+    body = encode(header) + b"".join(encode(u) for u in units)
+    tmp.write_bytes(gzip.compress(body, compresslevel=9, mtime=0)
+                    if dst.suffix == ".gz" else body)
+    tmp.replace(dst)
+
+
 def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> int:
     """Rewrite a trace as one gzip member (better compression), units sorted by key;
     return the number of units. ``dst`` is written atomically."""
     header, units = read_records(src)
-    dst = Path(dst)
-    tmp = dst.with_name(dst.name + ".tmp")
-    body = encode(header) + b"".join(encode(u) for u in sorted(units, key=lambda u: u.key))
-    tmp.write_bytes(gzip.compress(body, compresslevel=9, mtime=0)
-                    if dst.suffix == ".gz" else body)
-    tmp.replace(dst)
+    write_records(dst, header, sorted(units, key=lambda u: u.key))
     return len(units)
 
 
