@@ -199,6 +199,8 @@ def read_records(path: str | os.PathLike[str]) -> tuple[Header, list[Unit]]:
     seen: dict[str, int] = {}
     for n, line in iter_lines(path):
         where = f"{path}: line {n}"
+        if header is None:
+            _check_version(line, where)
         try:
             rec = _decoder.decode(line)
         except msgspec.DecodeError as e:
@@ -207,9 +209,6 @@ def read_records(path: str | os.PathLike[str]) -> tuple[Header, list[Unit]]:
             if not isinstance(rec, Header):
                 raise TraceFormatError(f"{where}: the first record must be the header "
                                        f"(kind \"header\"), found kind \"unit\"")
-            if rec.version != VERSION:
-                raise TraceFormatError(f"{where}: trace format version {rec.version}; this "
-                                       f"code reads version {VERSION}")
             header = rec
             continue
         if isinstance(rec, Header):
@@ -341,6 +340,22 @@ def _good_prefix(raw: bytes, gz: bool) -> int:
             return pos
         pos = len(raw) - len(d.unused_data)
     return pos
+
+
+def _check_version(line: bytes, where: str) -> None:
+    """Refuse another format or version before the strict decode (whose fields may differ)."""
+    try:
+        rec = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return  # the strict decode reports it
+    if not isinstance(rec, dict) or rec.get("kind") != "header":
+        return
+    if rec.get("format") != FORMAT:
+        raise TraceFormatError(f"{where}: not a trace (format {rec.get('format')!r}, "
+                               f"expected {FORMAT!r})")
+    if rec.get("version") != VERSION:
+        raise TraceFormatError(f"{where}: trace format version {rec.get('version')}; this "
+                               f"code reads version {VERSION}")
 
 
 def _key_hint(line: bytes) -> str:

@@ -10,6 +10,7 @@ in the caller's process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -80,24 +81,26 @@ def run_program(program: str, timeout_s: float = 10.0, memory_bytes: int = 1 << 
                 str(memory_bytes), str(int(timeout_s) + 1)]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "LANG": "C.UTF-8"}
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            _, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return SandboxResult("timeout", f"timed out after {timeout_s:g} s",
-                                 time.monotonic() - t0)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        # stderr goes to a file the program's RLIMIT_FSIZE bounds (a pipe would not be).
+        with open(os.path.join(tmp, "stderr"), "w+b") as err:
+            proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return SandboxResult("timeout", f"timed out after {timeout_s:g} s",
+                                     time.monotonic() - t0)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # and anything it started
                 proc.wait()
-        took = time.monotonic() - t0
+            took = time.monotonic() - t0
+            err.seek(max(0, err.seek(0, os.SEEK_END) - 4096))
+            tail_bytes = err.read()
     if proc.returncode == 0:
         return SandboxResult("passed", "", took)
-    tail = "\n".join(err.decode(errors="replace").strip().splitlines()[-5:])
+    tail = "\n".join(tail_bytes.decode(errors="replace").strip().splitlines()[-5:])
     return SandboxResult("failed", tail or f"exit code {proc.returncode}", took)
 
 

@@ -104,8 +104,12 @@ def test_header_errors(tmp_path: Path) -> None:
     head, u = _good()
     with pytest.raises(TraceFormatError, match="line 1: the first record must be the header"):
         load_trace(_lines(tmp_path, [u]))
-    with pytest.raises(TraceFormatError, match="version 99"):
+    with pytest.raises(TraceFormatError, match="line 1: trace format version 99"):
         load_trace(_lines(tmp_path, [{**head, "version": 99}, u]))
+    with pytest.raises(TraceFormatError, match="line 1: trace format version 2"):
+        load_trace(_lines(tmp_path, [{**head, "version": 2, "new_field": 1}, u]))
+    with pytest.raises(TraceFormatError, match="line 1: not a trace"):
+        load_trace(_lines(tmp_path, [{**head, "format": "other"}, u]))
     with pytest.raises(TraceFormatError, match="line 3 .*duplicate key, first on line 2"):
         load_trace(_lines(tmp_path, [head, u, u]))
     with pytest.raises(TraceFormatError, match="empty trace"):

@@ -19,6 +19,12 @@ def test_infinite_loop_times_out() -> None:
     assert result.status == "timeout" and result.duration_s < 5
 
 
+def test_output_flood_is_bounded() -> None:
+    result = run_program("import sys\nwhile True:\n    sys.stderr.write('x' * 65536)\n",
+                         timeout_s=20.0)
+    assert result.status == "failed" and len(result.detail) <= 4096
+
+
 def test_network_is_unreachable() -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
