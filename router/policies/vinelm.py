@@ -64,6 +64,10 @@ class VineLMSettings:
     """Rank of the smoothing of the deepest conditional estimates (VineLM: rank-1)."""
     smooth_depths: int = 1
     """Deepest trie depths whose conditional estimates are smoothed (0: none)."""
+    smooth_strength: float = 5.0
+    """Pull of a sparsely seen parent's row towards the common row in the smoothing fit,
+    in pseudo-executions (``router.vinelm.estimate.low_rank_fit``; chosen here: the
+    paper's regularisation could not be checked)."""
     seed: int = 0
     """Seed of cascade sampling's random model choices."""
 
@@ -77,6 +81,7 @@ class VineLMSettings:
         check("cascades_per_problem", self.cascades_per_problem >= 1, "must be >= 1")
         check("smooth_rank", self.smooth_rank >= 1, "must be >= 1")
         check("smooth_depths", self.smooth_depths >= 0, "must be >= 0")
+        check("smooth_strength", self.smooth_strength >= 0, "must be >= 0")
         for key in ("success",):
             for m, v in getattr(self, key).items():
                 check(f"{key}.{m}", 0 <= v <= 1, "must be in [0, 1]")

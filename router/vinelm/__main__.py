@@ -78,7 +78,7 @@ def _executor(args: argparse.Namespace, t: WorkflowTemplate, s: VineLMSettings
 
 def cmd_profile(args: argparse.Namespace) -> None:
     s = _settings(args.config)
-    est = EstimationSettings(s.smooth_rank, s.smooth_depths)
+    est = EstimationSettings(s.smooth_rank, s.smooth_depths, s.smooth_strength)
     tries: dict[str, Any] = {}
     for t in _templates(s, args.workflow):
         executor, problems = _executor(args, t, s)
@@ -95,6 +95,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
                 "exhaustive_executions": nodes * len(problems),
                 "execution_fraction": obs.executions / (nodes * len(problems)),
                 "smooth_rank": s.smooth_rank, "smooth_depths": s.smooth_depths,
+                "smooth_strength": s.smooth_strength,
                 "seed": s.seed}
         tries[t.name] = trie.to_json(t, info)
         print(json.dumps({"workflow": t.name, **info}))
@@ -104,7 +105,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
 def cmd_experiment(args: argparse.Namespace) -> None:
     s = _settings(args.config)
-    est = EstimationSettings(s.smooth_rank, s.smooth_depths)
+    est = EstimationSettings(s.smooth_rank, s.smooth_depths, s.smooth_strength)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     for t in _templates(s, args.workflow):

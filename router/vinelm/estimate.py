@@ -10,8 +10,11 @@ biased: the missingness depends on the outcome. The cascade decomposition remove
 The deepest levels see few executions per node, so their conditional estimates are
 smoothed: at each of the ``smooth_depths`` deepest depths, the matrix C[parent, model]
 of conditional estimates is replaced by its weighted rank-``smooth_rank`` fit (weights:
-execution counts; alternating least squares), which also fills the unobserved cells. A
-node with no execution outside the smoothed depths takes its (depth, model) pooled rate.
+execution counts; alternating least squares; a parent's row seen a few times is pulled
+towards the common row with ``smooth_strength``), which also fills the unobserved cells.
+Without that pull a row with one lucky execution keeps c = 1 and the controller chases it. A
+node with no execution elsewhere (or a smoothed depth nobody reached) takes its (depth,
+model) pooled rate, else its (stage, model) pooled rate, else 0.
 
 Step cost and latency of a node are the mean over executions of its (depth, model),
 else of its (stage, model); cumulative values add the folded tool stages.
@@ -36,6 +39,9 @@ class EstimationSettings:
     """Rank of the smoothing fit of the deepest conditional estimates (VineLM: rank-1)."""
     smooth_depths: int = 1
     """How many of the deepest depths are smoothed (0: none)."""
+    smooth_strength: float = 5.0
+    """Pull of a row's factor towards the common row in the smoothing fit, in
+    pseudo-executions (``low_rank_fit``; 0: the plain rank-``smooth_rank`` fit)."""
 
 
 def cascade_accuracy(parent_mu: float, conditional: float) -> float:
@@ -43,51 +49,62 @@ def cascade_accuracy(parent_mu: float, conditional: float) -> float:
     return parent_mu + (1.0 - parent_mu) * conditional
 
 
-def low_rank_fit(values: np.ndarray, weights: np.ndarray, rank: int,
+def low_rank_fit(values: np.ndarray, weights: np.ndarray, rank: int, strength: float = 0.0,
                  iterations: int = 50) -> np.ndarray:
     """Weighted rank-``rank`` fit U V^T of ``values`` (weights 0 = unobserved) by
-    alternating least squares, clipped to [0, 1]. Rows or columns with no weight take
-    the weighted mean row / column factors."""
+    alternating least squares, clipped to [0, 1]:
+
+        min  sum_ij w_ij (C_ij - u_i . v_j)^2 + strength x sum_i |u_i - u_bar|^2
+
+    with u_bar the count-weighted mean row factor (``strength`` in pseudo-executions:
+    a row seen a few times is pulled towards the common row; 0: none). Rows or columns
+    with no weight take the mean row / column factor."""
     rows, cols = values.shape
     rank = min(rank, rows, cols)
     rng = np.random.default_rng(0)
     u = np.ones((rows, rank)) + 0.01 * rng.standard_normal((rows, rank))
     v = np.full((cols, rank), float(np.average(values, weights=weights))
                 if weights.sum() else 0.0)
-    ridge = 1e-6 * np.eye(rank)
+    eye = np.eye(rank)
+    row_n, col_n = weights.sum(1), weights.sum(0)
+    seen_rows, seen_cols = row_n > 0, col_n > 0
     for _ in range(iterations):
         for j in range(cols):
             w = weights[:, j]
             if w.sum():
-                v[j] = np.linalg.solve((u.T * w) @ u + ridge, (u.T * w) @ values[:, j])
+                v[j] = np.linalg.solve((u.T * w) @ u + 1e-6 * eye, (u.T * w) @ values[:, j])
+        u_bar = np.average(u[seen_rows], axis=0, weights=row_n[seen_rows]) \
+            if seen_rows.any() else u.mean(0)
         for i in range(rows):
             w = weights[i]
             if w.sum():
-                u[i] = np.linalg.solve((v.T * w) @ v + ridge, (v.T * w) @ values[i])
-    seen_rows, seen_cols = weights.sum(1) > 0, weights.sum(0) > 0
+                u[i] = np.linalg.solve((v.T * w) @ v + (strength + 1e-6) * eye,
+                                       (v.T * w) @ values[i] + strength * u_bar)
     if seen_rows.any():
-        u[~seen_rows] = np.average(u[seen_rows], axis=0, weights=weights.sum(1)[seen_rows])
+        u[~seen_rows] = np.average(u[seen_rows], axis=0, weights=row_n[seen_rows])
     if seen_cols.any():
-        v[~seen_cols] = np.average(v[seen_cols], axis=0, weights=weights.sum(0)[seen_cols])
+        v[~seen_cols] = np.average(v[seen_cols], axis=0, weights=col_n[seen_cols])
     return np.clip(u @ v.T, 0.0, 1.0)
 
 
 def conditional_estimates(obs: Observations, invocations: Sequence[Invocation],
                           settings: EstimationSettings) -> dict[Path_, float]:
     """c(p) for every node: observed, pooled, or smoothed (deepest depths)."""
-    pooled_n: dict[tuple[int, str], int] = defaultdict(int)
-    pooled_s: dict[tuple[int, str], int] = defaultdict(int)
+    pooled_n: dict[tuple[object, str], int] = defaultdict(int)
+    pooled_s: dict[tuple[object, str], int] = defaultdict(int)
     for p, n in obs.runs.items():
-        pooled_n[len(p), p[-1]] += n
-        pooled_s[len(p), p[-1]] += obs.successes[p]
+        for k in ((len(p), p[-1]), (invocations[len(p) - 1].stage, p[-1])):
+            pooled_n[k] += n
+            pooled_s[k] += obs.successes[p]
     cond: dict[Path_, float] = {}
     for p in prefixes(invocations):
         n = obs.runs.get(p, 0)
         if n:
             cond[p] = obs.successes[p] / n
-        else:
-            k = (len(p), p[-1])
-            cond[p] = pooled_s[k] / pooled_n[k] if pooled_n[k] else 0.0
+            continue
+        keys = [k for k in ((len(p), p[-1]), (invocations[len(p) - 1].stage, p[-1]))
+                if pooled_n[k]]
+        cond[p] = pooled_s[keys[0]] / pooled_n[keys[0]] if keys else 0.0
     depth = len(invocations)
     for d in range(max(1, depth - settings.smooth_depths + 1), depth + 1):
         level = [p for p in cond if len(p) == d]
@@ -101,7 +118,7 @@ def conditional_estimates(obs: Observations, invocations: Sequence[Invocation],
             values[i, j] = obs.successes.get(p, 0) / weights[i, j] if weights[i, j] else 0.0
         if not weights.sum():
             continue
-        fit = low_rank_fit(values, weights, settings.smooth_rank)
+        fit = low_rank_fit(values, weights, settings.smooth_rank, settings.smooth_strength)
         for p in level:
             cond[p] = float(fit[parents.index(p[:-1]), models.index(p[-1])])
     return cond

@@ -61,6 +61,12 @@ def profiling_experiment(template: WorkflowTemplate, env: SyntheticEnv, problems
     sparse = annotate(template.name, invs, obs, settings)
     unsmoothed = decomposed_accuracy(
         conditional_estimates(obs, invs, EstimationSettings(settings.smooth_rank, 0)), invs)
+
+    def with_depths(d: int) -> ErrorStats:
+        est = EstimationSettings(settings.smooth_rank, d, settings.smooth_strength)
+        return _errors(decomposed_accuracy(conditional_estimates(obs, invs, est), invs),
+                       mu_true, len(invs))
+
     truth = truth_trie(template.name, invs, gt)
     mu_true = {p: truth[p].accuracy for p in gt.accuracy}
     report = {
@@ -70,10 +76,8 @@ def profiling_experiment(template: WorkflowTemplate, env: SyntheticEnv, problems
             "decomposition_smoothed": asdict(_errors(
                 {p: sparse[p].accuracy for p in mu_true}, mu_true, len(invs))),
             "decomposition_unsmoothed": asdict(_errors(unsmoothed, mu_true, len(invs))),
-            "decomposition_by_smooth_depths": {
-                str(d): asdict(_errors(decomposed_accuracy(conditional_estimates(
-                    obs, invs, EstimationSettings(settings.smooth_rank, d)), invs),
-                    mu_true, len(invs))) for d in range(len(invs) + 1)},
+            "decomposition_by_smooth_depths": {str(d): asdict(with_depths(d))
+                                               for d in range(len(invs) + 1)},
             "naive_fill_in": asdict(_errors(naive_accuracy(obs, invs), mu_true, len(invs))),
         },
         "cost_error_mae_leaves": sum(abs(sparse[p].cost - truth[p].cost) for p in truth.leaves())

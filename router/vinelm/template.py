@@ -169,6 +169,9 @@ def _stage(key: str, raw: Any) -> StageSpec:
     tool = _bool(f"{key}.tool", raw.get("tool", False))
     answers = _bool(f"{key}.answers", raw.get("answers", False))
     if tool:
+        if answers:
+            raise TemplateError(f"{key}.answers", "a tool stage cannot give the answer; mark "
+                                "the LLM stage whose output is judged")
         if "models" in raw:
             raise TemplateError(f"{key}.models", "a tool stage has no models")
         return StageSpec(name, True, (), answers, _nonneg(f"{key}.latency_s",

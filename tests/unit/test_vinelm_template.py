@@ -51,6 +51,8 @@ def test_tool_stages_fold_into_the_next_call_or_the_last() -> None:
     ({"stages": [{"name": "s", "models": AB, "answers": True, "modles": AB}]},
      "workflows.math.stages[0].modles: unknown key"),
     ({"stages": [{"name": "t", "tool": True}]}, "needs at least one LLM stage"),
+    ({"stages": [{"name": "s", "models": AB}, {"name": "t", "tool": True, "answers": True}]},
+     "workflows.math.stages[1].answers: a tool stage cannot give the answer"),
     ({"loop": {"from": "verifier", "to": "nope", "max_iterations": 1}},
      "workflows.math.loop.to: must name a stage"),
     ({"loop": {"from": "solver", "to": "verifier", "max_iterations": 1}},

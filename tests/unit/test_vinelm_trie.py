@@ -116,6 +116,16 @@ def test_rank_one_fit_recovers_a_rank_one_matrix_and_fills_missing_cells() -> No
     assert fit == pytest.approx(values, abs=1e-4)
 
 
+def test_smoothing_pulls_a_lucky_sparse_row_towards_the_common_row() -> None:
+    values = np.array([[0.5, 0.8]] * 6 + [[0.0, 1.0]])
+    weights = np.array([[20.0, 20.0]] * 6 + [[0.0, 2.0]])   # last row: 2 of 2 by luck
+    plain = low_rank_fit(values, weights, rank=1)
+    assert plain[6, 1] == pytest.approx(1.0, abs=1e-3)
+    pulled = low_rank_fit(values, weights, rank=1, strength=5.0)
+    assert 0.8 < pulled[6, 1] < 0.95
+    assert pulled[:6] == pytest.approx(values[:6], abs=0.01)
+
+
 def test_checkpoints_are_reused_and_counted() -> None:
     calls: list[tuple[str, tuple[str, ...]]] = []
 
