@@ -83,8 +83,12 @@ def rebuild_command(trace: Trace, path: Path, problems: int) -> str:
     argv = shlex.split(trace.header.command)
     if argv[3:5] != ["trace", "build"]:
         return trace.header.command
-    keep = {"--cluster", "--seed", "--max-tokens", "--concurrency", "--code-timeout"}
-    opts = [f"{a} {shlex.quote(b)}" for a, b in zip(argv, argv[1:]) if a in keep]
+    opts = [f"{a} {shlex.quote(b)}" for a, b in zip(argv, argv[1:])
+            if a in ("--cluster", "--concurrency")]
+    settings = trace.header.settings  # explicit, so a change of defaults does not matter
+    opts += [f"{flag} {settings[key]}" for flag, key in (
+        ("--seed", "seed"), ("--max-tokens", "max_tokens"), ("--code-timeout", "code_timeout_s"))
+        if key in settings]
     return " ".join(["python -m kernels_bench trace build", *opts,
                      f"--suite {trace.header.suite}", f"--problems {problems}",
                      f"--out {path.as_posix()}"])

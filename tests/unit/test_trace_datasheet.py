@@ -57,8 +57,8 @@ def test_summarize(tmp_path: Path) -> None:
     assert s["workflow_output_tokens"]["small"]["plan_solve"]["p50"] == 50.0
     assert s["truncated_stages"] == {"big": 1, "small": 0}
     assert s["judged"]["small"] == {"boxed": {"n": 3, "accuracy": 2 / 3}}
-    assert s["rebuild"] == ("python -m kernels_bench trace build --cluster c.toml --suite math "
-                            f"--problems 2 --out {path.as_posix()}")
+    assert s["rebuild"] == ("python -m kernels_bench trace build --cluster c.toml --seed 0 "
+                            f"--suite math --problems 2 --out {path.as_posix()}")
 
 
 def test_distribution() -> None:
