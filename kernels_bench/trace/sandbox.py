@@ -5,7 +5,9 @@ fresh temporary folder, in its own process group (killed whole on timeout), with
 limits (address space, CPU seconds, file size, open files). Network: inside a new network
 namespace (``unshare -n``, which has no usable interface) when the machine allows it, and
 in every case with Python's socket constructors replaced by ones that raise. It never runs
-in the caller's process.
+in the caller's process, but it runs as the caller's user, with that user's access to files
+(dropping to another user would lose the Python installation when only the caller may read
+it): do not build traces as root from models you do not trust.
 """
 
 from __future__ import annotations
