@@ -1,0 +1,97 @@
+"""The flat training table every predictor learns from: one row per (workflow run, stage).
+
+A *run* is one problem solved by one workflow with one model serving every stage
+(the trace builder runs each model on each problem, so labels exist for every model).
+Sources (the project's traces, CHAMP, fixtures) are converted into ``StageRecord`` rows;
+``held_out`` holds problems out by a seeded hash of their id, so train and evaluate agree
+on the split without sharing state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator, Sequence
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    problem_id: str
+    run_id: str
+    """One workflow run: problem x workflow x model."""
+    workflow: str
+    stage: str
+    stage_index: int
+    num_stages: int
+    model: str
+    system_text: str
+    user_text: str
+    prompt_text: str
+    """The full input the model saw (messages rendered as text, history included)."""
+    prompt_tokens: int
+    output_tokens: int
+    remaining_tokens: int
+    """Output tokens of this stage and every later stage of the run."""
+    correct: bool
+    """The run's final answer was right."""
+    task: str = ""
+    """Task family (``math``, ``code``, ...), where the source knows it."""
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(StageRecord))
+
+
+def fingerprint(rows: Sequence[Any]) -> str:
+    """sha256 over the rows' (dataclasses') canonical JSON, in order."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps(dataclasses.astuple(r), ensure_ascii=False).encode())
+        h.update(b"\n")
+    return "sha256:" + h.hexdigest()
+
+
+def held_out(problem_id: str, seed: int, fraction: float) -> bool:
+    """A problem is held out when its seeded hash falls below ``fraction``."""
+    digest = hashlib.sha256(f"{seed}:{problem_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def group(records: Iterable[StageRecord], *keys: str) -> dict[tuple[str, ...], list[StageRecord]]:
+    out: dict[tuple[str, ...], list[StageRecord]] = defaultdict(list)
+    for r in records:
+        out[tuple(str(getattr(r, k)) for k in keys)].append(r)
+    return dict(out)
+
+
+def models_of(records: Iterable[StageRecord]) -> list[str]:
+    return sorted({r.model for r in records})
+
+
+def _open(path: Path, mode: str) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return open(path, mode, encoding="utf-8")
+
+
+def write_jsonl(records: Iterable[StageRecord], path: str | Path) -> None:
+    with _open(Path(path), "w") as f:
+        for r in records:
+            f.write(json.dumps(dataclasses.asdict(r), ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | Path) -> Iterator[StageRecord]:
+    """Rows of a records file; ValueError naming the line of a bad row."""
+    with _open(Path(path), "r") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                yield StageRecord(**{k: row[k] for k in FIELDS if k in row})
+            except (json.JSONDecodeError, TypeError) as e:
+                raise ValueError(f"{Path(path).name}:{n}: not a stage record ({e})") from None

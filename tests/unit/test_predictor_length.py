@@ -1,0 +1,80 @@
+"""Length predictor (Chimera 3.4) on the SYNTHETIC fixture: beats FCFS and the
+input-length proxy on held-out problems; save, reload, and refuse mismatched artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from router.predictors.artifact import ArtifactError
+from router.predictors.evaluation import length_report
+from router.predictors.length import LengthPredictor, LengthSettings
+from router.predictors.loader import load_predictors
+from tests.fixtures.predictors import request, split
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[LengthPredictor, Path]:
+    train, _ = split()
+    model = LengthPredictor.train(train, LengthSettings(n_estimators=50), progress=False)
+    path = tmp_path_factory.mktemp("length")
+    model.save(path, {"sources": ["synthetic.jsonl.gz"], "seed": 0, "holdout": 0.2})
+    return model, path
+
+
+def test_beats_fcfs_and_input_length(trained: tuple[LengthPredictor, Path]) -> None:
+    model, _ = trained
+    _, test = split()
+    report = length_report(model.predict_own(test, [0.5, 0.1, 0.9]), test, seed=0)
+    for scope in ("all_stages", "first_stages"):
+        r = report[scope]
+        assert r["kendall_tau_distance"] < 0.4 < r["fcfs"]
+        assert r["kendall_tau_distance"] < r["input_length_proxy"] - 0.05
+
+
+def test_quantiles_are_ordered(trained: tuple[LengthPredictor, Path]) -> None:
+    model, _ = trained
+    _, test = split()
+    q = model.predict_own(test[:50], [0.1, 0.5, 0.9])
+    assert np.all(q[:, 0] <= q[:, 1]) and np.all(q[:, 1] <= q[:, 2])
+
+
+def test_reload_gives_same_answers(trained: tuple[LengthPredictor, Path]) -> None:
+    model, path = trained
+    _, test = split()
+    reqs = [request(r, str(i)) for i, r in enumerate(test[:20])]
+    again = LengthPredictor.load(path)
+    got = asyncio.run(again.remaining_tokens(reqs))
+    assert got == asyncio.run(model.remaining_tokens(reqs))
+    assert set(got[0]) == {"synthetic-large", "synthetic-small"}
+    meta = json.loads((path / "metadata.json").read_text())
+    assert meta["kind"] == "length" and meta["models"] == ["synthetic-large", "synthetic-small"]
+    assert {"scikit-learn", "quantile-forest", "numpy"} <= set(meta["libraries"])
+    assert "/" not in json.dumps(meta["feature_settings"])
+
+
+def test_mismatched_artifacts_are_refused(trained: tuple[LengthPredictor, Path],
+                                          tmp_path: Path) -> None:
+    _, path = trained
+    models = ["synthetic-large", "synthetic-small"]
+    with pytest.raises(ArtifactError, match="also has gpt-9; retrain"):
+        load_predictors({"length": str(path)}, [*models, "gpt-9"])
+    with pytest.raises(ArtifactError, match="is a 'length' predictor, not 'knn'"):
+        load_predictors({"knn": str(path)}, models)
+    with pytest.raises(ArtifactError, match="feature setting svd_components = 32, expected 64"):
+        load_predictors({"length": str(path)}, models,
+                        expected={"length": {"svd_components": 64}})
+    with pytest.raises(ArtifactError, match="unknown predictor.*lenght"):
+        load_predictors({"lenght": str(path)}, models)
+    with pytest.raises(ArtifactError, match="no metadata.json"):
+        load_predictors({"length": str(tmp_path)}, models)
+    meta = json.loads((path / "metadata.json").read_text())
+    meta["libraries"]["scikit-learn"] = "0.1.0"
+    (tmp_path / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="built with scikit-learn 0.1.0"):
+        LengthPredictor.load(tmp_path)
+    assert load_predictors({"length": str(path)}, models[:1]).length is not None
