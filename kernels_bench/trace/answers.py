@@ -28,7 +28,7 @@ _ANSWER_LINE = re.compile(
 _ANSWER_IS = re.compile(r"final\s+answer\s+is\s*[:=]?\s*(.+)", re.IGNORECASE)
 _LATEX_NOISE = re.compile(r"\\(?:text|mathrm|textbf|mbox)\{([^{}]*)\}|\\[,!;: ]|\$")
 _FRAC = re.compile(r"\\d?frac\{\s*([^{}]*?)\s*\}\{\s*([^{}]*?)\s*\}")
-_FRACTION = re.compile(rf"^\s*({_NUMBER.pattern})\s*/\s*({_NUMBER.pattern})")
+_FRACTION = re.compile(rf"^\s*[£€$¥]?\s*({_NUMBER.pattern})\s*/\s*({_NUMBER.pattern})")
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 

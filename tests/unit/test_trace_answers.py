@@ -71,6 +71,8 @@ ANSWER_IS = "Adding these gives 80 + 13 = 93, so the final answer is 93."
     (ANSWER_IS, "93", "answer_line"),
     ("Answer: -4.5 degrees", "-4.5", "answer_line"),
     ("Answer: 3/4 of a cup", "0.75", "answer_line"),
+    ("Answer: £3/4", "0.75", "answer_line"),
+    ("Answer: 10 / 4 = 2.5 hours", "2.5", "answer_line"),
     ("The total is 1,000,000 dollars", "1000000", "last_number"),
     ("", None, "none"),
 ])
