@@ -21,12 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from router.policies.base import (Decision, Policy, RoutingRequest, SettingError, check,
-                                  decision, parse_settings)
+from router.policies.base import (Decision, NoEngineAvailable, Policy, RoutingRequest,
+                                  SettingError, check, decision, parse_settings)
 from router.policies.lmetric import LMetric, LMetricSettings
 from router.state.view import EngineView, StateView
-from router.vinelm.controller import Controller
-from router.vinelm.estimate import build_trie
+from router.vinelm.controller import Controller, NoAdmissibleModel
+from router.vinelm.estimate import build_trie, cascade_accuracy
 from router.vinelm.template import TemplateError, WorkflowTemplate, parse_templates
 from router.vinelm.trie import Trie, load_tries, prefixes
 
@@ -108,7 +108,7 @@ def static_trie(template: WorkflowTemplate, s: VineLMSettings) -> Trie:
     cost, lat = {}, {}
     for p in prefixes(invs):
         c = s.success[p[-1]] if invs[len(p) - 1].answers else 0.0
-        mu[p] = mu[p[:-1]] + (1.0 - mu[p[:-1]]) * c
+        mu[p] = cascade_accuracy(mu[p[:-1]], c)
         cost[p], lat[p] = s.cost_per_call[p[-1]], s.latency_s_per_call[p[-1]]
     del mu[()]
     return build_trie(template.name, invs, mu, cost, lat, {})
@@ -155,7 +155,7 @@ class VineLM(Policy[VineLMSettings]):
         self.max_batch: dict[str, int] = {}
         if s.load_aware:
             profiles = getattr(predictors, "profiles", None) or {}
-            for m in cluster.models:
+            for m in sorted({m for t in self.templates.values() for m in t.models()}):
                 if m in profiles:
                     self.decode_ms[m] = profiles[m].decode_ms_per_token
                     self.max_batch[m] = profiles[m].max_batch_size
@@ -211,9 +211,12 @@ class VineLM(Policy[VineLMSettings]):
             raise ValueError("'workflow.objective' needs 'workflow.workflow' (the template's "
                              f"name: {', '.join(sorted(self.tries))})")
         delays = self.delays(cands) if self.settings.load_aware else {}
-        depth, plan = self.controller.plan(
-            w.program_id, w.workflow, w.stage, w.stage_index, w.attempt, w.num_stages,
-            req.arrival_time, w.objective, delays, {e.model for e in cands})
+        try:
+            depth, plan = self.controller.plan(
+                w.program_id, w.workflow, w.stage, w.stage_index, w.attempt, w.num_stages,
+                req.arrival_time, w.objective, delays, {e.model for e in cands})
+        except NoAdmissibleModel as exc:
+            raise NoEngineAvailable(str(exc)) from None
         model = plan.path[depth]
         self.controller.chosen(w.program_id, w.workflow, depth, model, req.arrival_time)
         if w.is_final:

@@ -22,6 +22,10 @@ class ControlError(ValueError):
     """A call the controller cannot place (message names the workflow field)."""
 
 
+class NoAdmissibleModel(Exception):
+    """No admissible model of the call's stage has a candidate engine (HTTP 503)."""
+
+
 @dataclass
 class ProgramRun:
     workflow: str
@@ -73,11 +77,11 @@ class Controller:
             raise ControlError(f"program {program_id!r}: VineLM has no record of its calls "
                                f"before call {depth} (they expired, went to another "
                                "router, or the program id is missing)")
-        elapsed = now - run.started if run else 0.0
+        elapsed = now - run.started if run and depth else 0.0
         stops = None if num_stages is None else {num_stages}
         allowed = [m for m in trie.invocations[depth].models if m in available]
         if not allowed:
-            raise ControlError(f"no admissible model of stage {expected!r} "
+            raise NoAdmissibleModel(f"no admissible model of stage {expected!r} "
                                f"({', '.join(trie.invocations[depth].models)}) is up")
         realised = tuple(m for m in prefix if m is not None)
         return depth, search(trie, realised, objective, elapsed, delays, stops,
@@ -85,11 +89,12 @@ class Controller:
 
     def chosen(self, program_id: str | None, workflow: str, depth: int, model: str,
                now: float) -> None:
-        """Record the model of call ``depth`` of ``program_id``."""
+        """Record the model of call ``depth`` of ``program_id`` (a first call of a program
+        that had gone further starts a new run)."""
         if not program_id:
             return
         run = self.programs.get(program_id)
-        if run is None or run.workflow != workflow:
+        if run is None or run.workflow != workflow or (depth == 0 and len(run.models) > 1):
             run = self.programs[program_id] = ProgramRun(workflow, now, now)
         run.models[depth] = model
         for d in [d for d in run.models if d > depth]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from router.policies.base import RoutingRequest, WorkflowMeta
+from router.policies.base import NoEngineAvailable, RoutingRequest, WorkflowMeta
 from router.vinelm.estimate import EstimationSettings, annotate
 from router.vinelm.objective import Objective
 from router.vinelm.profiling import cascade_sample
@@ -150,3 +150,21 @@ def test_policy_loads_a_profiled_trie(tmp_path: Path) -> None:
     assert policy.sources["trie"] == "profile"
     d = w.decide(policy, call(0, "solver", 100.0, Objective("max_accuracy", max_cost=1e9)))
     assert d.model in AB and len(d.info["plan"]) >= 1
+
+
+def test_a_restarted_program_gets_a_fresh_clock() -> None:
+    w = world()
+    policy = w.build("vinelm", STATIC)
+    obj = Objective("max_accuracy", max_latency_s=6.0)
+    w.decide(policy, call(0, "solver", 100.0, obj))
+    w.decide(policy, call(1, "verifier", 150.0, obj))      # very late: 50 s elapsed
+    w.decide(policy, call(0, "solver", 200.0, obj))        # the program id starts again
+    d = w.decide(policy, call(1, "verifier", 202.0, obj))
+    assert d.info["feasible"] and d.info["plan"] == ["b", "a", "b"]
+
+
+def test_no_admissible_engine_is_no_engine_available() -> None:
+    w = world()
+    policy = w.build("vinelm", STATIC)
+    with pytest.raises(NoEngineAvailable, match="no admissible model of stage 'solver'"):
+        policy.decide(call(0, "solver", 100.0), [], w.view(), None)
