@@ -60,7 +60,8 @@ class TableExecutor:
 def trace_table(trace: Any, invocations: Sequence[Invocation], prices: Prices
                 ) -> tuple[TableExecutor, list[str]]:
     """Single-model prefixes of ``invocations`` from a loaded trace, and the problems
-    every model finished. A prefix's invocation is taken from a workflow whose roles
+    whose every single-model prefix is recorded (every model finished the workflows that
+    cover the longest run). A prefix's invocation is taken from a workflow whose roles
     begin with the prefix's stages; its success is judged only where such a workflow
     ends there (else: an answering stage nobody judged is an error)."""
     stages = [inv.stage for inv in invocations]
@@ -69,6 +70,7 @@ def trace_table(trace: Any, invocations: Sequence[Invocation], prices: Prices
     by_problem: dict[str, dict[str, Any]] = {}
     for run in trace.complete_runs():
         by_problem.setdefault(run.problem_id, {})[run.workflow] = run
+    covered = []
     for problem, runs in by_problem.items():
         for k in range(1, len(stages) + 1):
             longer = [w for w in runs if flows[w][:k] == stages[:k]]
@@ -86,8 +88,9 @@ def trace_table(trace: Any, invocations: Sequence[Invocation], prices: Prices
                     ok = False
                 table[problem, (model,) * k] = Outcome(
                     ok, prices.cost(model, st.prompt_tokens, st.output_tokens), st.latency_s)
-    return (TableExecutor(table, "the trace (single-model runs only)"),
-            sorted(by_problem))
+        else:
+            covered.append(problem)
+    return TableExecutor(table, "the trace (single-model runs only)"), sorted(covered)
 
 
 class EngineExecutor:

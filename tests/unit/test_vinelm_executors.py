@@ -36,6 +36,9 @@ def trace() -> Trace:
                         models={m: model_run(m, roles, outcome.get((p, w, m), False))
                                 for m in MODELS})
             for p in ("p0", "p1") for w, roles in FLOWS.items()]
+    runs.append(WorkflowRun(problem_id="p2", workflow="solve", roles=["solver"],
+                            user_prompt="q", reference="1",
+                            models={m: model_run(m, ["solver"], True) for m in MODELS}))
     header = Header(format="hetserve-trace", version=1, suite="math", workflows=FLOWS,
                     settings={}, sources=[])
     return Trace(header=header, runs=runs)
@@ -43,7 +46,7 @@ def trace() -> Trace:
 
 def test_single_model_prefixes_come_from_the_workflow_ending_there() -> None:
     ex, problems = trace_table(trace(), TEMPLATE.invocations(), PRICES)
-    assert problems == ["p0", "p1"]
+    assert problems == ["p0", "p1"]     # p2 has no run that starts with the planner
     assert [ex.run("p0", ("m1",) * k).success for k in (1, 2, 3, 4)] == \
         [False, True, False, False]
     assert [ex.run("p0", ("m2",) * k).success for k in (1, 2, 3, 4)] == \
