@@ -3,7 +3,7 @@
 Writes Markdown (sources and licenses, models, settings, counts, accuracy per model and
 workflow, output-length distributions per model as in Chimera's appendix A.2, how answers
 were judged, the command that rebuilds or continues the trace), the same numbers as JSON
-beside it, and a PNG of the output-length distributions.
+beside it, and a PNG of the output-length distributions and accuracies.
 """
 
 from __future__ import annotations
@@ -161,23 +161,35 @@ def _dist_table(rows: dict[str, dict[str, float]]) -> str:
 
 
 def plot(summaries: list[dict[str, Any]], traces: list[Trace], path: Path) -> None:
-    """Histograms of output tokens per stage, one panel per trace, one series per model."""
+    """Per trace (one column): histograms of output tokens per stage, one line per model;
+    below, accuracy per model and workflow."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(traces), figsize=(5 * len(traces), 3.6), squeeze=False)
-    for ax, s, t in zip(axes[0], summaries, traces):
+    fig, axes = plt.subplots(2, len(traces), figsize=(5.5 * len(traces), 7), squeeze=False)
+    for (ax, bx), s, t in zip(axes.T, summaries, traces):
         lens = {m: [st.output_tokens for r in t.runs if m in r.models
                     for st in r.models[m].stages] for m in t.models}
         bins = np.linspace(0, max(max(v, default=1) for v in lens.values()), 41)
         for m, values in lens.items():
-            ax.hist(values, bins=bins, alpha=0.5, label=m)
+            ax.hist(values, bins=bins, histtype="step", linewidth=1.5, label=m)
         ax.set_title(f"{s['file']} ({s['suite']})")
         ax.set_xlabel("output tokens per stage")
         ax.set_ylabel("stages")
         ax.legend(fontsize=7)
+        models, workflows = list(s["units"]), list(s["workflows"])
+        width = 0.8 / max(1, len(workflows))
+        for i, w in enumerate(workflows):
+            acc = [100 * s["accuracy"][m][w]["accuracy"] if s["accuracy"][m][w]["n"] else 0.0
+                   for m in models]
+            bx.bar(np.arange(len(models)) + (i - (len(workflows) - 1) / 2) * width, acc,
+                   width, label=w)
+        bx.set_xticks(np.arange(len(models)), models, fontsize=7, rotation=10)
+        bx.set_ylabel("correct final answers (%)")
+        bx.set_ylim(0, 100)
+        bx.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
