@@ -66,6 +66,12 @@ def trace_table(trace: Any, invocations: Sequence[Invocation], prices: Prices
     ends there (else: an answering stage nobody judged is an error)."""
     stages = [inv.stage for inv in invocations]
     flows = trace.header.workflows
+    wanted = sorted({m for inv in invocations for m in inv.models})
+    missing = [m for m in wanted if m not in trace.models]
+    if missing:
+        raise ValueError(f"the trace has no runs of {', '.join(missing)} (it holds "
+                         f"{', '.join(trace.models)}): the template's models must be the "
+                         "trace's served model names")
     table: dict[tuple[str, Path_], Outcome] = {}
     by_problem: dict[str, dict[str, Any]] = {}
     for run in trace.complete_runs():
@@ -77,7 +83,7 @@ def trace_table(trace: Any, invocations: Sequence[Invocation], prices: Prices
             exact = [w for w in longer if len(flows[w]) == k]
             if not longer:
                 break
-            for model in trace.models:
+            for model in wanted:
                 st = runs[longer[0]].models[model].stages[k - 1]
                 if invocations[k - 1].answers:
                     if not exact:
@@ -101,7 +107,12 @@ class EngineExecutor:
                  invocations: Sequence[Invocation], prices: Prices, max_tokens: int = 512,
                  seed: int = 0, code_timeout_s: float = 10.0) -> None:
         from kernels_bench.trace.build import Settings
+        from kernels_bench.trace.workflows import ROLE_PROMPTS
 
+        unknown = sorted({i.stage for i in invocations} - set(ROLE_PROMPTS[suite]))
+        if unknown:
+            raise ValueError(f"stages {', '.join(unknown)} have no {suite} role prompt; the "
+                             f"trace builder's roles are {', '.join(ROLE_PROMPTS[suite])}")
         self.base_url, self.suite = base_url.rstrip("/"), suite
         self.problems, self.invocations, self.prices = problems, invocations, prices
         self.settings = Settings(suite, len(problems), seed, max_tokens, 1, code_timeout_s)

@@ -62,3 +62,10 @@ def test_exhaustive_ground_truth_needs_mixed_runs_the_trace_lacks() -> None:
     ex, problems = trace_table(trace(), TEMPLATE.invocations(), PRICES)
     with pytest.raises(MissingExecution):
         exhaustive(ex, TEMPLATE.invocations(), problems)
+
+
+def test_template_models_missing_from_the_trace_are_named() -> None:
+    other = parse_template("math", {"stages": [{"name": "solver", "models": ["m1", "m9"],
+                                                "answers": True}]})
+    with pytest.raises(ValueError, match="the trace has no runs of m9"):
+        trace_table(trace(), other.invocations(), PRICES)
