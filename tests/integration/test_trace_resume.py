@@ -106,4 +106,6 @@ def test_killed_build_resumes_without_loss_or_duplicates(tmp_path: Path, run_roo
     keys = [u.key for u in after]
     assert len(keys) == len(set(keys)) == total
     assert after[: len(before)] == before
-    assert f"{len(before)}/{total} units done" in (tmp_path / "build.log").read_text()
+    log = (tmp_path / "build.log").read_text()
+    assert f"{len(before)}/{total} units done, {total - len(before)} to run" in log
+    assert "math tiny-a: 100%|" in log  # the progress bar of the resumed run
