@@ -136,3 +136,19 @@ def test_compact_sorts_and_makes_one_member(tmp_path: Path) -> None:
     assert compact(src, dst) == 2
     assert [r.problem_id for r in load_trace(dst).runs] == ["p0", "p1"]
     assert gzip.decompress(dst.read_bytes()).count(b"\n") == 3
+
+
+def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
+    from kernels_bench.trace.cli import main
+
+    good = write(tmp_path / "good.jsonl.gz", [header(), unit(model="m1"), unit(model="m2")])
+    head, u = _good()
+    u["stages"][0]["output_tokens"] = -1
+    bad = _lines(tmp_path, [head, u])
+    with pytest.raises(SystemExit) as code:
+        main(["validate", str(good), str(bad)])
+    assert code.value.code == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"ok {good}: suite math, 1 workflow runs, 2 units, models m1, m2")
+    assert out[1].startswith(f"INVALID {bad}: line 2 (unit p0|plan_solve|m1): ")
+    assert "$.stages[0].output_tokens" in out[1]
