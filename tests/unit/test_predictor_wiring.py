@@ -1,0 +1,116 @@
+"""cluster.toml -> trained predictors -> policies: a cluster file whose [router.predictors]
+names artifacts (trained here on small SYNTHETIC data) makes chimera, laar and
+routebalance use those artifacts, through the batched service, and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.config import ClusterConfig, load_cluster_config
+from router.predictors.artifact import ArtifactError
+from router.predictors.capability import CapabilityModel, CapabilitySettings
+from router.predictors.features import from_record
+from router.predictors.kinds import kind
+from router.predictors.knn import KnnEstimator, KnnSettings
+from router.predictors.length import LengthPredictor, LengthSettings
+from router.predictors.loader import close_predictors, load_cluster_predictors
+from router.predictors.semantic import SemanticRouter, SemanticSettings
+from router.predictors.service import Served, ServiceSettings
+from router.predictors.sources import load_tpot_samples
+from router.predictors.table import prompt_table
+from router.predictors.tpot import TpotHeads, TpotSettings
+from router.state.core import RouterCore
+from tests.fixtures.predictors import request, split
+
+MODELS = ["synthetic-large", "synthetic-small"]
+INFO = {"seed": 0, "holdout": 0.2}
+PROFILES = {m: {"decode_ms_per_token": 5.0, "max_batch_size": 8, "mean_output_tokens": 100.0}
+            for m in MODELS}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every predictor trained on 8 problems per task (test-sized settings)."""
+    root = tmp_path_factory.mktemp("cluster")
+    train, _ = split(problems=8)
+    first, every = prompt_table(train, MODELS, True), prompt_table(train, MODELS, False)
+    SemanticRouter.train(first, SemanticSettings(max_length=32, epochs=1),
+                         progress=False).save(root / "art" / "semantic_router", INFO)
+    LengthPredictor.train(train, LengthSettings(n_estimators=10, svd_components=8),
+                          progress=False).save(root / "art" / "length", INFO)
+    KnnEstimator.train(every, KnnSettings(max_length=32), progress=False) \
+        .save(root / "art" / "knn", INFO)
+    CapabilityModel.train(first, CapabilitySettings()).save(root / "art" / "capability", INFO)
+    TpotHeads.train(load_tpot_samples(["synthetic-telemetry:200"]), TpotSettings(),
+                    progress=False).save(root / "art" / "tpot", INFO)
+    (root / "art" / "profiles.json").write_text(json.dumps(PROFILES))
+    return root
+
+
+def cluster_file(root: Path, policy: str, extra_model: str | None = None) -> ClusterConfig:
+    """A cluster file with relative artifact paths, as a user writes it."""
+    engines = [(m, m) for m in MODELS] + ([("extra", extra_model)] if extra_model else [])
+    text = [f'[router]\npolicy = "{policy}"\n',
+            "[router.predictors]", *(f'{n} = "art/{n}"' for n in
+                                     ("semantic_router", "length", "knn", "capability", "tpot")),
+            'profiles = "art/profiles.json"\n',
+            "[router.policies.routebalance]",
+            "cost_per_token = { " + ", ".join(f'"{m}" = 0.0' for m, _ in engines) + " }\n"]
+    for i, (name, served) in enumerate(engines):
+        text += ["[[engines]]", f'name = "{name}"', 'model = "builtin:tiny-a"',
+                 f'served_model_name = "{served}"', f"port = {18600 + i}",
+                 f'telemetry_endpoint = "ipc://{root}/{name}.telemetry"',
+                 f'kv_events_endpoint = "ipc://{root}/{name}.kv"\n']
+    path = root / f"{policy}-{extra_model}.toml"
+    path.write_text("\n".join(text))
+    return load_cluster_config(path)
+
+
+def direct(root: Path, name: str) -> Any:
+    """The artifact loaded in this process, for comparison."""
+    return kind(name).predictor.load(root / "art" / name)
+
+
+def test_cluster_file_makes_policies_use_the_artifacts(artifacts: Path) -> None:
+    _, test = split(problems=8)
+    reqs = [request(r, str(i)) for i, r in enumerate(test[:12])]
+    pset = load_cluster_predictors(cluster_file(artifacts, "chimera"),
+                                   ServiceSettings(max_batch=8))
+    assert pset is not None
+    try:
+        for name in ("semantic_router", "length", "knn", "capability"):
+            assert isinstance(getattr(pset, name), Served), name  # behind the service
+        assert pset.tpot is not None and pset.tpot.engines == {f"{m}-0" for m in MODELS}
+        assert pset.profiles["synthetic-small"].mean_output_tokens == 100.0
+
+        cores = {p: RouterCore(cluster_file(artifacts, p), pset)
+                 for p in ("chimera", "laar", "routebalance")}
+        for p, core in cores.items():
+            policy = core.build_policy()
+            assert set(policy.sources.values()) == {"predictor"}, (p, policy.sources)
+
+        async def predictions() -> dict[str, list[Any]]:
+            return {p: list(await c.policy.predict(reqs)) for p, c in cores.items()
+                    if c.policy is not None}
+
+        got = asyncio.run(predictions())
+        feats = [from_record(r) for r in test[:12]]
+        q = direct(artifacts, "semantic_router").predict(feats)
+        remaining = direct(artifacts, "length").predict(feats)
+        for pred, want_q, want_n in zip(got["chimera"], q, remaining):
+            assert pred.q == pytest.approx(want_q, abs=1e-5)
+            assert pred.remaining == want_n
+        assert got["laar"] == direct(artifacts, "capability").predict(feats)
+        assert got["routebalance"] == direct(artifacts, "knn").predict(feats)
+    finally:
+        close_predictors(pset)
+
+
+def test_a_model_the_artifacts_do_not_know_fails_at_start(artifacts: Path) -> None:
+    with pytest.raises(ArtifactError, match="also has gpt-9; retrain it"):
+        load_cluster_predictors(cluster_file(artifacts, "chimera", "gpt-9"), service=None)
