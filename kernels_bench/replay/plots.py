@@ -19,11 +19,16 @@ def _policies(summary: Mapping[str, Any]) -> list[str]:
     return [p["label"] for p in summary["meta"]["policies"]]
 
 
+def _style(i: int) -> dict[str, Any]:
+    """Colour and line style of the i-th policy: distinct for up to 30 policies."""
+    return {"color": plt.get_cmap("tab10")(i % 10), "linestyle": ("-", "--", ":")[i // 10 % 3]}
+
+
 def frontier(path: Path, summary: Mapping[str, Any]) -> None:
     """Score against mean E2E latency and E2E per token, one line per policy across
     the rates (points labelled with the rate)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for policy in _policies(summary):
+    for i, policy in enumerate(_policies(summary)):
         runs = sorted((r for r in summary["runs"] if r["policy"] == policy),
                       key=lambda r: r["rate"])
         runs = [r for r in runs if r["summary"]["score"] is not None]
@@ -32,7 +37,7 @@ def frontier(path: Path, summary: Mapping[str, Any]) -> None:
         y = [r["summary"]["score"] for r in runs]
         for ax, key, scale in ((axes[0], "e2e_s", 1.0), (axes[1], "e2e_per_token_s", 1e3)):
             x = [r["summary"][key]["mean"] * scale for r in runs]
-            (line,) = ax.plot(x, y, "o-", label=policy)
+            (line,) = ax.plot(x, y, marker="os^"[i // 10 % 3], label=policy, **_style(i))
             for xi, yi, r in zip(x, y, runs):
                 ax.annotate(f"{r['rate']:g}/s", (xi, yi), fontsize=7, color=line.get_color(),
                             xytext=(3, 3), textcoords="offset points")
@@ -53,11 +58,12 @@ def cdf(path: Path, summary: Mapping[str, Any], workflows: Sequence[Mapping[str,
     rates = summary["meta"]["rates"]
     fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 3.8), squeeze=False)
     for ax, rate in zip(axes[0], rates):
-        for policy in _policies(summary):
+        for i, policy in enumerate(_policies(summary)):
             xs = np.sort([w["end_s"] - w["arrival_s"] for w in workflows
                           if w["policy"] == policy and w["rate"] == rate and not w["error"]])
             if xs.size:
-                ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=policy)
+                ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=policy,
+                        **_style(i))
         ax.set_title(f"{rate:g} workflows/s")
         ax.set_xlabel("workflow E2E latency (s)")
         ax.set_ylabel("share of workflows")

@@ -175,8 +175,11 @@ def observations(summary: Mapping[str, Any]) -> list[str]:
         runs = [(p, s) for (p, r), s in by.items() if r == rate and s["e2e_s"]["mean"]]
         if runs:
             best = min(runs, key=lambda ps: ps[1]["e2e_s"]["mean"])
-            top = max(runs, key=lambda ps: ps[1]["score"] or 0)
+            top = max(s["score"] or 0.0 for _, s in runs)
+            tied = [p for p, s in runs if (s["score"] or 0.0) == top]
+            scored = (f"every policy scored {top:.3g}" if len(tied) == len(runs) else
+                      "the highest score is " + ", ".join(f"`{p}`" for p in tied)
+                      + f" ({top:.3g})")
             out.append(f"At {rate:g} workflows/s the lowest mean E2E is `{best[0]}` "
-                       f"({best[1]['e2e_s']['mean']:.3g} s); the highest score is `{top[0]}` "
-                       f"({top[1]['score']:.3g}).")
+                       f"({best[1]['e2e_s']['mean']:.3g} s); {scored}.")
     return out

@@ -125,6 +125,10 @@ def test_tables_show_ratios_against_the_baseline() -> None:
     facts = observations(summary)
     assert any("`chimera:stjf` vs `vllm:fcfs`" in f and "mean E2E -25%" in f
                and "score +20%" in f for f in facts)
+    assert any("the highest score is `chimera:stjf` (0.6)" in f for f in facts)
+    tied = observations(summary_of([("chimera:stjf", 1.0, 3.0, 0.5), ("vllm:fcfs", 1.0, 4.0, 0.5)]))
+    assert any("lowest mean E2E is `chimera:stjf` (3 s); every policy scored 0.5." in f
+               for f in tied)
 
 
 def test_tables_without_the_baseline_say_so() -> None:
