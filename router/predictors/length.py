@@ -39,13 +39,18 @@ class LengthSettings:
     """Tokenizer (a local Hugging Face folder, or ``minilm``) counting the system and
     user prompt tokens; the full input count is the engine's."""
     svd_components: int = 32
-    """Dimensions of the TF-IDF sketch after truncated SVD."""
+    """Dimensions of the TF-IDF sketch after truncated SVD (Chimera section 3.4 names the
+    sketch, not its size; at most the vocabulary size minus one)."""
     tfidf_max_features: int = 20000
+    """Vocabulary cap of the TF-IDF uni/bi-grams."""
     n_estimators: int = 100
+    """Trees of the quantile forest."""
     min_samples_leaf: int = 5
+    """Training rows per leaf: the quantiles of a prediction pool the leaves' targets."""
     quantile: float = 0.5
     """The predicted quantile (Chimera: the median)."""
     n_jobs: int = 1
+    """Training / prediction threads of the forest."""
     seed: int = 0
 
 

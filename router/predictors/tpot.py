@@ -35,9 +35,15 @@ from router.predictors.base import TpotQuery
 
 @dataclass(frozen=True)
 class TpotSettings:
+    """XGBoost settings of every engine's head (RouteBalance section 4.2 names the model,
+    not its hyper-parameters)."""
+
     n_estimators: int = 200
+    """Boosting rounds."""
     max_depth: int = 4
+    """Depth of each tree."""
     learning_rate: float = 0.1
+    """Shrinkage per round."""
     seed: int = 0
 
 
