@@ -175,3 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     plot(results, args.out / "predictors.png")
     print(table(results))
     print(f"wrote {args.out / 'predictors.json'} and {args.out / 'predictors.png'}")
+
+
+if __name__ == "__main__":
+    main()
