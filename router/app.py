@@ -32,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 from router.config import ClusterConfig, ConfigError
 from router.metrics import RouterMetrics
 from router.policies.base import Decision, NoEngineAvailable, RoutingRequest, WorkflowMeta
+from router.predictors.base import PredictorSet
 from router.request import (AUTO_MODEL, Kind, ParsedRequest, RequestError, context_error,
                             parse_request, upstream_body)
 from router.state.core import RouterCore
@@ -75,6 +76,26 @@ def served_models(config: ClusterConfig) -> dict[str, ServedModel]:
         lengths = [i.max_model_len for i in replicas if i.max_model_len is not None]
         out[name] = ServedModel(name, specs[0], min(lengths) if lengths else None)
     return out
+
+
+def load_configured_predictors(config: ClusterConfig) -> PredictorSet | None:
+    """The artifacts and profiles of ``[router.predictors]``, the learned ones behind the
+    batched predictor service, or ``None`` when the file names none. ArtifactError (a
+    ValueError) on any mismatch (docs/predictors.md)."""
+    if not config.router.predictors:
+        return None
+    from router.predictors.loader import load_cluster_predictors  # heavy: only if configured
+
+    return load_cluster_predictors(config)
+
+
+def close_configured_predictors(predictors: PredictorSet) -> None:
+    """Stop the batched predictor service, if one was started."""
+    if predictors.semantic_router or predictors.length or predictors.knn \
+            or predictors.capability:
+        from router.predictors.loader import close_predictors
+
+        close_predictors(predictors)
 
 
 def _error(exc: RequestError) -> JSONResponse:
@@ -139,7 +160,7 @@ class Front:
 
     def __init__(self, config: ClusterConfig, core: RouterCore | None = None) -> None:
         self.config = config
-        self.core = core or RouterCore(config)
+        self.core = core or RouterCore(config, load_configured_predictors(config))
         self.metrics = RouterMetrics(self.core, config.router.policy)
         self.instances = {i.name: i for i in config.instances()}
         self.models = served_models(config)
@@ -161,6 +182,7 @@ class Front:
         finally:
             await self.upstream.aclose()
             await self.core.stop()
+            close_configured_predictors(self.core.predictors)
 
     # ------------------------------------------------------------ plain endpoints
 

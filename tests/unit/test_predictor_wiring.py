@@ -1,6 +1,7 @@
 """cluster.toml -> trained predictors -> policies: a cluster file whose [router.predictors]
-names artifacts (trained here on small SYNTHETIC data) makes chimera, laar and
-routebalance use those artifacts, through the batched service, and nothing else."""
+names artifacts (trained here on small SYNTHETIC data) makes the router (its
+``load_configured_predictors``) run chimera, laar and routebalance on those artifacts,
+through the batched service, and nothing else."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from router.app import load_configured_predictors
 from router.config import ClusterConfig, load_cluster_config
 from router.predictors.artifact import ArtifactError
 from router.predictors.capability import CapabilityModel, CapabilitySettings
@@ -20,7 +22,7 @@ from router.predictors.knn import KnnEstimator, KnnSettings
 from router.predictors.length import LengthPredictor, LengthSettings
 from router.predictors.loader import close_predictors, load_cluster_predictors
 from router.predictors.semantic import SemanticRouter, SemanticSettings
-from router.predictors.service import Served, ServiceSettings
+from router.predictors.service import Served
 from router.predictors.sources import load_tpot_samples
 from router.predictors.table import prompt_table
 from router.predictors.tpot import TpotHeads, TpotSettings
@@ -79,8 +81,7 @@ def direct(root: Path, name: str) -> Any:
 def test_cluster_file_makes_policies_use_the_artifacts(artifacts: Path) -> None:
     _, test = split(problems=8)
     reqs = [request(r, str(i)) for i, r in enumerate(test[:12])]
-    pset = load_cluster_predictors(cluster_file(artifacts, "chimera"),
-                                   ServiceSettings(max_batch=8))
+    pset = load_configured_predictors(cluster_file(artifacts, "chimera"))
     assert pset is not None
     try:
         for name in ("semantic_router", "length", "knn", "capability"):
