@@ -3,10 +3,12 @@
 Every child runs in its own session (its own process group, out of reach of the
 terminal's Ctrl-C, so the launcher decides the order of shutdown), gets SIGTERM if the
 launcher dies (``PR_SET_PDEATHSIG`` on Linux), and carries ``HETSERVE_RUN_DIR`` in its
-environment, inherited by all its descendants: ``stop_all`` kills by process group, by
-the process tree seen before the signals, and finally by that marker, so no process of
-the cluster outlives the launcher. The supervisor is single-threaded: the caller drives
-it with ``step()``.
+environment, inherited by all its descendants. A process's tree is what shares one of
+its sessions plus every descendant seen while it ran: vLLM's EngineCore and workers
+rename themselves (setproctitle), which blanks the environment /proc shows, so the
+marker alone misses them, and they outlive a killed API server. ``stop_all`` kills by
+tree and finally by the marker, so no process of the cluster outlives the launcher. The
+supervisor is single-threaded: the caller drives it with ``step()``.
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ class Managed:
     restarts: int = 0
     restart_at: float = 0.0
     last_exit: str = ""
-    pids_seen: set[int] = field(default_factory=set)
+    seen: dict[int, psutil.Process] = field(default_factory=dict)
+    """Descendants seen while it ran (psutil notices if a pid is reused)."""
+    sessions: set[int] = field(default_factory=set)
+    """Session ids of its runs that may still have members (a session id is the pid
+    of the run's first process, which Linux does not reuse while the session lives)."""
 
     @property
     def pid(self) -> int | None:
@@ -144,7 +150,7 @@ class Supervisor:
             m.popen = spawn(m.spec.argv, self._env(m.spec.env), stdout=log)
         m.state = State.STARTING
         m.started_at = self.clock()
-        m.pids_seen = {m.popen.pid}
+        m.sessions.add(m.popen.pid)
 
     def _exited(self, m: Managed, reason: str, restart: bool) -> Event:
         """Clean up what is left of ``m``'s tree and decide on its restart."""
@@ -242,19 +248,23 @@ class Supervisor:
             kids = psutil.Process(m.popen.pid).children(recursive=True)
         except psutil.Error:
             return
-        m.pids_seen.update(k.pid for k in kids)
+        m.seen.update((k.pid, k) for k in kids if k.pid not in m.seen)
 
     def _tree(self, m: Managed) -> list[psutil.Process]:
-        """The live processes of ``m`` seen so far (they may have been re-parented)."""
-        out = []
-        for pid in m.pids_seen:
+        """The live processes of ``m``: members of its sessions and descendants seen
+        (they may have been re-parented). Sessions found empty are forgotten."""
+        out = {pid: p for pid, p in m.seen.items() if _alive(p)}
+        occupied: set[int] = set()
+        for p in psutil.process_iter():
             try:
-                p = psutil.Process(pid)
-                if p.environ().get(MARKER_ENV) == str(self.run_dir):
-                    out.append(p)
-            except (psutil.Error, OSError):
+                sid = os.getsid(p.pid)
+            except OSError:
                 continue
-        return out
+            if sid in m.sessions and _alive(p):
+                occupied.add(sid)
+                out.setdefault(p.pid, p)
+        m.sessions &= occupied
+        return list(out.values())
 
     def tail(self, m: Managed, lines: int = 20) -> str:
         """The last lines of ``m``'s log."""

@@ -143,6 +143,8 @@ def kill_engine_and_wait_restart(la: Launcher, cfg: ClusterConfig, instance: str
     url = next(i.url for i in cfg.instances() if i.name == instance)
     victim = la.engine_process(instance)
     assert victim is not None, la.output()
+    workers = victim.children(recursive=True)  # EngineCore and its worker
+    assert workers, "the engine server has no EngineCore process"
     victim.send_signal(signal.SIGKILL)
     la.wait_for(f"{instance} to be marked down",
                 lambda: f"{instance} killed by SIGKILL; restart 1 of" in la.output(),
@@ -151,6 +153,7 @@ def kill_engine_and_wait_restart(la: Launcher, cfg: ClusterConfig, instance: str
     la.wait_for(f"{instance} to come back",
                 lambda: f"{instance} is up again (restart 1)" in la.output())
     assert healthy(url)
+    assert not [p for p in workers if _alive(p)], "the killed server's EngineCore survived"
     restarted = la.engine_process(instance)
     assert restarted is not None and restarted.pid != victim.pid
 

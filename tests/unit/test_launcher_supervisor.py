@@ -1,7 +1,9 @@
 """launcher.supervisor's process handling, against a stand-in server (not an engine).
 
 The stand-in answers ``GET /health`` and starts a grandchild that ignores SIGTERM, like a
-server whose worker outlives it: the supervisor must still leave nothing behind.
+server whose worker outlives it: the supervisor must still leave nothing behind. In
+mode ``bare`` the grandchild's environment is empty, as /proc shows vLLM's EngineCore
+and workers once they have renamed themselves: no run-directory marker to find it by.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ if mode == "crash":
     sys.exit(3)
 subprocess.Popen([sys.executable, "-c",
                   "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                  "time.sleep(600)"])
+                  "time.sleep(600)"], env={} if mode == "bare" else None)
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" and mode == "ok" else 503)
+        self.send_response(200 if self.path == "/health" and mode in ("ok", "bare") else 503)
         self.end_headers()
     def log_message(self, *args):
         pass
@@ -116,6 +118,21 @@ def test_up_then_restart_after_crash(sup: Supervisor, tmp_path: Path) -> None:
     assert m.restarts == 1 and m.pid != old[0].pid
     assert gone_within(old)  # the orphaned grandchild was cleaned up too
     assert "---- launcher: restart 1 ----" in (tmp_path / "stand-in.log").read_text()
+
+
+def test_killed_server_takes_descendants_without_the_marker(sup: Supervisor,
+                                                             tmp_path: Path) -> None:
+    # The server dies before any step() has seen its child: only its session finds it.
+    m = sup.start(spec(tmp_path, mode="bare"))
+    deadline = time.monotonic() + 20
+    while len(tree(m)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphan = tree(m)[1]
+    assert "HETSERVE_RUN_DIR" not in orphan.environ()
+    os.kill(m.pid, signal.SIGKILL)
+    events = run_until(sup, lambda ev: bool(ev), restart=False)
+    assert [(e.kind, e.detail) for e in events] == [("failed", "killed by SIGKILL")]
+    assert gone_within([orphan])
 
 
 def test_gives_up_after_max_restarts(sup: Supervisor, tmp_path: Path) -> None:
