@@ -53,7 +53,8 @@ class EngineProc:
 
 
 def start_engine(tmp: Path, engine_id: str, model: str = "builtin:tiny-a",
-                 extra: list[str] | None = None) -> EngineProc:
+                 extra: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> EngineProc:
     """Start an engine in its own process group and wait until /health answers."""
     port = free_port()
     tel = f"ipc://{tmp}/{engine_id}.telemetry"
@@ -62,7 +63,7 @@ def start_engine(tmp: Path, engine_id: str, model: str = "builtin:tiny-a",
     cmd = [sys.executable, "-m", "engine_ext.serve", "--model", model, "--engine-id", engine_id,
            "--telemetry-endpoint", tel, "--kv-events-endpoint", kv, "--port", str(port),
            *TINY_ENGINE_ARGS, *(extra or [])]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)

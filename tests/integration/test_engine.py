@@ -1,6 +1,12 @@
 """A real engine (engine_ext.serve on builtin:tiny-a, max_num_seqs=1) end to end:
 priority reaches the scheduler, service order follows the key, aging bounds starvation,
-telemetry and KV events arrive, bad priorities are rejected without touching the engine."""
+telemetry and KV events arrive, bad priorities are rejected without touching the engine.
+
+Queues are built while the engine is paused (vLLM's ``/pause?mode=keep``, dev mode): the
+requests reach the scheduler's waiting queue and wait there, however slowly a loaded
+machine lets the client and the API server send them, and ``/resume`` starts serving.
+A long request that is already running is no substitute: a busy engine on a 2-core
+machine can starve the client until that request has finished."""
 
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ class Collector:
 
     def __init__(self, engine: EngineProc) -> None:
         self.snapshots: list[SchedulerSnapshot] = []
+        self.last_arrival = float("nan")
         self.kv_events: list[object] = []
         self.snap_decoder, self.kv_decoder = snapshot_decoder(), kv_event_decoder()
         self._stop = threading.Event()
@@ -55,6 +62,7 @@ class Collector:
                 if sock is self._socks[0]:
                     if (got := self.snap_decoder.decode(frames)) is not None:
                         self.snapshots.append(got[2])
+                        self.last_arrival = time.monotonic()
                 elif (got := self.kv_decoder.decode(frames)) is not None:
                     self.kv_events.extend(got[2].events)
 
@@ -71,8 +79,8 @@ def engine(tmp_path_factory) -> EngineProc:
     tmp: Path = tmp_path_factory.mktemp("engine")
     eng = start_engine(tmp, "stjf-e2e", extra=[
         "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
-        "--max-promotions", "1", "--max-model-len", "4096",
-    ])
+        "--max-promotions", "1", "--max-model-len", "4096", "--enable-server-load-tracking",
+    ], env={"VLLM_SERVER_DEV_MODE": "1"})  # for /pause and /resume
     yield eng
     eng.stop()
 
@@ -131,20 +139,43 @@ async def _wait_for(collector: Collector, predicate, timeout: float = 120,
                 return snap
         await asyncio.sleep(0.02)
     seen = sorted({(s.batch_size, s.num_waiting) for s in collector.snapshots})
-    raise AssertionError(f"no snapshot matched in {timeout}s; (batch, waiting) seen: {seen}")
+    snaps = collector.snapshots
+    raise AssertionError(
+        f"no snapshot matched in {timeout}s; (batch, waiting) seen: {seen}; "
+        f"{len(snaps)} snapshots, last step {snaps[-1].step if snaps else None} "
+        f"{time.monotonic() - collector.last_arrival:.1f}s ago; "
+        f"stats {collector.snap_decoder.stats} malformed {collector.snap_decoder.malformed}; "
+        f"tasks {[(t.get_coro().__name__, t.done()) for t in watch]}")
 
 
-async def _blocker(client: httpx.AsyncClient) -> None:
-    """A long request that occupies the engine's only slot until cancelled (the client
-    disconnects and vLLM aborts it). Not streamed: streaming thousands of tokens keeps a
-    loaded API server too busy to admit the requests the tests queue behind it."""
-    await _complete(client, "blocker", 4000, 1)
+async def _queue_while_paused(client: httpx.AsyncClient, collector: Collector,
+                              requests: list) -> tuple[list[asyncio.Task], int]:
+    """Pause the engine, send ``requests`` (coroutines), wait until the API server holds
+    them all and a moment more for them to reach the scheduler, then resume. Returns the
+    tasks and the last engine step before the resume."""
+    (await client.post("/pause", params={"mode": "keep"})).raise_for_status()
+    tasks = [asyncio.create_task(r) for r in requests]
+    deadline = time.monotonic() + 120
+    while (await client.get("/load")).json()["server_load"] < len(tasks):
+        assert time.monotonic() < deadline, "requests did not reach the API server in 120 s"
+        for t in tasks:
+            if t.done():
+                t.result()  # raises what went wrong
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    before = collector.snapshots[-1].step if collector.snapshots else -1
+    (await client.post("/resume")).raise_for_status()
+    return tasks, before
+
+
+def _first_step_after(collector: Collector, step: int) -> SchedulerSnapshot:
+    return next(s for s in collector.snapshots if s.step > step and not s.heartbeat)
 
 
 def test_service_order_follows_the_key(engine, collector):
-    # A blocker holds the only slot until all five are queued and have waited S more
-    # steps (all promoted to the same, capped, level); then it is aborted and the five
-    # leave in key order, the unprioritized one last.
+    # Five requests queued together while paused leave in key order once resumed, the
+    # unprioritized one last. They all wait from the same step, so aging promotes them
+    # together and keeps their relative order.
     async def run():
         async with httpx.AsyncClient(base_url=engine.url) as client:
             done: list[str] = []
@@ -153,21 +184,16 @@ def test_service_order_follows_the_key(engine, collector):
                 await _complete(client, f"request {name}", 4, prio)
                 done.append(name)
 
-            blocker = asyncio.create_task(_blocker(client))
-            await _wait_for(collector, lambda s: s.batch_size == 1)
-            others = []
-            for name, prio in [("p50", 50), ("p10", 10), ("none", None), ("p30", 30), ("p20", 20)]:
-                others.append(asyncio.create_task(job(name, prio)))
-                await asyncio.sleep(0.01)
-            queued = await _wait_for(collector, lambda s: s.num_waiting == 5,
-                                     watch=[blocker, *others])
-            await _wait_for(collector, lambda s: s.step >= queued.step + S + 2,
-                            watch=[blocker, *others])
-            blocker.cancel()
-            await asyncio.gather(*others)
-            return done
+            jobs = [job(name, prio) for name, prio in
+                    [("p50", 50), ("p10", 10), ("none", None), ("p30", 30), ("p20", 20)]]
+            tasks, before = await _queue_while_paused(client, collector, jobs)
+            await asyncio.gather(*tasks)
+            return done, before
 
-    assert asyncio.run(run()) == ["p10", "p20", "p30", "p50", "none"]
+    done, before = asyncio.run(run())
+    first = _first_step_after(collector, before)
+    assert (first.batch_size, first.num_waiting) == (1, 4), "not all five were queued"
+    assert done == ["p10", "p20", "p30", "p50", "none"]
 
 
 def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, aging_collector):
@@ -209,12 +235,15 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
 
 
 def test_telemetry_reports_batch_and_waiting(engine, collector):
+    # A long request with the best priority runs while three short ones wait behind it;
+    # it is cancelled (the client disconnects, vLLM aborts it) once that state is seen.
     async def run():
         async with httpx.AsyncClient(base_url=engine.url) as client:
-            blocker = asyncio.create_task(_blocker(client))
-            await _wait_for(collector, lambda s: s.batch_size == 1)
-            rest = [asyncio.create_task(_complete(client, f"w{i}", 3, 5)) for i in range(3)]
-            held = await _wait_for(collector, lambda s: s.num_waiting == 3)
+            long = _complete(client, "blocker", 4000, 1)
+            short = [_complete(client, f"w{i}", 3, 5) for i in range(3)]
+            (blocker, *rest), _ = await _queue_while_paused(client, collector, [long, *short])
+            held = await _wait_for(collector, lambda s: (s.batch_size, s.num_waiting) == (1, 3),
+                                   watch=[blocker, *rest])
             blocker.cancel()
             return held, await asyncio.gather(*rest)
 
