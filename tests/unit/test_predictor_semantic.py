@@ -3,7 +3,10 @@ part of the SYNTHETIC fixture learns each model's skill per task from the prompt
 beats the per-model base rate on every held-out problem; save and reload.
 
 Test-sized settings (short inputs, a larger learning rate, 3 epochs); the paper's
-defaults (5 epochs, lr 1e-5, batch 16) are ``SemanticSettings()``."""
+defaults (5 epochs, lr 1e-5, batch 16) are ``SemanticSettings()``. At lr 1e-3 the
+fine-tuned encoder collapses for some seeds (measured with transformers 5.19: two of
+three seeds lost the per-task skill); at 1e-4 all three learned it, mAP 0.64-0.65
+against the base rate's 0.56."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def test_trains_beats_base_rate_and_reloads(tmp_path: Path) -> None:
     held-out problems even an ideal task-only score gains about 0.06 mAP over the base
     rate, which a margin on that subset would mostly measure noise."""
     train, test = split(problems=20)[0], split()[1]
-    settings = SemanticSettings(max_length=64, lr=1e-3, epochs=3)
+    settings = SemanticSettings(max_length=64, lr=1e-4, epochs=3)
     model = SemanticRouter.train(prompt_table(train, MODELS, True), settings, progress=False)
     table = prompt_table(test, MODELS, True)
     scores = np.array([[row[m] for m in MODELS] for row in model.predict(table.features)])
