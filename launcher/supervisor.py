@@ -252,8 +252,10 @@ class Supervisor:
 
     def _tree(self, m: Managed) -> list[psutil.Process]:
         """The live processes of ``m``: members of its sessions and descendants seen
-        (they may have been re-parented). Sessions found empty are forgotten."""
-        out = {pid: p for pid, p in m.seen.items() if _alive(p)}
+        (they may have been re-parented). Dead descendants and empty sessions are
+        forgotten."""
+        m.seen = {pid: p for pid, p in m.seen.items() if _alive(p)}
+        out = dict(m.seen)
         occupied: set[int] = set()
         for p in psutil.process_iter():
             try:

@@ -38,7 +38,6 @@ class Collector:
 
     def __init__(self, engine: EngineProc) -> None:
         self.snapshots: list[SchedulerSnapshot] = []
-        self.last_arrival = float("nan")
         self.kv_events: list[object] = []
         self.snap_decoder, self.kv_decoder = snapshot_decoder(), kv_event_decoder()
         self._stop = threading.Event()
@@ -62,7 +61,6 @@ class Collector:
                 if sock is self._socks[0]:
                     if (got := self.snap_decoder.decode(frames)) is not None:
                         self.snapshots.append(got[2])
-                        self.last_arrival = time.monotonic()
                 elif (got := self.kv_decoder.decode(frames)) is not None:
                     self.kv_events.extend(got[2].events)
 
@@ -127,14 +125,16 @@ async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int,
 
 async def _wait_for(collector: Collector, predicate, timeout: float = 120,
                     watch: list[asyncio.Task] = ()) -> SchedulerSnapshot:
-    """The newest recent snapshot matching ``predicate``; a failed task in ``watch`` is
-    raised at once instead of waiting out the timeout."""
+    """The newest snapshot matching ``predicate`` among the 50 before the call and all
+    that arrive during it (a starved client may poll long after the match); a failed
+    task in ``watch`` is raised at once instead of waiting out the timeout."""
+    start = max(0, len(collector.snapshots) - 50)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for task in watch:
             if task.done() and task.exception() is not None:
                 raise task.exception()
-        for snap in reversed(collector.snapshots[-50:]):
+        for snap in reversed(collector.snapshots[start:]):
             if predicate(snap):
                 return snap
         await asyncio.sleep(0.02)
@@ -142,8 +142,7 @@ async def _wait_for(collector: Collector, predicate, timeout: float = 120,
     snaps = collector.snapshots
     raise AssertionError(
         f"no snapshot matched in {timeout}s; (batch, waiting) seen: {seen}; "
-        f"{len(snaps)} snapshots, last step {snaps[-1].step if snaps else None} "
-        f"{time.monotonic() - collector.last_arrival:.1f}s ago; "
+        f"{len(snaps)} snapshots, last step {snaps[-1].step if snaps else None}; "
         f"stats {collector.snap_decoder.stats} malformed {collector.snap_decoder.malformed}; "
         f"tasks {[(t.get_coro().__name__, t.done()) for t in watch]}")
 
@@ -236,13 +235,15 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
 
 def test_telemetry_reports_batch_and_waiting(engine, collector):
     # A long request with the best priority runs while three short ones wait behind it;
-    # it is cancelled (the client disconnects, vLLM aborts it) once that state is seen.
+    # it is cancelled (the client disconnects, vLLM aborts it) once that state is seen
+    # and it has decoded some tokens.
     async def run():
         async with httpx.AsyncClient(base_url=engine.url) as client:
             long = _complete(client, "blocker", 4000, 1)
             short = [_complete(client, f"w{i}", 3, 5) for i in range(3)]
             (blocker, *rest), _ = await _queue_while_paused(client, collector, [long, *short])
-            held = await _wait_for(collector, lambda s: (s.batch_size, s.num_waiting) == (1, 3),
+            held = await _wait_for(collector, lambda s: (s.batch_size, s.num_waiting) == (1, 3)
+                                   and 0 < s.pending_decode_tokens < 4000,
                                    watch=[blocker, *rest])
             blocker.cancel()
             return held, await asyncio.gather(*rest)
