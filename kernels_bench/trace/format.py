@@ -176,8 +176,8 @@ def check_unit(u: Unit, workflows: dict[str, list[str]]) -> None:
                          f"to {total}")
 
 
-def encode(record: Record) -> bytes:
-    """One JSON line (with its newline)."""
+def encode(record: msgspec.Struct) -> bytes:
+    """One JSON line (with its newline) of a record (this format's or another)."""
     return _encoder.encode(record) + b"\n"
 
 
@@ -256,7 +256,7 @@ class TraceWriter:
         self._repair_tail()
         self._f = self.path.open("ab")
 
-    def append(self, record: Record) -> None:
+    def append(self, record: msgspec.Struct) -> None:
         data = encode(record)
         self._f.write(gzip.compress(data, mtime=0) if self.gz else data)
         self._f.flush()

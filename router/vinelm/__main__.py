@@ -24,8 +24,9 @@ from router.policies.registry import validate_settings
 from router.policies.vinelm import VineLMSettings
 from router.vinelm.estimate import EstimationSettings, annotate
 from router.vinelm.executors import EngineExecutor, Prices, trace_table
+from router.vinelm.executions import RecordedExecutor, read_executions
 from router.vinelm.experiment import (frontier_experiment, profiling_experiment,
-                                      slo_experiment, write)
+                                      recorded_experiment, slo_experiment, write)
 from router.vinelm.profiling import Executor, MissingExecution, cascade_sample
 from router.vinelm.synthetic import default_env
 from router.vinelm.template import WorkflowTemplate, parse_templates
@@ -109,19 +110,63 @@ def cmd_experiment(args: argparse.Namespace) -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     for t in _templates(s, args.workflow):
-        env = default_env(t.invocations(), args.seed)
-        train = [f"train/{i}" for i in range(args.problems)]
-        test = [f"test/{i}" for i in range(args.test_problems)]
-        report, sparse, truth = profiling_experiment(t, env, train, s.cascades_per_problem,
-                                                     est, s.seed)
-        report = {"workflow": t.name, "seed": args.seed, "profiling": report,
-                  "frontier": frontier_experiment(t, env, sparse, truth, test),
-                  "slo": slo_experiment(t, env, sparse, test, args.slow_factor,
-                                        args.slow_share, args.seed)}
+        if args.executions:
+            report = _recorded_report(args, t, s, est)
+        else:
+            report = _synthetic_report(args, t, s, est)
         path = out_dir / f"vinelm-{t.name}.json"
         write(report, path)
         print(json.dumps(report, indent=1))
         print(f"wrote {path} and {path.with_suffix('.png')}")
+
+
+def _synthetic_report(args: argparse.Namespace, t: WorkflowTemplate, s: VineLMSettings,
+                      est: EstimationSettings) -> dict[str, Any]:
+    env = default_env(t.invocations(), args.seed)
+    train = [f"train/{i}" for i in range(args.problems)]
+    test = [f"test/{i}" for i in range(args.test_problems)]
+    report, sparse, truth = profiling_experiment(t, env, train, s.cascades_per_problem,
+                                                 est, s.seed)
+    slowed = max(env.cost, key=lambda m: env.cost[m])
+    return {"workflow": t.name, "seed": args.seed, "profiling": report,
+            "frontier": frontier_experiment(t, env, sparse, truth, test),
+            "slo": slo_experiment(t, env, sparse, test, slowed, args.slow_factor,
+                                  args.slow_share, args.seed)}
+
+
+def _recorded_report(args: argparse.Namespace, t: WorkflowTemplate, s: VineLMSettings,
+                     est: EstimationSettings) -> dict[str, Any]:
+    header, table = read_executions(args.executions)
+    if header.workflow != t.name or header.signature != t.signature():
+        raise SystemExit(f"{args.executions}: collected for {header.workflow} "
+                         f"{header.signature}, not template {t.name} {t.signature()}")
+    prices = Prices(s.prompt_cost_per_1k, s.output_cost_per_1k)
+    prices.check(t.models())
+    env = RecordedExecutor(table, prices)
+    problems = [p for p in env.problems() if env.complete(p, t.invocations())]
+    if len(problems) < 2 * args.folds:
+        raise SystemExit(f"{args.executions}: {len(problems)} problems have every node "
+                         f"recorded; {args.folds} folds need at least {2 * args.folds}")
+    report = recorded_experiment(t, env, problems, s.cascades_per_problem, est, s.seed,
+                                 args.folds, args.slow_factor, args.slow_share)
+    return {"workflow": t.name, "environment": f"real executions ({header.suite}, "
+            f"{len(problems)} problems)", "executions": str(args.executions),
+            "seed": s.seed, **report}
+
+
+def cmd_collect(args: argparse.Namespace) -> None:
+    import shlex
+
+    from kernels_bench.trace.build import Settings
+    from router.vinelm.collect import collect
+
+    s = _settings(args.config)
+    (t,) = _templates(s, args.workflow)
+    settings = Settings(args.suite, args.problems, args.seed, args.max_tokens,
+                        args.concurrency, args.code_timeout)
+    command = shlex.join(["python", "-m", "router.vinelm", *args.argv])
+    collect(Path(args.config), t, settings, Path(args.out),
+            Path(args.trace) if args.trace else None, command)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,18 +185,37 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="problem / environment seed")
     p.add_argument("--out", required=True)
     e = sub.add_parser("experiment", help="sparse vs exhaustive profiling, frontier and SLO "
-                       "on the synthetic environment (JSON + PNG)")
+                       "on the synthetic environment or recorded executions (JSON + PNG)")
     e.add_argument("--config", required=True)
     e.add_argument("--workflow", required=True)
     e.add_argument("--problems", type=int, default=300, help="profiled problems")
     e.add_argument("--test-problems", type=int, default=500)
+    e.add_argument("--executions", help="recorded real executions (`collect`) instead of "
+                   "the synthetic environment")
+    e.add_argument("--folds", type=int, default=5, help="cross-fitting folds (--executions)")
     e.add_argument("--slow-factor", type=float, default=4.0)
     e.add_argument("--slow-share", type=float, default=0.3)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", default="bench_results")
+    c = sub.add_parser("collect", help="real executions of every trie node (until success) "
+                       "on the cluster's engines, resumable (for profiling and ground truth)")
+    c.add_argument("--config", required=True,
+                   help="cluster file: the engines and [router.policies.vinelm]")
+    c.add_argument("--workflow", required=True, help="one template name")
+    c.add_argument("--suite", choices=("math", "code"), required=True)
+    c.add_argument("--problems", type=int, required=True, help="the suite's first N problems")
+    c.add_argument("--trace", help="trace built with the same settings: single-model nodes "
+                   "are taken from it instead of run")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--max-tokens", type=int, default=512)
+    c.add_argument("--concurrency", type=int, default=32, help="calls in flight per engine")
+    c.add_argument("--code-timeout", type=float, default=10.0)
+    c.add_argument("--out", required=True, help="executions file (.jsonl or .jsonl.gz)")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        {"profile": cmd_profile, "experiment": cmd_experiment}[args.cmd](args)
+        {"profile": cmd_profile, "experiment": cmd_experiment,
+         "collect": cmd_collect}[args.cmd](args)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,4 +1,6 @@
-"""Experiments on an environment whose exhaustive ground truth is known (synthetic).
+"""Experiments on an environment whose exhaustive ground truth is known: the synthetic
+one, or recorded real executions (``router.vinelm.collect``; then the problems are split
+into folds, each fold's problems held out in turn from the profiling of the others).
 
 1. Profiling: sparse cascade profiling against exhaustive profiling of the same
    problems: path-level accuracy error of the cascade decomposition (with and without
@@ -27,9 +29,8 @@ from typing import Any, Callable, Mapping, Sequence
 from router.vinelm.estimate import (EstimationSettings, annotate, build_trie,
                                     conditional_estimates, decomposed_accuracy, naive_accuracy)
 from router.vinelm.objective import Objective
-from router.vinelm.profiling import GroundTruth, cascade_sample, exhaustive
+from router.vinelm.profiling import Executor, GroundTruth, cascade_sample, exhaustive
 from router.vinelm.search import search
-from router.vinelm.synthetic import SyntheticEnv
 from router.vinelm.template import Invocation, WorkflowTemplate
 from router.vinelm.trie import Path_, Trie
 
@@ -51,13 +52,14 @@ def truth_trie(workflow: str, invocations: Sequence[Invocation], gt: GroundTruth
     return build_trie(workflow, invocations, gt.accuracy, gt.step_cost, gt.step_latency_s, {})
 
 
-def profiling_experiment(template: WorkflowTemplate, env: SyntheticEnv, problems: list[str],
+def profiling_experiment(template: WorkflowTemplate, env: Executor, problems: list[str],
                          cascades_per_problem: int, settings: EstimationSettings,
-                         seed: int) -> tuple[dict[str, Any], Trie, Trie]:
+                         seed: int, stop_at_success: bool = False,
+                         progress: bool = True) -> tuple[dict[str, Any], Trie, Trie]:
     """Errors and cost fractions; returns (report, sparse trie, exhaustive trie)."""
     invs = template.invocations()
-    gt = exhaustive(env, invs, problems, progress=True)
-    obs = cascade_sample(env, invs, problems, cascades_per_problem, seed, progress=True)
+    gt = exhaustive(env, invs, problems, progress=progress, stop_at_success=stop_at_success)
+    obs = cascade_sample(env, invs, problems, cascades_per_problem, seed, progress=progress)
     sparse = annotate(template.name, invs, obs, settings)
     unsmoothed = decomposed_accuracy(
         conditional_estimates(obs, invs, EstimationSettings(settings.smooth_rank, 0)), invs)
@@ -101,7 +103,7 @@ Chooser = Callable[[Path_, float], tuple[str, int]]
 """(realised prefix, elapsed) -> (next model, planned stopping depth)."""
 
 
-def simulate(env: SyntheticEnv, invocations: Sequence[Invocation], problem: str,
+def simulate(env: Executor, invocations: Sequence[Invocation], problem: str,
              choose: Chooser, slow: Callable[[str, Path_], float]) -> tuple[bool, float, float]:
     """One run: (success, cost, latency); ``slow`` gives each invocation's latency factor."""
     prefix: Path_ = ()
@@ -142,14 +144,19 @@ def static_path(template: WorkflowTemplate, assignment: Mapping[str, str]) -> Pa
     return tuple(assignment[inv.stage] for inv in template.invocations())
 
 
-def frontier_experiment(template: WorkflowTemplate, env: SyntheticEnv, sparse: Trie,
-                        truth: Trie, test_problems: list[str], points: int = 8
-                        ) -> dict[str, Any]:
+def static_budgets(template: WorkflowTemplate, truth: Trie, points: int = 8) -> list[float]:
+    """``points`` budgets evenly from the cheapest to the costliest static assignment."""
+    costs = sorted(truth[static_path(template, a)].cost for a in static_assignments(template))
+    return [costs[0] + (costs[-1] - costs[0]) * i / (points - 1) for i in range(points)]
+
+
+def frontier_experiment(template: WorkflowTemplate, env: Executor, sparse: Trie,
+                        truth: Trie, test_problems: list[str],
+                        budgets: Sequence[float] | None = None) -> dict[str, Any]:
     """Accuracy and realised cost per budget: VineLM (sparse trie) vs best static."""
     invs = template.invocations()
     statics = [(a, static_path(template, a)) for a in static_assignments(template)]
-    costs = sorted(truth[p].cost for _, p in statics)
-    budgets = [costs[0] + (costs[-1] - costs[0]) * i / (points - 1) for i in range(points)]
+    budgets = list(budgets) if budgets is not None else static_budgets(template, truth)
     rows = []
     for c in budgets:
         obj = Objective("max_accuracy", max_cost=c)
@@ -175,23 +182,32 @@ def frontier_experiment(template: WorkflowTemplate, env: SyntheticEnv, sparse: T
     return {"test_problems": len(test_problems), "rows": rows}
 
 
-def slo_experiment(template: WorkflowTemplate, env: SyntheticEnv, sparse: Trie,
-                   test_problems: list[str], slow_factor: float, slow_share: float,
-                   seed: int) -> dict[str, Any]:
-    """Latency-SLO violations with and without re-rooting when the costliest model's
+def slo_targets(sparse: Trie) -> list[float]:
+    """SLOs at the 25th, 50th and 75th percentile of the trie's leaf latencies."""
+    leaf_lat = sorted(sparse[p].latency_s for p in sparse.leaves())
+    return [leaf_lat[int(q * (len(leaf_lat) - 1))] for q in (0.25, 0.5, 0.75)]
+
+
+def slowest_model(truth: Trie) -> str:
+    """The model whose single-model longest path is slowest (the one load hurts most)."""
+    return max(truth.invocations[0].models, key=lambda m: truth[(m,) * truth.depth].latency_s)
+
+
+def slo_experiment(template: WorkflowTemplate, env: Executor, sparse: Trie,
+                   test_problems: list[str], slowed: str, slow_factor: float,
+                   slow_share: float, seed: int,
+                   slos: Sequence[float] | None = None) -> dict[str, Any]:
+    """Latency-SLO violations with and without re-rooting when model ``slowed``'s
     invocations are slowed (share ``slow_share``, factor ``slow_factor``)."""
     invs = template.invocations()
-    costly = max(env.cost, key=lambda m: env.cost[m])
     rng_seed = seed
 
     def slow(problem: str, prefix: Path_) -> float:
         r = random.Random(f"{rng_seed}/{problem}/{prefix}").random()
-        return slow_factor if prefix[-1] == costly and r < slow_share else 1.0
+        return slow_factor if prefix[-1] == slowed and r < slow_share else 1.0
 
-    leaf_lat = sorted(sparse[p].latency_s for p in sparse.leaves())
     rows = []
-    for q in (0.25, 0.5, 0.75):
-        slo = leaf_lat[int(q * (len(leaf_lat) - 1))]
+    for slo in (list(slos) if slos is not None else slo_targets(sparse)):
         obj = Objective("max_accuracy", max_latency_s=slo)
         row: dict[str, Any] = {"slo_s": slo}
         for name, reroot in (("reroot", True), ("no_reroot", False)):
@@ -200,8 +216,55 @@ def slo_experiment(template: WorkflowTemplate, env: SyntheticEnv, sparse: Trie,
             row[f"{name}_violations"] = _mean(r[2] > slo for r in res)
             row[f"{name}_accuracy"] = _mean(r[0] for r in res)
         rows.append(row)
-    return {"slow_model": costly, "slow_factor": slow_factor, "slow_share": slow_share,
+    return {"slow_model": slowed, "slow_factor": slow_factor, "slow_share": slow_share,
             "rows": rows}
+
+
+def recorded_experiment(template: WorkflowTemplate, env: Executor, problems: list[str],
+                        cascades_per_problem: int, settings: EstimationSettings, seed: int,
+                        folds: int, slow_factor: float, slow_share: float) -> dict[str, Any]:
+    """The three experiments on recorded real executions. Profiling: sparse vs exhaustive
+    on every problem. Frontier and SLO: ``folds``-fold cross-fitting: each fold is held
+    out while the sparse trie (and the static assignment's exhaustive choice) come from
+    the other folds; rows are pooled over all held-out problems at budgets and SLOs fixed
+    from the whole set."""
+    report, sparse_all, truth_all = profiling_experiment(
+        template, env, problems, cascades_per_problem, settings, seed, stop_at_success=True)
+    budgets, slos = static_budgets(template, truth_all), slo_targets(sparse_all)
+    slowed = slowest_model(truth_all)
+    order = list(problems)
+    random.Random(seed).shuffle(order)
+    parts = [order[i::folds] for i in range(folds)]
+    frontier, slo = [], []
+    for i, test in enumerate(parts):
+        train = [p for j, part in enumerate(parts) if j != i for p in part]
+        _, sparse, truth = profiling_experiment(template, env, train, cascades_per_problem,
+                                                settings, seed + i, stop_at_success=True,
+                                                progress=False)
+        frontier.append((len(test), frontier_experiment(template, env, sparse, truth, test,
+                                                        budgets)["rows"]))
+        slo.append((len(test), slo_experiment(template, env, sparse, test, slowed,
+                                              slow_factor, slow_share, seed, slos)["rows"]))
+    return {"profiling": report,
+            "frontier": {"test_problems": len(problems), "folds": folds,
+                         "rows": _pool(frontier)},
+            "slo": {"slow_model": slowed, "slow_factor": slow_factor,
+                    "slow_share": slow_share, "folds": folds, "rows": _pool(slo)}}
+
+
+def _pool(per_fold: list[tuple[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Row-wise means weighted by the folds' problem counts; lists are collected."""
+    total = sum(n for n, _ in per_fold)
+    out = []
+    for rows in zip(*(r for _, r in per_fold)):
+        row: dict[str, Any] = {}
+        for key, first in rows[0].items():
+            if isinstance(first, list):
+                row[key + "s"] = [r[key] for r in rows]
+            else:
+                row[key] = sum(n * r[key] for (n, _), r in zip(per_fold, rows)) / total
+        out.append(row)
+    return out
 
 
 def _mean(xs: Any) -> float:
@@ -230,7 +293,8 @@ def plot(report: Mapping[str, Any], out: Path) -> None:
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"VineLM on the synthetic environment ({report['workflow']})")
+    fig.suptitle(f"VineLM on {report.get('environment', 'the synthetic environment')} "
+                 f"({report['workflow']})")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -118,32 +118,45 @@ class GroundTruth:
     step_cost: dict[Path_, float]
     step_latency_s: dict[Path_, float]
     executions: int
-    """Executor calls with checkpoint reuse (one per node per problem)."""
+    """Executor calls with checkpoint reuse (one per node run per problem)."""
     executions_without_checkpoints: int
-    """Invocations if every node re-ran its whole prefix."""
+    """Invocations if every node run re-ran its whole prefix."""
     executed_cost: float
 
 
 def exhaustive(executor: Executor, invocations: Sequence[Invocation],
-               problems: Iterable[str], progress: bool = False) -> GroundTruth:
-    """Run every node for every problem (parents first, each once)."""
+               problems: Iterable[str], progress: bool = False,
+               stop_at_success: bool = False) -> GroundTruth:
+    """Run every node for every problem (parents first, each once). With
+    ``stop_at_success`` nothing below a success runs (the workflow stopped there; a
+    recorded real execution has nothing else): such nodes count as successes, and step
+    cost and latency are means over the problems that ran the node."""
     problems = list(problems)
     nodes = list(prefixes(invocations))
     succ: dict[Path_, int] = defaultdict(int)
+    ran: dict[Path_, int] = defaultdict(int)
     cost: dict[Path_, float] = defaultdict(float)
     lat: dict[Path_, float] = defaultdict(float)
     executed_cost = 0.0
+    executions = 0
     for problem in tqdm(problems, desc="exhaustive profiling", unit="problem",
                         file=sys.stderr, disable=not progress):
         ok: dict[Path_, bool] = {(): False}
         for p in nodes:
+            if stop_at_success and ok[p[:-1]]:
+                ok[p] = True
+                succ[p] += 1
+                continue
             out = executor.run(problem, p)
             ok[p] = ok[p[:-1]] or out.success
             succ[p] += ok[p]
+            ran[p] += 1
             cost[p] += out.cost
             lat[p] += out.latency_s
             executed_cost += out.cost
+            executions += 1
     n = max(1, len(problems))
-    return GroundTruth({p: succ[p] / n for p in nodes}, {p: cost[p] / n for p in nodes},
-                       {p: lat[p] / n for p in nodes}, len(nodes) * len(problems),
-                       sum(len(p) for p in nodes) * len(problems), executed_cost)
+    return GroundTruth({p: succ[p] / n for p in nodes},
+                       {p: cost[p] / max(1, ran[p]) for p in nodes},
+                       {p: lat[p] / max(1, ran[p]) for p in nodes}, executions,
+                       sum(len(p) * ran[p] for p in nodes), executed_cost)
