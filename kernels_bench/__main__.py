@@ -13,6 +13,8 @@ COMMANDS = {
     "profile": ("kernels_bench.profile_bench", "per engine: decode step time vs batch and "
                 "context, prefill per token"),
     "replay": ("kernels_bench.replay.cli", "serving replay: policies compared on a trace"),
+    "replay-vinelm": ("kernels_bench.replay.vinelm", "VineLM live with/without re-rooting vs "
+                      "static, on recorded executions"),
     "results": ("kernels_bench.replay.results", "docs/results.md from the latest replay"),
     "predictors": ("kernels_bench.predictor_bench", "predictor latency alone and batched, batch 1/16/64"),
 }
@@ -20,7 +22,7 @@ COMMANDS = {
 
 def usage() -> str:
     lines = ["usage: python -m kernels_bench <command> [options]", "", "commands:"]
-    lines += [f"  {name:10} {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += [f"  {name:12} {desc}" for name, (_, desc) in COMMANDS.items()]
     return "\n".join(lines)
 
 

@@ -70,6 +70,9 @@ class VineLMSettings:
     paper's regularisation could not be checked)."""
     seed: int = 0
     """Seed of cascade sampling's random model choices."""
+    reroot: bool = True
+    """Re-root the trie at the realised prefix and elapsed time at every call (VineLM
+    section 4); false, the ablation: a program follows the plan of its first call."""
 
     def __post_init__(self) -> None:
         try:
@@ -168,7 +171,7 @@ class VineLM(Policy[VineLMSettings]):
                         f"{m}: profile the engines (python -m kernels_bench profile) and set "
                         "router.predictors.profiles, or give router.policies.vinelm."
                         "decode_ms_per_token and max_batch_size, or set load_aware = false")
-        self.controller = Controller(self.tries, s.program_ttl_s)
+        self.controller = Controller(self.tries, s.program_ttl_s, s.reroot)
         if s.fallback not in POLICIES:
             raise ValueError(f"router.policies.vinelm.fallback: unknown policy {s.fallback!r}")
         fb_cls = POLICIES[s.fallback]
@@ -218,7 +221,7 @@ class VineLM(Policy[VineLMSettings]):
         except NoAdmissibleModel as exc:
             raise NoEngineAvailable(str(exc)) from None
         model = plan.path[depth]
-        self.controller.chosen(w.program_id, w.workflow, depth, model, req.arrival_time)
+        self.controller.chosen(w.program_id, w.workflow, depth, model, req.arrival_time, plan)
         if w.is_final:
             self.controller.finished(w.program_id)
         engine, hot = self.replicas.choose(req, [e for e in cands if e.model == model], view)

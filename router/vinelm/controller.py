@@ -5,7 +5,8 @@ Depth of a call: its ``stage_index`` (the program's LLM calls so far, 0-based), 
 number of calls the controller has chosen for the program (a retry, ``attempt > 1``,
 keeps the depth of the call it retries). The realised prefix is the models the
 controller chose for the program's earlier depths; the elapsed time runs from the
-arrival of its first call.
+arrival of its first call. With ``reroot`` off (the ablation), a program follows the
+plan made at its first call for as long as that plan goes on and its next model is up.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ class ProgramRun:
     last_active: float
     models: dict[int, str] = field(default_factory=dict)
     """Depth -> chosen model."""
+    plan: Plan | None = None
+    """The plan the last search made for the program."""
 
 
 class Controller:
-    def __init__(self, tries: Mapping[str, Trie], ttl_s: float) -> None:
+    def __init__(self, tries: Mapping[str, Trie], ttl_s: float, reroot: bool = True) -> None:
         self.tries = dict(tries)
         self.ttl_s = ttl_s
+        self.reroot = reroot
         self.programs: dict[str, ProgramRun] = {}
 
     def depth_of(self, program_id: str | None, workflow: str, stage_index: int | None,
@@ -84,19 +88,24 @@ class Controller:
             raise NoAdmissibleModel(f"no admissible model of stage {expected!r} "
                                f"({', '.join(trie.invocations[depth].models)}) is up")
         realised = tuple(m for m in prefix if m is not None)
+        if not self.reroot and run is not None and run.plan is not None:
+            fixed = run.plan.path
+            if len(fixed) > depth and fixed[:depth] == realised and fixed[depth] in allowed:
+                return depth, run.plan
         return depth, search(trie, realised, objective, elapsed, delays, stops,
                              first_models=allowed)
 
     def chosen(self, program_id: str | None, workflow: str, depth: int, model: str,
-               now: float) -> None:
-        """Record the model of call ``depth`` of ``program_id`` (a first call of a program
-        that had gone further starts a new run)."""
+               now: float, plan: Plan | None = None) -> None:
+        """Record the model of call ``depth`` of ``program_id`` and the plan it came from
+        (a first call of a program that had gone further starts a new run)."""
         if not program_id:
             return
         run = self.programs.get(program_id)
         if run is None or run.workflow != workflow or (depth == 0 and len(run.models) > 1):
             run = self.programs[program_id] = ProgramRun(workflow, now, now)
         run.models[depth] = model
+        run.plan = plan
         for d in [d for d in run.models if d > depth]:
             del run.models[d]
         run.last_active = now

@@ -74,6 +74,17 @@ def test_slow_stage_switches_the_suffix_of_the_plan() -> None:
     assert slow.decide(p_slow, call(2, "solver", 104.5, obj)).model == "a"
 
 
+def test_without_re_rooting_a_late_program_keeps_its_first_plan() -> None:
+    w = world()
+    policy = w.build("vinelm", {**STATIC, "reroot": False})
+    assert w.decide(policy, call(0, "solver", 100.0)).info["plan"] == ["b", "a", "b", "a", "b"]
+    assert w.decide(policy, call(1, "verifier", 102.0)).model == "a"
+    # 9 s used (as in the re-rooted test above, which switches to a): the root plan holds
+    late = w.decide(policy, call(2, "solver", 109.0))
+    assert late.model == "b" and late.info["plan"] == ["b", "a", "b", "a", "b"]
+    assert late.info["expected_latency_s"] == pytest.approx(8.0)  # the plan's, at the root
+
+
 def test_load_delay_of_a_busy_engine_moves_the_call() -> None:
     w = world()
     policy = w.build("vinelm", STATIC)
