@@ -77,7 +77,7 @@ def _portable(arg: str) -> str:
         return path.name
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:
+def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     """SIGTERM stops a replay like Ctrl-C: the cluster is brought down, results kept."""
     raise KeyboardInterrupt
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     out = a.out or RESULTS_ROOT / time.strftime("%Y%m%d-%H%M%S")
     if (out / SUMMARY).exists():
         parser.error(f"{out} already holds a replay; give another --out")
-    previous = signal.signal(signal.SIGTERM, _stop)
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         specs = parse_policies(a.policies, POLICIES, SCHED_POLICIES)
         opts = ReplayOptions(

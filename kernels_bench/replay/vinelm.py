@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ import httpx
 from tqdm import tqdm
 
 from kernels_bench.replay.arrivals import arrival_times
+from kernels_bench.replay.cli import stop_on_sigterm
 from kernels_bench.replay.client import http_sender, run_clock
 from kernels_bench.replay.cluster import ClusterError, ReplayCluster, engine_variant
 from kernels_bench.replay.spec import SpecError, parse_model_map
@@ -203,6 +205,31 @@ def summarize(results: Sequence[WorkflowResult]) -> dict[str, Any]:
             "calls_per_model": calls}
 
 
+def profile_trie(served: Served, template: WorkflowTemplate, problems: Sequence[str],
+                 vs: Mapping[str, Any], cascades: int, seed: int, out: Path) -> Trie:
+    """Cascade-profile ``template`` (served names) over ``problems`` with the VineLM
+    table's estimation settings; write the profile file the router loads."""
+    est = EstimationSettings(vs.get("smooth_rank", 1), vs.get("smooth_depths", 1),
+                             vs.get("smooth_strength", 5.0))
+    obs = cascade_sample(served, template.invocations(), problems, cascades, seed)
+    trie = annotate(template.name, template.invocations(), obs, est)
+    save_tries(out, {template.name: trie.to_json(template, {
+        "source": "replay-vinelm calibration", "executions": obs.executions})})
+    return trie
+
+
+def served_settings(vs: Mapping[str, Any], workflow: str, to_served: Mapping[str, str],
+                    profile: Path) -> dict[str, Any]:
+    """The router's VineLM template, prices and profile for the served models."""
+    raw = vs["workflows"][workflow]
+    return {"workflows": {workflow: {**raw, "stages": [
+                {**st, "models": [to_served[m] for m in st["models"]]}
+                for st in raw["stages"]]}},
+            "profile_path": str(profile),
+            **{key: {to_served[m]: v for m, v in vs[key].items() if m in to_served}
+               for key in ("prompt_cost_per_1k", "output_cost_per_1k")}}
+
+
 def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_cluster_config(args.cluster)
     header, table = read_executions(args.executions)
@@ -245,14 +272,8 @@ def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
         tqdm.write("calibration (idle s = a + b x tokens): " + ", ".join(
             f"{m}: {v.a:.3f} + {v.b * 1000:.2f} ms" for m, v in latency.items()))
         served = Served(recorded, to_recorded, latency)
-        est = EstimationSettings(vs.get("smooth_rank", 1), vs.get("smooth_depths", 1),
-                                 vs.get("smooth_strength", 5.0))
-        obs = cascade_sample(served, stemplate.invocations(), problems,
-                             args.cascades, args.seed)
-        trie = annotate(stemplate.name, stemplate.invocations(), obs, est)
         profile = (args.out / "profile.json").absolute()
-        save_tries(profile, {stemplate.name: trie.to_json(stemplate, {
-            "source": "replay-vinelm calibration", "executions": obs.executions})})
+        trie = profile_trie(served, stemplate, problems, vs, args.cascades, args.seed, profile)
         slos = args.slos or slo_targets(trie)
         rng = random.Random(args.seed)
         picks = [rng.choice(problems) for _ in range(args.workflows)]
@@ -265,14 +286,7 @@ def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
                           if variant == "static" else None)
                 tables = {**base_tables, "vinelm": {
                     **base_tables.get("vinelm", {}),
-                    "workflows": {stemplate.name: vs["workflows"][template.name] | {
-                        "stages": [{**s, "models": [to_served[m] for m in s["models"]]}
-                                   for s in vs["workflows"][template.name]["stages"]]}},
-                    "profile_path": str(profile),
-                    "prompt_cost_per_1k": {to_served[m]: v for m, v in
-                                           prices.prompt_per_1k.items() if m in to_served},
-                    "output_cost_per_1k": {to_served[m]: v for m, v in
-                                           prices.output_per_1k.items() if m in to_served},
+                    **served_settings(vs, template.name, to_served, profile),
                     "reroot": variant != "vinelm-noreroot"}}
                 router = dataclasses.replace(cfg.router, policy="vinelm", policy_settings=tables)
                 desc = f"{variant} @ SLO {slo:.1f} s"
@@ -394,9 +408,14 @@ def main(argv: list[str] | None = None) -> None:
     args.command = "python -m kernels_bench replay-vinelm " + shlex.join(argv)
     if args.rate <= 0 or args.workflows < 1:
         ap.error("--rate must be > 0 and --workflows >= 1")
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         report = replay_vinelm(args)
     except (ConfigError, SpecError, ClusterError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print("\n" + markdown(report))
     print(f"wrote {args.out}")

@@ -16,6 +16,7 @@ import asyncio
 import shlex
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,9 +108,17 @@ async def run_model(base_url: str, model: str, todo: list[tuple[Problem, str]], 
         bar.update()
         bar.set_postfix(correct=f"{correct}/{bar.n}")
 
-    limits = httpx.Limits(max_connections=s.concurrency + 4)
+    await run_all(s.concurrency, [lambda c, p=p, w=w: one(c, p, w) for p, w in todo], bar)
+
+
+async def run_all(concurrency: int,
+                  jobs: Sequence[Callable[[httpx.AsyncClient], Awaitable[None]]],
+                  bar: tqdm) -> None:
+    """Run ``jobs`` at once on one client sized for ``concurrency`` calls (each job limits
+    itself); the first failure cancels the rest; the progress bar is closed either way."""
+    limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
-        tasks = [asyncio.create_task(one(client, p, w)) for p, w in todo]
+        tasks = [asyncio.create_task(job(client)) for job in jobs]
         try:
             await asyncio.gather(*tasks)
         finally:

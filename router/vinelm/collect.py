@@ -92,7 +92,7 @@ async def run_nodes(base_url: str, model: str, nodes: list[tuple[str, Path_]],
     """Execute ``nodes`` (all of one depth, last model ``model``) on one engine."""
     import httpx
 
-    from kernels_bench.trace.build import call_stage
+    from kernels_bench.trace.build import call_stage, run_all
     from kernels_bench.trace.suites import judge
 
     sem = asyncio.Semaphore(settings.concurrency)
@@ -115,15 +115,8 @@ async def run_nodes(base_url: str, model: str, nodes: list[tuple[str, Path_]],
         table[problem, prefix] = rec
         bar.update()
 
-    limits = httpx.Limits(max_connections=settings.concurrency + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
-        tasks = [asyncio.create_task(one(client, pr, px)) for pr, px in nodes]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            bar.close()
+    await run_all(settings.concurrency,
+                  [lambda c, pr=pr, px=px: one(c, pr, px) for pr, px in nodes], bar)
 
 
 def open_executions(out: Path, header: ExecHeader) -> Table:
