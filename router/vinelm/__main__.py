@@ -149,8 +149,8 @@ def _recorded_report(args: argparse.Namespace, t: WorkflowTemplate, s: VineLMSet
                          f"recorded; {args.folds} folds need at least {2 * args.folds}")
     report = recorded_experiment(t, env, problems, s.cascades_per_problem, est, s.seed,
                                  args.folds, args.slow_factor, args.slow_share)
-    return {"workflow": t.name, "environment": f"real executions ({header.suite}, "
-            f"{len(problems)} problems)", "executions": str(args.executions),
+    return {"workflow": t.name, "environment": f"real executions of {len(problems)} "
+            f"{header.suite} problems", "executions": str(args.executions),
             "seed": s.seed, **report}
 
 
