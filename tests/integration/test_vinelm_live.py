@@ -116,6 +116,8 @@ def test_replay_vinelm_serves_recorded_workflows(collected: tuple[Path, Path]) -
     argv = ["kernels_bench", "replay-vinelm", "--cluster", str(cluster), "--executions",
             str(executions), "--vinelm-config", str(work / "cluster.toml"), "--model-map",
             "tiny-a=tiny-a,tiny-b=tiny-b", "--variants", "vinelm", "static", "--slos", "30",
+            # 2 problems: 4 cascades each so that profiling sees every (stage, model)
+            "--cascades", "4",
             "--workflows", "4", "--rate", "2", "--out", str(out)]
     assert _run(argv, work / "replay.log", work) == 0, (work / "replay.log").read_text()[-3000:]
     summary = json.loads((out / "summary.json").read_text())
