@@ -24,12 +24,17 @@ import contextlib
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+import httpx
 from tqdm import tqdm
 
-from kernels_bench.trace.format import TraceWriter
-from kernels_bench.trace.suites import Problem
+from kernels_bench.trace.build import Settings, call_stage, run_all
+from kernels_bench.trace.engines import EngineHandle, describe_model, engine_session
+from kernels_bench.trace.format import Trace, TraceWriter, load_trace
+from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
+from kernels_bench.trace.workflows import ROLE_PROMPTS
+from router.config import load_cluster_config
 from router.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
                                       read_executions, succeeded_before)
 from router.vinelm.template import Invocation, WorkflowTemplate
@@ -38,12 +43,10 @@ from router.vinelm.trie import Path_
 Table = dict[tuple[str, Path_], Execution]
 
 
-def trace_executions(trace: Any, invocations: Sequence[Invocation],
+def trace_executions(trace: Trace, invocations: Sequence[Invocation],
                      problems: dict[str, Problem], code_timeout_s: float) -> list[Execution]:
     """Single-model nodes from a trace: the runs of the workflow whose roles are the
     template's longest run, each stage judged on its own output when it answers."""
-    from kernels_bench.trace.suites import judge
-
     roles = [inv.stage for inv in invocations]
     flows = [w for w, r in trace.header.workflows.items() if r == roles]
     if not flows:
@@ -88,13 +91,8 @@ def pending(table: Table, problems: Sequence[str], invocations: Sequence[Invocat
 
 async def run_nodes(base_url: str, model: str, nodes: list[tuple[str, Path_]],
                     problems: dict[str, Problem], invocations: Sequence[Invocation],
-                    table: Table, settings: Any, writer: TraceWriter, desc: str) -> None:
+                    table: Table, settings: Settings, writer: TraceWriter, desc: str) -> None:
     """Execute ``nodes`` (all of one depth, last model ``model``) on one engine."""
-    import httpx
-
-    from kernels_bench.trace.build import call_stage, run_all
-    from kernels_bench.trace.suites import judge
-
     sem = asyncio.Semaphore(settings.concurrency)
     bar = tqdm(total=len(nodes), desc=desc, unit="call", file=sys.stderr, dynamic_ncols=True)
 
@@ -134,15 +132,9 @@ def open_executions(out: Path, header: ExecHeader) -> Table:
     return table
 
 
-def collect(cluster: Path, template: WorkflowTemplate, settings: Any, out: Path,
+def collect(cluster: Path, template: WorkflowTemplate, settings: Settings, out: Path,
             trace_path: Path | None, command: str) -> Table:
     """Run every pending node of ``settings.problems`` problems; return the table."""
-    from kernels_bench.trace import load_trace
-    from kernels_bench.trace.engines import describe_model, engine_session
-    from kernels_bench.trace.suites import SOURCES, load_problems
-    from kernels_bench.trace.workflows import ROLE_PROMPTS
-    from router.config import load_cluster_config
-
     invs = template.invocations()
     unknown = sorted({i.stage for i in invs} - set(ROLE_PROMPTS[settings.suite]))
     if unknown:
@@ -174,7 +166,7 @@ def collect(cluster: Path, template: WorkflowTemplate, settings: Any, out: Path,
               file=sys.stderr, flush=True)
     ids = list(problems)
     with contextlib.ExitStack() as stack:
-        running: tuple[str, Any] | None = None
+        running: tuple[str, EngineHandle] | None = None
         for depth in range(1, len(invs) + 1):
             todo = pending(table, ids, invs, depth)
             order = sorted(todo, key=lambda m: (running is None or m != running[0], m))

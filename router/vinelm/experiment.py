@@ -144,29 +144,41 @@ def static_path(template: WorkflowTemplate, assignment: Mapping[str, str]) -> Pa
     return tuple(assignment[inv.stage] for inv in template.invocations())
 
 
-def static_budgets(template: WorkflowTemplate, truth: Trie, points: int = 8) -> list[float]:
-    """``points`` budgets evenly from the cheapest to the costliest static assignment."""
-    costs = sorted(truth[static_path(template, a)].cost for a in static_assignments(template))
-    return [costs[0] + (costs[-1] - costs[0]) * i / (points - 1) for i in range(points)]
+AXES = ("cost", "latency_s")
+"""Frontier budgets: per-request cost (``max_cost``) or latency (``max_latency_s``)."""
+
+
+def static_budgets(template: WorkflowTemplate, truth: Trie, points: int = 8,
+                   axis: str = "cost") -> list[float]:
+    """``points`` budgets evenly from the cheapest to the costliest static assignment
+    (``axis``: cost or latency)."""
+    vals = sorted(getattr(truth[static_path(template, a)], axis)
+                  for a in static_assignments(template))
+    return [vals[0] + (vals[-1] - vals[0]) * i / (points - 1) for i in range(points)]
 
 
 def frontier_experiment(template: WorkflowTemplate, env: Executor, sparse: Trie,
                         truth: Trie, test_problems: list[str],
-                        budgets: Sequence[float] | None = None) -> dict[str, Any]:
-    """Accuracy and realised cost per budget: VineLM (sparse trie) vs best static."""
+                        budgets: Sequence[float] | None = None,
+                        axis: str = "cost") -> dict[str, Any]:
+    """Accuracy and realised cost and latency per budget on ``axis`` (cost or latency):
+    VineLM (sparse trie) vs best static."""
     invs = template.invocations()
     statics = [(a, static_path(template, a)) for a in static_assignments(template)]
-    budgets = list(budgets) if budgets is not None else static_budgets(template, truth)
+    budgets = (list(budgets) if budgets is not None
+               else static_budgets(template, truth, axis=axis))
     rows = []
     for c in budgets:
-        obj = Objective("max_accuracy", max_cost=c)
+        obj = (Objective("max_accuracy", max_cost=c) if axis == "cost"
+               else Objective("max_accuracy", max_latency_s=c))
         vine = [simulate(env, invs, x, vinelm_chooser(sparse, obj, True), lambda *_: 1.0)
                 for x in test_problems]
         exact = [simulate(env, invs, x, vinelm_chooser(truth, obj, True), lambda *_: 1.0)
                  for x in test_problems]
-        affordable = [(truth[p].accuracy, -truth[p].cost, p) for _, p in statics
-                      if truth[p].cost <= c + 1e-9]
-        best = max(affordable)[2] if affordable else min(statics, key=lambda s: truth[s[1]].cost)[1]
+        affordable = [(truth[p].accuracy, -getattr(truth[p], axis), p) for _, p in statics
+                      if getattr(truth[p], axis) <= c + 1e-9]
+        best = (max(affordable)[2] if affordable
+                else min(statics, key=lambda s: getattr(truth[s[1]], axis))[1])
         stat = [simulate(env, invs, x, lambda pre, _e, b=best: (b[len(pre)], len(b)),
                          lambda *_: 1.0) for x in test_problems]
         rows.append({"budget": c,
@@ -230,24 +242,29 @@ def recorded_experiment(template: WorkflowTemplate, env: Executor, problems: lis
     from the whole set."""
     report, sparse_all, truth_all = profiling_experiment(
         template, env, problems, cascades_per_problem, settings, seed, stop_at_success=True)
-    budgets, slos = static_budgets(template, truth_all), slo_targets(sparse_all)
+    budgets = {axis: static_budgets(template, truth_all, axis=axis) for axis in AXES}
+    slos = slo_targets(sparse_all)
     slowed = slowest_model(truth_all)
     order = list(problems)
     random.Random(seed).shuffle(order)
     parts = [order[i::folds] for i in range(folds)]
-    frontier, slo = [], []
+    frontier: dict[str, list[tuple[int, list[dict[str, Any]]]]] = {a: [] for a in AXES}
+    slo = []
     for i, test in enumerate(parts):
         train = [p for j, part in enumerate(parts) if j != i for p in part]
         _, sparse, truth = profiling_experiment(template, env, train, cascades_per_problem,
                                                 settings, seed + i, stop_at_success=True,
                                                 progress=False)
-        frontier.append((len(test), frontier_experiment(template, env, sparse, truth, test,
-                                                        budgets)["rows"]))
+        for axis in AXES:
+            frontier[axis].append((len(test), frontier_experiment(
+                template, env, sparse, truth, test, budgets[axis], axis)["rows"]))
         slo.append((len(test), slo_experiment(template, env, sparse, test, slowed,
                                               slow_factor, slow_share, seed, slos)["rows"]))
     return {"profiling": report,
             "frontier": {"test_problems": len(problems), "folds": folds,
-                         "rows": _pool(frontier)},
+                         "rows": _pool(frontier["cost"])},
+            "latency_frontier": {"test_problems": len(problems), "folds": folds,
+                                 "rows": _pool(frontier["latency_s"])},
             "slo": {"slow_model": slowed, "slow_factor": slow_factor,
                     "slow_share": slow_share, "folds": folds, "rows": _pool(slo)}}
 

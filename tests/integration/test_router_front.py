@@ -231,7 +231,9 @@ def test_stream_arrives_incrementally(cluster: Cluster) -> None:
         for line in resp.iter_lines():
             if line.startswith("data:"):
                 arrivals.append(time.monotonic())
-    assert len(arrivals) >= 300
+    # vLLM merges tokens into one event when the consumer lags (a busy machine: CI saw
+    # 280 events for 300 tokens), so incremental means many events spread over time
+    assert len(arrivals) >= 30
     assert arrivals[len(arrivals) // 2] - arrivals[0] > 0.05
 
 

@@ -116,6 +116,10 @@ def test_recorded_experiment_reports_folds_over_all_problems() -> None:
     rows = rep["frontier"]["rows"]
     assert len(rows) == 8 and all(len(r["static_assignments"]) == 3 for r in rows)
     assert all(0 <= r["vinelm_accuracy"] <= 1 for r in rows)
+    lat = rep["latency_frontier"]["rows"]
+    assert [r["budget"] for r in lat] == sorted(r["budget"] for r in lat) and len(lat) == 8
+    # a latency budget binds the static choice: the fastest static path at the tightest
+    assert all(r["static_latency_s"] <= lat[-1]["budget"] + 1e-9 for r in lat[1:])
     assert rep["slo"]["slow_model"] == "m2" and len(rep["slo"]["rows"]) == 3
 
 
