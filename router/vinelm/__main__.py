@@ -212,11 +212,13 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--code-timeout", type=float, default=10.0)
     c.add_argument("--out", required=True, help="executions file (.jsonl or .jsonl.gz)")
     args = ap.parse_args(argv)
+    if args.cmd == "experiment" and args.folds < 2:
+        ap.error("--folds must be at least 2 (each fold is held out from the others)")
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         {"profile": cmd_profile, "experiment": cmd_experiment,
          "collect": cmd_collect}[args.cmd](args)
-    except (ConfigError, ValueError) as exc:
+    except (ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -36,7 +36,7 @@ from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
 from kernels_bench.trace.workflows import ROLE_PROMPTS
 from router.config import load_cluster_config
 from router.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
-                                      read_executions, succeeded_before)
+                                      read_executions, succeeded_by)
 from router.vinelm.template import Invocation, WorkflowTemplate
 from router.vinelm.trie import Path_
 
@@ -80,8 +80,7 @@ def pending(table: Table, problems: Sequence[str], invocations: Sequence[Invocat
         [(p, ()) for p in problems] if depth == 1 else
         [k for k in table if len(k[1]) == depth - 1 and k[0] in problems])
     for problem, parent in sorted(parents):
-        if parent and (table[problem, parent].success
-                       or succeeded_before(table, problem, parent)):
+        if succeeded_by(table, problem, parent):
             continue
         for m in invocations[depth - 1].models:
             if (problem, parent + (m,)) not in table:

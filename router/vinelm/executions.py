@@ -102,10 +102,11 @@ def read_executions(path: str | os.PathLike[str]
     return header, out
 
 
-def succeeded_before(table: Mapping[tuple[str, Path_], Execution], problem: str,
-                     prefix: Path_) -> bool:
-    """Whether any proper prefix of ``prefix`` already answered right (absorbing)."""
-    return any(table[problem, prefix[:j]].success for j in range(1, len(prefix)))
+def succeeded_by(table: Mapping[tuple[str, Path_], Execution], problem: str,
+                 prefix: Path_) -> bool:
+    """Whether the answer is right after ``prefix`` (success is absorbing: any node on
+    the path from the root to ``prefix`` answered right)."""
+    return any(table[problem, prefix[:j]].success for j in range(1, len(prefix) + 1))
 
 
 @dataclass
@@ -121,9 +122,9 @@ class RecordedExecutor:
         e = self.table.get((problem, prefix))
         if e is None:
             raise MissingExecution(f"no recorded execution of {list(prefix)} for {problem!r}")
-        ok = e.success or succeeded_before(self.table, problem, prefix)
-        return Outcome(ok, self.prices.cost(prefix[-1], e.stage.prompt_tokens,
-                                            e.stage.output_tokens), e.stage.latency_s)
+        return Outcome(succeeded_by(self.table, problem, prefix),
+                       self.prices.cost(prefix[-1], e.stage.prompt_tokens,
+                                        e.stage.output_tokens), e.stage.latency_s)
 
     def problems(self) -> list[str]:
         """Problems whose every node not below a success is recorded (complete trees)."""
