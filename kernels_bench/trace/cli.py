@@ -8,6 +8,9 @@ import importlib
 import sys
 from pathlib import Path
 
+from kernels_bench.trace.format import TraceFormatError
+from router.config import ConfigError
+
 COMMANDS = {
     "build": ("kernels_bench.trace.build", "run a cluster's models over a suite's workflows"),
     "champ": ("kernels_bench.trace.champ", "convert champ-dataset into a trace"),
@@ -18,7 +21,7 @@ COMMANDS = {
 
 def validate(argv: list[str]) -> None:
     """``trace validate FILE...``: load each file, print its counts or the first error."""
-    from kernels_bench.trace.format import TraceFormatError, load_trace
+    from kernels_bench.trace.format import load_trace
 
     ap = argparse.ArgumentParser(prog="python -m kernels_bench trace validate")
     ap.add_argument("files", nargs="+", type=Path)
@@ -57,8 +60,12 @@ def main(argv: list[str]) -> None:
             print(f"  {name:10} {desc}")
         return
     if argv[0] in local:
-        local[argv[0]][0](argv[1:])
+        run = local[argv[0]][0]
     elif argv[0] in COMMANDS:
-        importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
+        run = importlib.import_module(COMMANDS[argv[0]][0]).main
     else:
         sys.exit(f"unknown trace command {argv[0]!r}; see --help")
+    try:
+        run(argv[1:])
+    except (TraceFormatError, ConfigError, OSError) as e:
+        sys.exit(f"trace {argv[0]}: error: {e}")

@@ -206,6 +206,7 @@ def main(argv: list[str]) -> None:
     traces = [load_trace(p) for p in args.traces]
     summaries = [summarize(t, p) for t, p in zip(traces, args.traces)]
     regenerate = shlex.join(["python", "-m", "kernels_bench", "trace", "datasheet", *argv])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(summaries, args.title, regenerate))
     args.out.with_suffix(".json").write_text(json.dumps(summaries, indent=1) + "\n")
     plot(summaries, traces, args.out.with_suffix(".png"))

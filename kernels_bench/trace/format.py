@@ -285,6 +285,7 @@ class TraceWriter:
 def write_records(dst: str | os.PathLike[str], header: Header, units: list[Unit]) -> None:
     """Write a whole trace atomically (``.gz``: one gzip member), units in the given order."""
     dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + ".tmp")
     body = encode(header) + b"".join(encode(u) for u in units)
     tmp.write_bytes(gzip.compress(body, compresslevel=9, mtime=0)

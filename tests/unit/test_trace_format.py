@@ -152,3 +152,33 @@ def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
     assert out[0] == (f"ok {good}: suite math, 1 workflow runs, 2 units, models m1, m2")
     assert out[1].startswith(f"INVALID {bad}: line 2 (unit p0|plan_solve|m1): ")
     assert "$.stages[0].output_tokens" in out[1]
+
+
+def test_commands_report_bad_input_in_one_line(tmp_path: Path) -> None:
+    from kernels_bench.trace.cli import main
+
+    head, u = _good()
+    u["stages"][0]["output_tokens"] = -1
+    bad = _lines(tmp_path, [head, u])
+    for argv, message in [
+        (["compact", str(tmp_path / "missing.jsonl.gz"), str(tmp_path / "x.jsonl.gz")],
+         "trace compact: error: [Errno 2] No such file or directory"),
+        (["datasheet", str(bad), "--out", str(tmp_path / "d.md")],
+         f"trace datasheet: error: {bad}: line 2 (unit p0|plan_solve|m1): "),
+        (["build", "--cluster", str(tmp_path / "none.toml"), "--suite", "math",
+          "--problems", "1", "--out", str(tmp_path / "t.jsonl.gz")],
+         f"trace build: error: {tmp_path / 'none.toml'}: (file): cannot read"),
+    ]:
+        with pytest.raises(SystemExit) as code:
+            main(argv)
+        assert str(code.value.code).startswith(message), code.value.code
+
+
+def test_outputs_go_into_new_folders(tmp_path: Path) -> None:
+    from kernels_bench.trace.cli import main
+
+    src = write(tmp_path / "a.jsonl.gz", [header(), unit()])
+    main(["compact", str(src), str(tmp_path / "new" / "b.jsonl.gz")])
+    main(["datasheet", str(src), "--out", str(tmp_path / "sheets" / "DATASHEET.md")])
+    assert len(load_trace(tmp_path / "new" / "b.jsonl.gz").runs) == 1
+    assert (tmp_path / "sheets" / "DATASHEET.png").stat().st_size > 0
