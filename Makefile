@@ -22,11 +22,11 @@ bench-scheduler: setup
 
 # The serving replay on this machine: two built-in engines of different speed
 # (examples/replay.toml), the shipped math trace, Poisson arrivals at a rate that queues,
-# our policies against vLLM's balancer with FCFS engines (docs/replay.md). The trace holds
-# the 0.5B model's runs so far, so both engines replay them; once it holds the 1.5B model's
-# too: make replay REPLAY_MODEL_MAP=tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct
+# our policies against vLLM's balancer with FCFS engines (docs/replay.md). The fast engine
+# replays Qwen2.5-Coder-0.5B's runs and the slow one the 1.5B's (more accurate), so
+# policies trade latency against score as on a real heterogeneous cluster.
 REPLAY_TRACE ?= data/traces/math.jsonl.gz
-REPLAY_MODEL_MAP ?= tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-0.5b-instruct
+REPLAY_MODEL_MAP ?= tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct
 REPLAY_POLICIES ?= chimera:stjf lmetric vllm:fcfs oracle
 
 replay: setup
