@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import msgspec
 from tqdm import tqdm
 
 from kernels_bench.trace.format import (
@@ -32,6 +33,7 @@ from kernels_bench.trace.format import (
     Unit,
     read_records,
     unit_key,
+    write_records,
 )
 from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
 from kernels_bench.trace.workflows import WORKFLOWS, prompt_version, stage_messages
@@ -128,7 +130,10 @@ async def run_all(concurrency: int,
 
 
 def open_trace(out: Path, header: Header) -> set[str]:
-    """Create ``out`` with ``header``, or check an existing one's; return its unit keys."""
+    """Create ``out`` with ``header``, or check an existing one's; return its unit keys.
+
+    A cluster with models the existing header does not list (a build that adds a model to
+    a trace) has their sources appended to the header, which rewrites the file."""
     if not out.exists() or out.stat().st_size == 0:
         with TraceWriter(out) as w:
             w.append(header)
@@ -139,6 +144,12 @@ def open_trace(out: Path, header: Header) -> set[str]:
             raise SystemExit(f"{out}: was built with a different {field} "
                              f"({getattr(old, field)!r}, now {getattr(header, field)!r}); "
                              "use another --out or the original settings")
+    known = {src.get("name") for src in old.sources}
+    new = [src for src in header.sources if src.get("name") not in known]
+    if new:
+        write_records(out, msgspec.structs.replace(old, sources=old.sources + new), units)
+        print(f"[trace] {out}: header now lists {', '.join(s['name'] for s in new)}",
+              file=sys.stderr, flush=True)
     return {u.key for u in units}
 
 
