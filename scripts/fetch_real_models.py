@@ -77,7 +77,8 @@ MODELS: dict[str, ModelSource] = {
         ),
     )
 }
-DEFAULT_MODELS = ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
+DEFAULT_MODELS = ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct",
+                  "smollm2-135m-instruct")
 SOURCE_FILE = "hetserve-source.json"
 
 
