@@ -35,15 +35,16 @@ def test_a_new_model_is_added_to_the_header_and_units_are_kept(tmp_path: Path) -
     m2 = {"name": "m2", "license": "Apache-2.0"}
     out = tmp_path / "t.jsonl.gz"
     open_trace(out, _header(512, sources=[data, m1]))
-    stage = Stage(index=0, role="solver", messages=[Message("user", "q")], prompt_tokens=3, output_tokens=2,
-                  output_text="42", finish_reason="stop", latency_s=0.1)
+    stage = Stage(index=0, role="solver", messages=[Message("user", "q")], prompt_tokens=3,
+                  output_tokens=2, output_text="42", finish_reason="stop", latency_s=0.1)
     unit = Unit(key="p|solve|m1", problem_id="p", workflow="solve", model="m1",
                 user_prompt="q", reference="42", stages=[stage], final_answer="42",
                 correct=True, score=1.0, total_output_tokens=2, latency_s=0.1, detail="")
     with TraceWriter(out) as w:
         w.append(unit)
+    before = out.read_bytes()
     assert open_trace(out, _header(512, sources=[data, m1])) == {"p|solve|m1"}
-    assert read_records(out)[0].sources == [data, m1]  # nothing new: untouched
+    assert out.read_bytes() == before  # nothing new: the file is untouched
     assert open_trace(out, _header(512, sources=[data, m2, m1])) == {"p|solve|m1"}
     header, units = read_records(out)
     assert header.sources == [data, m1, m2]
