@@ -148,7 +148,7 @@ def open_trace(out: Path, header: Header) -> set[str]:
     new = [src for src in header.sources if src.get("name") not in known]
     if new:
         write_records(out, msgspec.structs.replace(old, sources=old.sources + new), units)
-        print(f"[trace] {out}: header now lists {', '.join(s['name'] for s in new)}",
+        print(f"[trace] {out}: header now lists {', '.join(str(s.get('name')) for s in new)}",
               file=sys.stderr, flush=True)
     return {u.key for u in units}
 
