@@ -1,7 +1,7 @@
 """ASGI middleware of the engine server: rejects bad priorities before vLLM sees them.
 
 vLLM accepts any integer ``priority`` and silently ignores an unparsable
-``X-Vllm-Priority`` header. The engine contract (``engine_ext.contract``) accepts
+``X-Vllm-Priority`` header. The engine contract (``scheduler_patches.contract``) accepts
 integers in ``[PRIORITY_MIN, PRIORITY_MAX]`` only; anything else gets an OpenAI-style
 400 here and never reaches the engine.
 """
@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from engine_ext.contract import PRIORITY_HEADER, PRIORITY_MAX, PRIORITY_MIN
+from scheduler_patches.contract import PRIORITY_HEADER, PRIORITY_MAX, PRIORITY_MIN
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -15,6 +15,8 @@ COMMANDS = {
     "replay": ("kernels_bench.replay.cli", "serving replay: policies compared on a trace"),
     "replay-vinelm": ("kernels_bench.replay.vinelm", "VineLM live with/without re-rooting vs "
                       "static, on recorded executions"),
+    "vinelm": ("kernels_bench.vinelm.cli", "VineLM: collect executions, profile tries, "
+               "sparse-profiling experiments"),
     "results": ("kernels_bench.replay.results", "docs/results.md from the latest replay"),
     "predictors": ("kernels_bench.predictor_bench", "predictor latency alone and batched, batch 1/16/64"),
 }

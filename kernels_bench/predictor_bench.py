@@ -21,12 +21,12 @@ from typing import Any, Awaitable, Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from router.policies.base import RoutingRequest, WorkflowMeta
 from router.predictors.base import TpotQuery
 from router.predictors.loader import close_predictors, load_predictors
 from router.predictors.records import StageRecord
 from router.predictors.service import SERVED, ServiceSettings
 from router.predictors.sources import load_records
+from router.types import RoutingRequest, WorkflowMeta
 
 METHOD = {"semantic_router": "confidence", "length": "remaining_tokens", "knn": "estimate",
           "capability": "capability"}

@@ -51,9 +51,9 @@ from engine_ext.telemetry import SchedulerSnapshot, snapshot_decoder, subscriber
 from kernels_bench.replay.cluster import ClusterError, ReplayCluster
 from kernels_bench.replay.priors import trace_priors
 from kernels_bench.replay.spec import SpecError, parse_model_map, resolve_model_map
-from kernels_bench.trace.format import TraceFormatError, load_trace
 from launcher import LaunchError
 from router.config import ClusterConfig, ConfigError, EngineInstance, load_cluster_config
+from router.trace_format import TraceFormatError, load_trace
 
 TOKEN_RANGE = (100, 3000)
 """Random prompt token ids come from here (inside every built-in and real vocabulary)."""

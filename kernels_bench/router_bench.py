@@ -39,10 +39,10 @@ import msgspec
 
 from engine_ext.telemetry import (BlockStored, KVEvent, KVEventBatch, SchedulerSnapshot,
                                   encode_snapshot)
+from router.dispatch.core import RouterCore
 from router.policies import POLICIES
-from router.policies.base import RoutingRequest, WorkflowMeta
-from router.state.core import RouterCore
 from router.state.kv_hash import BlockHasher
+from router.types import RoutingRequest, WorkflowMeta
 
 ENGINES = (2, 16, 64)
 BATCHES = (1, 4, 16, 64)

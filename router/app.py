@@ -30,13 +30,13 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from router.config import ClusterConfig, ConfigError
+from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
-from router.policies.base import Decision, NoEngineAvailable, RoutingRequest, WorkflowMeta
 from router.predictors.base import PredictorSet
 from router.request import (AUTO_MODEL, Kind, ParsedRequest, RequestError, context_error,
                             parse_request, upstream_body)
-from router.state.core import RouterCore
 from router.tokenize import PromptInfo, Tokenizers
+from router.types import Decision, NoEngineAvailable, RoutingRequest, WorkflowMeta
 from router.upstream import (StreamResult, Upstream, UpstreamError, completion_tokens,
                              relay_events)
 

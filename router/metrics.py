@@ -17,7 +17,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from router.state.core import RouterCore
+    from router.dispatch.core import RouterCore
     from router.state.stats import Histogram as CoreHistogram
 
 TOKENIZE_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,

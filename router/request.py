@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
-from engine_ext.contract import PRIORITY_MAX, PRIORITY_MIN
 from router.vinelm.objective import (Objective, ObjectiveError, objective_from_header,
                                      parse_objective)
+from scheduler_patches.contract import PRIORITY_MAX, PRIORITY_MIN
 
 Kind = Literal["chat", "completion"]
 AUTO_MODEL = "auto"

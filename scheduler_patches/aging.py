@@ -7,7 +7,7 @@ Key of a request, lowest first::
     key = (starvation_level, priority, arrival_time)
 
 - ``priority``: the router's predicted total remaining output tokens of the request's
-  workflow (``engine_ext.contract``); a request sent without one (priority 0) sorts as
+  workflow (``scheduler_patches.contract``); a request sent without one (priority 0) sorts as
   ``AgingSettings.unprioritized_priority``.
 - ``starvation_level``: 0 for a normal request; every ``S`` consecutive ``schedule()``
   iterations a waiting request is passed over, it is promoted one level (level -1, -2, ...
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine_ext.contract import NO_PRIORITY, PRIORITY_MAX
+from scheduler_patches.contract import NO_PRIORITY, PRIORITY_MAX
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels_bench.trace.format import (FORMAT, VERSION, Header, Stage, Trace, TraceWriter,
-                                        Unit, load_trace, unit_key)
 from kernels_bench.trace.workflows import stage_messages
+from router.trace_format import (FORMAT, VERSION, Header, Stage, Trace, TraceWriter,
+                                        Unit, load_trace, unit_key)
 
 MODELS = ("small", "large")
 WORKFLOWS = {"plan_solve": ["planner", "solver"], "solve": ["solver"]}

@@ -18,10 +18,10 @@ from kernels_bench.replay.report import markdown_tables
 from kernels_bench.replay.run import ReplayOptions, replay
 from kernels_bench.replay.spec import SpecError, parse_model_map, parse_policies
 from kernels_bench.replay.workload import WorkloadError
-from kernels_bench.trace.format import TraceFormatError, load_trace
 from launcher import LaunchError
 from router.config import SCHED_POLICIES, ConfigError, load_cluster_config
 from router.policies import POLICIES
+from router.trace_format import TraceFormatError, load_trace
 
 MAIN_POLICIES = ["chimera:stjf", "chimera:fcfs", "lmetric", "routebalance", "laar",
                  "vllm:fcfs", "round_robin", "oracle"]

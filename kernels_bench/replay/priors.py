@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels_bench.trace.format import Trace
 from kernels_bench.replay.workload import forced_tokens
+from router.trace_format import Trace
 
 FILLS = {
     "chimera": {"confidence": "accuracy", "mean_output_tokens": "mean_output_tokens"},

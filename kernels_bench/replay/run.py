@@ -29,11 +29,11 @@ from kernels_bench.replay.output import write_run, write_summary
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
 from kernels_bench.replay.spec import PolicySpec, resolve_model_map
 from kernels_bench.replay.workload import Job, select_runs
-from kernels_bench.trace.format import Trace
 from router.config import ClusterConfig, EngineConfig, RouterConfig, parse_cluster_config
-from router.policies.base import ClusterInfo
 from router.policies.registry import build_policy
 from router.predictors.base import PredictorSet
+from router.trace_format import Trace
+from router.types import ClusterInfo
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 without re-rooting, against the best static assignment, on recorded real executions.
 
 Workload: the problems whose every trie node is recorded in an executions file
-(``python -m router.vinelm collect``: real runs of the real models). The replay cluster's
+(``python -m kernels_bench vinelm collect``: real runs of the real models). The replay cluster's
 engines stand in for those models (``--model-map served=recorded``). A workflow is one
 program of the template. At each call the client sends the stage's recorded messages
 after the realised prefix, ``per_model.max_tokens`` = each model's recorded output length
@@ -45,11 +45,11 @@ from kernels_bench.replay.cli import stop_on_sigterm
 from kernels_bench.replay.client import http_sender, run_clock
 from kernels_bench.replay.cluster import ClusterError, ReplayCluster, engine_variant
 from kernels_bench.replay.spec import SpecError, parse_model_map
+from kernels_bench.vinelm.executions import Execution, RecordedExecutor, read_executions
+from kernels_bench.vinelm.executors import Prices
+from kernels_bench.vinelm.experiment import slo_targets, static_assignments, static_path
 from router.config import ConfigError, load_cluster_config
 from router.vinelm.estimate import EstimationSettings, annotate
-from router.vinelm.executions import Execution, RecordedExecutor, read_executions
-from router.vinelm.executors import Prices
-from router.vinelm.experiment import slo_targets, static_assignments, static_path
 from router.vinelm.objective import Objective
 from router.vinelm.profiling import Outcome, cascade_sample
 from router.vinelm.template import WorkflowTemplate, parse_template
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--cluster", type=Path, required=True, help="replay cluster (TOML)")
     ap.add_argument("--executions", type=Path, required=True,
-                    help="recorded executions (python -m router.vinelm collect)")
+                    help="recorded executions (python -m kernels_bench vinelm collect)")
     ap.add_argument("--vinelm-config", type=Path, required=True,
                     help="cluster file with the template and prices of the recorded models")
     ap.add_argument("--model-map", action="append", default=[], required=True,

@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kernels_bench.trace.format import Trace, WorkflowRun
+from router.trace_format import Trace, WorkflowRun
 
 
 class WorkloadError(ValueError):

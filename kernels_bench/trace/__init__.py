@@ -1,16 +1,6 @@
 """Workflow traces: the data the router's predictors learn from and the replay runs on.
 
-``load_trace(path)`` reads and validates a trace (see docs/traces.md and ``format``);
-``python -m kernels_bench trace ...`` builds, converts, checks and describes traces.
+``python -m kernels_bench trace ...`` builds, converts, checks and describes traces. The
+file format itself (``load_trace``, ``TraceWriter``; docs/traces.md) is
+``router.trace_format``: the router's training reads it, so it sits in the router layer.
 """
-
-from kernels_bench.trace.format import (
-    ModelRun,
-    Stage,
-    Trace,
-    TraceFormatError,
-    WorkflowRun,
-    load_trace,
-)
-
-__all__ = ["ModelRun", "Stage", "Trace", "TraceFormatError", "WorkflowRun", "load_trace"]

@@ -24,7 +24,9 @@ import httpx
 import msgspec
 from tqdm import tqdm
 
-from kernels_bench.trace.format import (
+from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
+from kernels_bench.trace.workflows import WORKFLOWS, prompt_version, stage_messages
+from router.trace_format import (
     FORMAT,
     VERSION,
     Header,
@@ -35,8 +37,6 @@ from kernels_bench.trace.format import (
     unit_key,
     write_records,
 )
-from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
-from kernels_bench.trace.workflows import WORKFLOWS, prompt_version, stage_messages
 
 
 @dataclass(frozen=True)

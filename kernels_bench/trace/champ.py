@@ -40,7 +40,8 @@ from typing import Any
 from tqdm import tqdm
 
 from kernels_bench.trace.answers import extract_math_answer, numbers_equal
-from kernels_bench.trace.format import (
+from kernels_bench.trace.models import real_models_root
+from router.trace_format import (
     FORMAT,
     VERSION,
     Header,
@@ -51,7 +52,6 @@ from kernels_bench.trace.format import (
     compact,
     unit_key,
 )
-from kernels_bench.trace.models import real_models_root
 
 MODELS = {"GPT-3.5": "gpt-3.5", "GPT-4": "gpt-4", "GPT-4 Turbo": "gpt-4-turbo",
           "PaLM 2 Medium": "palm-2-medium"}

@@ -8,8 +8,8 @@ import importlib
 import sys
 from pathlib import Path
 
-from kernels_bench.trace.format import TraceFormatError
 from router.config import ConfigError
+from router.trace_format import TraceFormatError
 
 COMMANDS = {
     "build": ("kernels_bench.trace.build", "run a cluster's models over a suite's workflows"),
@@ -21,7 +21,7 @@ COMMANDS = {
 
 def validate(argv: list[str]) -> None:
     """``trace validate FILE...``: load each file, print its counts or the first error."""
-    from kernels_bench.trace.format import load_trace
+    from router.trace_format import load_trace
 
     ap = argparse.ArgumentParser(prog="python -m kernels_bench trace validate")
     ap.add_argument("files", nargs="+", type=Path)
@@ -42,7 +42,7 @@ def validate(argv: list[str]) -> None:
 
 def compact(argv: list[str]) -> None:
     """``trace compact SRC DST``: one gzip member, units sorted by key."""
-    from kernels_bench.trace.format import compact as do_compact
+    from router.trace_format import compact as do_compact
 
     ap = argparse.ArgumentParser(prog="python -m kernels_bench trace compact")
     ap.add_argument("src", type=Path)

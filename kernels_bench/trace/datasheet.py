@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels_bench.trace.format import Trace, load_trace
+from router.trace_format import Trace, load_trace
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 

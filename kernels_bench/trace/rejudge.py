@@ -19,8 +19,8 @@ from pathlib import Path
 import msgspec
 from tqdm import tqdm
 
-from kernels_bench.trace.format import Header, Unit, read_records, write_records
 from kernels_bench.trace.suites import Problem, judge, load_problems
+from router.trace_format import Header, Unit, read_records, write_records
 
 _MATH_ID = re.compile(r"gsm_symbolic/(\d+)/(\d+)")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from kernels_bench.trace.format import Message
+from router.trace_format import Message
 
 WORKFLOWS: dict[str, dict[str, list[str]]] = {
     "math": {

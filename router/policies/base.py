@@ -1,8 +1,8 @@
-"""Routing requests and decisions, the policy interface, and settings validation.
+"""The policy interface, the helpers policies share, and settings validation.
 
 A policy receives a request, its candidate engines (up, serving the requested model,
 with room for the request) and a read-only ``StateView``, and returns a ``Decision``.
-It never writes router state: the state package records every decision. A policy may
+It never writes router state: dispatch (``router.dispatch``) records every decision. A policy may
 keep private decision history (a round-robin pointer, a seeded RNG, LMETRIC's hotspot
 counters), which only its own decisions update.
 """
@@ -11,95 +11,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field, fields
-from typing import (Any, Callable, ClassVar, Generic, Iterable, Mapping, Protocol, Sequence,
+from dataclasses import fields
+from typing import (Any, Callable, ClassVar, Generic, Iterable, Mapping, Sequence,
                     TypeVar, get_args, get_origin, get_type_hints)
 
-from engine_ext.contract import PRIORITY_MAX
 from router.predictors.base import PredictorSet
 from router.state.view import EngineView, StateView
-from router.vinelm.objective import Objective
-
-
-class NoEngineAvailable(Exception):
-    """No engine that could serve the request is up (HTTP 503)."""
-
-
-@dataclass(frozen=True)
-class WorkflowMeta:
-    """Workflow metadata of one LLM call (all optional)."""
-
-    program_id: str | None = None
-    workflow: str | None = None
-    stage: str | None = None
-    stage_index: int | None = None
-    num_stages: int | None = None
-    final: bool | None = None
-    budget: float | None = None
-    """Cost budget left for this request (RouteBalance's admission and clamp)."""
-    weights: Mapping[str, float] = field(default_factory=dict)
-    """Per-request policy weights (RouteBalance: ``quality``, ``cost``, ``latency``)."""
-    attempt: int = 1
-    tried_models: Sequence[str] = ()
-    """Models already tried for this request (LAAR's retry penalty); stored as a tuple."""
-    objective: Objective | None = None
-    """VineLM's request objective (``router.vinelm.objective``)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tried_models", tuple(self.tried_models))
-        object.__setattr__(self, "weights", dict(self.weights))
-
-    @property
-    def is_final(self) -> bool:
-        """The last stage of its program: ``final`` if given, else from the stage index."""
-        if self.final is not None:
-            return self.final
-        return (self.stage_index is not None and self.num_stages is not None
-                and self.stage_index >= self.num_stages - 1)
-
-    @property
-    def remaining_stages(self) -> int | None:
-        """Stages left including this one, when the stage count is known."""
-        if self.num_stages is None:
-            return None
-        return max(1, self.num_stages - (self.stage_index or 0))
-
-
-@dataclass(frozen=True)
-class RoutingRequest:
-    request_id: str
-    requested_model: str | None
-    """Served model name, or ``None`` for ``auto``."""
-    prompt_text: str = ""
-    system_text: str = ""
-    user_text: str = ""
-    prompt_token_ids: Sequence[int] | None = None
-    """The prompt as the engine tokenizes it (chat template applied), if known."""
-    num_prompt_tokens: int = 0
-    max_tokens: int | None = None
-    workflow: WorkflowMeta = field(default_factory=WorkflowMeta)
-    arrival_time: float = 0.0
-
-
-@dataclass(frozen=True)
-class Decision:
-    request_id: str
-    instance: str
-    model: str
-    """Served model name."""
-    url: str
-    policy: str
-    priority: int | None = None
-    """Engine priority per ``engine_ext.contract`` (``None``: send none)."""
-    predicted_remaining_tokens: float | None = None
-    max_tokens: int | None = None
-    """``max_tokens`` to send instead of the client's (budget clamp), ``None``: keep."""
-    program_id: str | None = None
-    final: bool = False
-    cached_tokens: int = 0
-    """Prompt tokens the chosen engine is predicted to serve from its prefix cache (set
-    by the router core when it records the decision)."""
-    info: Mapping[str, Any] = field(default_factory=dict)
+from router.types import BatchWindow, ClusterInfo, Decision, RoutingRequest
+from scheduler_patches.contract import PRIORITY_MAX
 
 
 def decision(req: RoutingRequest, engine: EngineView, policy: str, **kw: Any) -> Decision:
@@ -120,29 +39,10 @@ def models_of(cands: Sequence[EngineView]) -> list[str]:
     return sorted({e.model for e in cands})
 
 
-@dataclass(frozen=True)
-class ClusterInfo:
-    """What a policy may know about the cluster when it is built."""
-
-    engine_models: Mapping[str, str]
-    """Engine name -> served model name."""
-
-    @property
-    def models(self) -> list[str]:
-        return sorted(set(self.engine_models.values()))
-
-
 S = TypeVar("S")
-
-
-class BatchWindow(Protocol):
-    max_batch: int
-
-    def arrival(self, now: float) -> None:
-        """A request arrived at ``now``."""
-
-    def window_s(self) -> float:
-        """How long a batch that starts now may wait for more requests."""
+BuildPolicy = Callable[[str], "Policy[Any]"]
+"""Builds a policy by name from its own settings table, on the same cluster and
+predictors (``registry.build_policy`` makes one)."""
 
 
 class Policy(ABC, Generic[S]):
@@ -155,9 +55,10 @@ class Policy(ABC, Generic[S]):
     them batches closed by this window."""
 
     def __init__(self, settings: S, cluster: ClusterInfo, predictors: PredictorSet,
-                 all_settings: Mapping[str, Mapping[str, Any]]) -> None:
-        """``all_settings``: every ``[router.policies.<name>]`` table (for sub-policies).
-        Raises ValueError when a predictor or profile the policy needs is missing."""
+                 build: BuildPolicy) -> None:
+        """``build``: another policy by name, for a part of this one's job (a replica
+        chooser, a fallback). Raises ValueError when a predictor or profile the policy
+        needs is missing."""
         self.settings = settings
         self.sources: dict[str, str] = {}
         """Input -> where it comes from (``predictor`` or ``static_prior``)."""

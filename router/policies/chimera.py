@@ -22,11 +22,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from router.policies.base import (Decision, Policy, RoutingRequest, check, decision, models_of,
-                                  parse_settings, priority_for, resolve)
-from router.policies.lmetric import LMetric, LMetricSettings
+from router.policies.base import (BuildPolicy, Policy, check, decision, models_of, priority_for,
+                                  resolve)
+from router.policies.lmetric import LMetric
 from router.predictors.base import StaticConfidence, StaticRemainingTokens
 from router.state.view import EngineView, StateView
+from router.types import Decision, RoutingRequest
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,8 @@ class Chimera(Policy[ChimeraSettings]):
     Settings = ChimeraSettings
 
     def __init__(self, settings: ChimeraSettings, cluster: Any, predictors: Any,
-                 all_settings: Mapping[str, Mapping[str, Any]]) -> None:
-        super().__init__(settings, cluster, predictors, all_settings)
+                 build: BuildPolicy) -> None:
+        super().__init__(settings, cluster, predictors, build)
         s, models = settings, cluster.models
         self.q_source, self.sources["confidence"] = resolve(
             self.name, "per-model confidences q[m]", predictors.semantic_router,
@@ -116,9 +117,7 @@ class Chimera(Policy[ChimeraSettings]):
                 {"decode_ms_per_token": s.decode_ms_per_token,
                  "max_batch_size": s.max_batch_size}, lambda: None)
             self.decode_ms, self.max_batch = dict(s.decode_ms_per_token), dict(s.max_batch_size)
-        self.replicas = LMetric(parse_settings(LMetricSettings, "lmetric",
-                                               all_settings.get("lmetric", {})),
-                                cluster, predictors, all_settings)
+        self.replicas = LMetric.built_by(build)
 
     async def predict(self, reqs: Sequence[RoutingRequest]) -> list[ChimeraPrediction]:
         qs, lens = await asyncio.gather(self.q_source.confidence(reqs),

@@ -17,11 +17,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from router.policies.base import (Decision, Policy, RoutingRequest, check, decision, models_of,
-                                  parse_settings, resolve)
-from router.policies.lmetric import LMetric, LMetricSettings
+from router.policies.base import BuildPolicy, Policy, check, decision, models_of, resolve
+from router.policies.lmetric import LMetric
 from router.predictors.base import StaticCapability
 from router.state.view import EngineView, StateView
+from router.types import Decision, RoutingRequest
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ class Laar(Policy[LaarSettings]):
     Settings = LaarSettings
 
     def __init__(self, settings: LaarSettings, cluster: Any, predictors: Any,
-                 all_settings: Mapping[str, Mapping[str, Any]]) -> None:
-        super().__init__(settings, cluster, predictors, all_settings)
+                 build: BuildPolicy) -> None:
+        super().__init__(settings, cluster, predictors, build)
         s, models = settings, cluster.models
         self.q_source, self.sources["capability"] = resolve(
             self.name, "the capability model Q(m, x)", predictors.capability,
@@ -93,9 +93,7 @@ class Laar(Policy[LaarSettings]):
                 {"decode_ms_per_token": s.decode_ms_per_token,
                  "mean_output_tokens": s.mean_output_tokens}, lambda: None)
             self.c, self.r = dict(s.decode_ms_per_token), dict(s.mean_output_tokens)
-        self.replicas = LMetric(parse_settings(LMetricSettings, "lmetric",
-                                               all_settings.get("lmetric", {})),
-                                cluster, predictors, all_settings)
+        self.replicas = LMetric.built_by(build)
 
     async def predict(self, reqs: Sequence[RoutingRequest]) -> list[Mapping[str, float]]:
         return await self.q_source.capability(reqs)

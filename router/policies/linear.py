@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from router.policies.base import Decision, Policy, RoutingRequest, check, decision
+from router.policies.base import Policy, check, decision
 from router.state.view import EngineView, StateView
+from router.types import Decision, RoutingRequest
 
 
 @dataclass(frozen=True)

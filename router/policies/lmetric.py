@@ -22,8 +22,9 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from router.policies.base import Decision, Policy, RoutingRequest, check, decision
+from router.policies.base import BuildPolicy, Policy, check, decision
 from router.state.view import EngineView, StateView
+from router.types import Decision, RoutingRequest
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,14 @@ class HotspotDetector:
 class LMetric(Policy[LMetricSettings]):
     name = "lmetric"
     Settings = LMetricSettings
+
+    @staticmethod
+    def built_by(build: BuildPolicy) -> LMetric:
+        """LMETRIC with its ``[router.policies.lmetric]`` table, as the replica chooser of
+        a policy that picks the model itself."""
+        policy = build("lmetric")
+        assert isinstance(policy, LMetric)
+        return policy
 
     def __init__(self, settings: LMetricSettings, *args: Any) -> None:
         super().__init__(settings, *args)

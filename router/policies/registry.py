@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from router.policies.base import ClusterInfo, Policy, parse_settings
+from router.policies.base import Policy, parse_settings
 from router.policies.chimera import Chimera
 from router.policies.dynamo import Dynamo
 from router.policies.laar import Laar
@@ -18,6 +18,7 @@ from router.policies.shortest_queue import ShortestQueue
 from router.policies.vinelm import VineLM
 from router.policies.vllm_balancer import VllmBalancer
 from router.predictors.base import PredictorSet
+from router.types import ClusterInfo
 
 POLICIES: dict[str, type[Policy[Any]]] = {p.name: p for p in (
     Chimera, LMetric, RouteBalance, Laar, RoundRobin, RandomPolicy, VllmBalancer,
@@ -39,5 +40,9 @@ def build_policy(name: str, all_settings: Mapping[str, Mapping[str, Any]],
     start: bad settings, a missing predictor or profile)."""
     for table_name, table in all_settings.items():
         validate_settings(table_name, table)
-    settings = validate_settings(name, all_settings.get(name, {}))
-    return POLICIES[name](settings, cluster, predictors, all_settings)
+
+    def build(policy: str) -> Policy[Any]:
+        settings = validate_settings(policy, all_settings.get(policy, {}))
+        return POLICIES[policy](settings, cluster, predictors, build)
+
+    return build(name)

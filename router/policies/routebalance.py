@@ -23,10 +23,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from router.policies.base import (Decision, Policy, RoutingRequest, check, decision, models_of,
-                                  resolve)
+from router.policies.base import BuildPolicy, Policy, check, decision, models_of, resolve
 from router.predictors.base import QualityLength, StaticQualityLength, StaticTpot, TpotQuery
 from router.state.view import EngineView, StateView
+from router.types import Decision, RoutingRequest
 
 WEIGHT_KEYS = ("quality", "cost", "latency")
 """Names of per-request weights (``workflow.weights``)."""
@@ -170,8 +170,8 @@ class RouteBalance(Policy[RouteBalanceSettings]):
     Settings = RouteBalanceSettings
 
     def __init__(self, settings: RouteBalanceSettings, cluster: Any, predictors: Any,
-                 all_settings: Mapping[str, Mapping[str, Any]]) -> None:
-        super().__init__(settings, cluster, predictors, all_settings)
+                 build: BuildPolicy) -> None:
+        super().__init__(settings, cluster, predictors, build)
         s, models = settings, cluster.models
         missing = [m for m in models if m not in s.cost_per_token]
         if missing:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from router.policies.base import Decision, Policy, RoutingRequest, decision
+from router.policies.base import Policy, decision
 from router.state.view import EngineView, StateView
+from router.types import Decision, RoutingRequest
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ the ``fallback`` policy (default ``chimera``: one model per program).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from router.policies.base import (Decision, NoEngineAvailable, Policy, RoutingRequest,
-                                  SettingError, check, decision, parse_settings)
-from router.policies.lmetric import LMetric, LMetricSettings
+from router.policies.base import BuildPolicy, Policy, SettingError, check, decision
+from router.policies.lmetric import LMetric
 from router.state.view import EngineView, StateView
+from router.types import Decision, NoEngineAvailable, RoutingRequest
 from router.vinelm.controller import Controller, NoAdmissibleModel
 from router.vinelm.estimate import build_trie, cascade_accuracy
 from router.vinelm.template import TemplateError, WorkflowTemplate, parse_templates
@@ -36,7 +36,7 @@ class VineLMSettings:
     workflows: dict[str, Any] = field(default_factory=dict)
     """Workflow templates by name (``router.vinelm.template``)."""
     profile_path: str = ""
-    """The annotated tries (``python -m router.vinelm profile``); relative to the
+    """The annotated tries (``python -m kernels_bench vinelm profile``); relative to the
     cluster file."""
     static_prior: bool = False
     """Annotate the tries from the three tables below instead of a profile."""
@@ -128,10 +128,8 @@ class VineLM(Policy[VineLMSettings]):
     Settings = VineLMSettings
 
     def __init__(self, settings: VineLMSettings, cluster: Any, predictors: Any,
-                 all_settings: Mapping[str, Mapping[str, Any]]) -> None:
-        super().__init__(settings, cluster, predictors, all_settings)
-        from router.policies.registry import POLICIES, validate_settings
-
+                 build: BuildPolicy) -> None:
+        super().__init__(settings, cluster, predictors, build)
         s = settings
         self.templates = parse_templates(s.workflows)
         if not self.templates:
@@ -151,7 +149,7 @@ class VineLM(Policy[VineLMSettings]):
             self.sources["trie"] = "static_prior"
         else:
             raise ValueError("policy 'vinelm' needs annotated tries: profile the workflows "
-                             "(python -m router.vinelm profile) and set "
+                             "(python -m kernels_bench vinelm profile) and set "
                              "router.policies.vinelm.profile_path, or set static_prior = true "
                              "with the success, cost_per_call and latency_s_per_call tables")
         self.decode_ms: dict[str, float] = {}
@@ -172,17 +170,14 @@ class VineLM(Policy[VineLMSettings]):
                         "router.predictors.profiles, or give router.policies.vinelm."
                         "decode_ms_per_token and max_batch_size, or set load_aware = false")
         self.controller = Controller(self.tries, s.program_ttl_s, s.reroot)
-        if s.fallback not in POLICIES:
-            raise ValueError(f"router.policies.vinelm.fallback: unknown policy {s.fallback!r}")
-        fb_cls = POLICIES[s.fallback]
-        self.fallback = fb_cls(validate_settings(s.fallback, all_settings.get(s.fallback, {})),
-                               cluster, predictors, all_settings)
+        try:
+            self.fallback = build(s.fallback)
+        except ValueError as e:
+            raise ValueError(f"router.policies.vinelm.fallback: {e}") from None
         if self.fallback.window is not None:
             raise ValueError(f"router.policies.vinelm.fallback: {s.fallback!r} batches "
                              "requests; choose a per-request policy")
-        self.replicas = LMetric(parse_settings(LMetricSettings, "lmetric",
-                                               all_settings.get("lmetric", {})),
-                                cluster, predictors, all_settings)
+        self.replicas = LMetric.built_by(build)
 
     def _controlled(self, req: RoutingRequest) -> bool:
         return req.workflow.objective is not None

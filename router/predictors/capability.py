@@ -31,7 +31,7 @@ from router.predictors.features import (
 from router.predictors.table import PromptTable
 
 if TYPE_CHECKING:
-    from router.policies.base import RoutingRequest
+    from router.types import RoutingRequest
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from router.predictors.records import StageRecord
 
 if TYPE_CHECKING:
-    from router.policies.base import RoutingRequest
+    from router.types import RoutingRequest
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from router.predictors.features import RequestFeatures, from_record, from_reques
 from router.predictors.records import StageRecord
 
 if TYPE_CHECKING:
-    from router.policies.base import RoutingRequest
+    from router.types import RoutingRequest
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from router.predictors.features import RequestFeatures, from_request
 from router.predictors.table import PromptTable, base_rates
 
 if TYPE_CHECKING:
-    from router.policies.base import RoutingRequest
+    from router.types import RoutingRequest
 
 
 @dataclass(frozen=True)

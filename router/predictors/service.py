@@ -20,7 +20,7 @@ from router.predictors.base import QualityLength
 from router.predictors.features import RequestFeatures, from_request
 
 if TYPE_CHECKING:
-    from router.policies.base import RoutingRequest
+    from router.types import RoutingRequest
 
 
 @dataclass(frozen=True)

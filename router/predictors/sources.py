@@ -1,14 +1,13 @@
 """Training data by name: ``--data`` values of ``router.train`` and ``router.evaluate``.
 
-- a workflow trace (``kernels_bench/trace/format.py``, docs/traces.md; ``.jsonl[.gz]``
+- a workflow trace (``router/trace_format.py``, docs/traces.md; ``.jsonl[.gz]``
   whose first line is the trace header): every stage of every model's run;
 - a stage-records file (``records.write_jsonl``);
 - ``synthetic:N``: the SYNTHETIC fixture over N math and up to N code problems
   (``synthetic``);
 - for ``tpot``: telemetry logs (``telemetry_log``) or ``synthetic-telemetry:N``.
 
-Reading a trace imports ``kernels_bench.trace.format``: training is an offline tool; the
-router process itself only loads artifacts.
+Training is an offline tool; the router process itself only loads artifacts.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from router.predictors.encoder import MINILM, TokenCounter, load_tokenizer, reso
 from router.predictors.records import StageRecord, read_jsonl
 from router.predictors.synthetic import synthetic_telemetry, synthetic_workflows
 from router.predictors.tpot import TpotSample, read_telemetry_log, samples
+from router.trace_format import load_trace
 
 SYNTHETIC = "synthetic:"
 SYNTHETIC_TELEMETRY = "synthetic-telemetry:"
@@ -47,8 +47,6 @@ def _count(spec: str, prefix: str) -> int:
 
 def trace_records(path: Path) -> list[StageRecord]:
     """Every stage of every model's run in a workflow trace."""
-    from kernels_bench.trace.format import load_trace
-
     trace = load_trace(path)
     out = []
     for run in trace.runs:

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, over
 from router.state.kv_hash import BlockHasher, cached_prefix_tokens
 
 if TYPE_CHECKING:
-    from router.policies.base import RoutingRequest
     from router.state.engines import EngineState, EngineTable
     from router.state.inflight import InflightLedger
     from router.state.programs import ProgramTable
+    from router.types import RoutingRequest
 
 
 class EngineView(NamedTuple):

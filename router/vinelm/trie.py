@@ -143,7 +143,7 @@ def load_tries(path: str | os.PathLike[str],
         entry = data.get("workflows", {}).get(name)
         if entry is None:
             raise ProfileError(f"VineLM profile {str(path)!r} has no trie for workflow "
-                               f"{name!r}; profile it (python -m router.vinelm profile)")
+                               f"{name!r}; profile it (python -m kernels_bench vinelm profile)")
         if entry.get("signature") != t.signature():
             raise ProfileError(f"VineLM profile {str(path)!r}: the trie of {name!r} was "
                                "profiled for another template (stages or models differ); "

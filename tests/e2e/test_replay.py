@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from kernels_bench.replay import cli, results
-from kernels_bench.trace.format import load_trace
 from kernels_bench.replay.workload import remaining_tokens
+from router.trace_format import load_trace
 from tests.replay_fixture import write_trace
 
 pytestmark = pytest.mark.engine

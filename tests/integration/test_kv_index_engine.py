@@ -18,10 +18,10 @@ import pytest
 import zmq
 
 from engine_ext.telemetry import BlockStored, kv_event_decoder
-from router.policies.base import Decision, RoutingRequest
+from router.dispatch.core import RouterCore
 from router.request import parse_request
-from router.state.core import RouterCore
 from router.tokenize import Tokenizers
+from router.types import Decision, RoutingRequest
 from tests.engine_proc import EngineProc, start_engine
 
 pytestmark = pytest.mark.engine

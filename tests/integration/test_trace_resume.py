@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kernels_bench.trace.format import read_records
 from launcher.supervisor import MARKER_ENV
+from router.trace_format import read_records
 
 pytestmark = pytest.mark.engine
 

@@ -1,4 +1,4 @@
-"""VineLM on real engines (builtin tiny models): ``router.vinelm collect`` executes every
+"""VineLM on real engines (builtin tiny models): ``kernels_bench vinelm collect`` executes every
 trie node through the engines, each continuing from its parent's outputs, and resumes
 without re-running anything; ``kernels_bench replay-vinelm`` serves workflows over the
 recorded executions through a real router with the ``vinelm`` policy."""
@@ -18,7 +18,7 @@ import pytest
 
 from kernels_bench.trace.suites import load_problems
 from kernels_bench.trace.workflows import stage_messages
-from router.vinelm.executions import read_executions
+from kernels_bench.vinelm.executions import read_executions
 
 pytestmark = pytest.mark.engine
 
@@ -70,9 +70,9 @@ def collected() -> Iterator[tuple[Path, Path]]:
     work = Path(tempfile.mkdtemp(prefix="hsv-"))  # short: ipc:// socket paths are limited
     (work / "cluster.toml").write_text(CLUSTER)
     out = work / "ex.jsonl.gz"
-    argv = ["router.vinelm", "collect", "--config", str(work / "cluster.toml"), "--workflow",
-            "math", "--suite", "math", "--problems", str(PROBLEMS), "--max-tokens", "24",
-            "--out", str(out)]
+    argv = ["kernels_bench", "vinelm", "collect", "--config", str(work / "cluster.toml"),
+            "--workflow", "math", "--suite", "math", "--problems", str(PROBLEMS),
+            "--max-tokens", "24", "--out", str(out)]
     assert _run(argv, work / "collect.log", work) == 0, (work / "collect.log").read_text()[-3000:]
     yield work, out
     shutil.rmtree(work, ignore_errors=True)
@@ -100,7 +100,7 @@ def test_collect_runs_every_node_from_its_parents_outputs(collected: tuple[Path,
     assert log.count("starting engine") == 3
 
     # a second collection finds nothing to do and starts no engine
-    assert _run(["router.vinelm", "collect", "--config", str(work / "cluster.toml"),
+    assert _run(["kernels_bench", "vinelm", "collect", "--config", str(work / "cluster.toml"),
                  "--workflow", "math", "--suite", "math", "--problems", str(PROBLEMS),
                  "--max-tokens", "24", "--out", str(out)], work / "again.log", work) == 0
     assert "starting engine" not in (work / "again.log").read_text()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine_ext.contract import PRIORITY_MAX
 from scheduler_patches.aging import AgingSettings, AgingTracker
+from scheduler_patches.contract import PRIORITY_MAX
 
 
 def tracker(S: int = 3, Q: int = 2, max_promotions: int = 4) -> AgingTracker:

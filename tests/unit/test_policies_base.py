@@ -10,11 +10,9 @@ from typing import Any, Sequence
 
 import pytest
 
-from engine_ext.contract import PRIORITY_MAX
 from engine_ext.telemetry import BlockStored, KVEventBatch, SchedulerSnapshot
 from router.policies import POLICIES, validate_settings
-from router.policies.base import (ClusterInfo, Decision, RoutingRequest, WorkflowMeta,
-                                  priority_for)
+from router.policies.base import priority_for
 from router.policies.registry import build_policy
 from router.predictors.base import PredictorSet
 from router.state.engines import EngineTable
@@ -22,6 +20,8 @@ from router.state.inflight import InflightLedger, InflightRecord
 from router.state.kv_hash import BlockHasher
 from router.state.programs import ProgramTable
 from router.state.view import EngineView, StateView, engine_view
+from router.types import ClusterInfo, Decision, RoutingRequest, WorkflowMeta
+from scheduler_patches.contract import PRIORITY_MAX
 
 BLOCK = 4
 """Block size of the test engines: small enough to hand-compute cached tokens."""

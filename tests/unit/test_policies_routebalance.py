@@ -7,11 +7,11 @@ from typing import Any, Sequence
 
 import pytest
 
-from router.policies.base import RoutingRequest
 from router.policies.routebalance import (AdaptiveWindow, Weights, budget_max_tokens,
                                           lpt_order, predicted_cost, predicted_latency_ms,
                                           request_weights, score)
 from router.predictors.base import PredictorSet, QualityLength
+from router.types import RoutingRequest
 from tests.unit.test_policies_base import World, req
 
 PROMPT = list(range(100, 112))   # P = 12

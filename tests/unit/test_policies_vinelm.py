@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from router.policies.base import NoEngineAvailable, RoutingRequest, WorkflowMeta
+from router.types import NoEngineAvailable, RoutingRequest, WorkflowMeta
 from router.vinelm.estimate import EstimationSettings, annotate
 from router.vinelm.objective import Objective
 from router.vinelm.profiling import cascade_sample

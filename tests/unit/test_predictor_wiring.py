@@ -14,6 +14,7 @@ import pytest
 
 from router.app import load_configured_predictors
 from router.config import ClusterConfig, load_cluster_config
+from router.dispatch.core import RouterCore
 from router.predictors.artifact import ArtifactError
 from router.predictors.capability import CapabilityModel, CapabilitySettings
 from router.predictors.features import from_record
@@ -26,7 +27,6 @@ from router.predictors.service import Served
 from router.predictors.sources import load_tpot_samples
 from router.predictors.table import prompt_table
 from router.predictors.tpot import TpotHeads, TpotSettings
-from router.state.core import RouterCore
 from tests.fixtures.predictors import request, split
 
 MODELS = ["synthetic-large", "synthetic-small"]

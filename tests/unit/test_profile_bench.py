@@ -77,8 +77,8 @@ def test_profiles_file_is_what_the_router_loads(tmp_path: Path) -> None:
 
 def test_router_loads_the_profiles_named_in_the_cluster_file(tmp_path: Path) -> None:
     from router.config import load_cluster_config
+    from router.dispatch.core import RouterCore
     from router.predictors.loader import load_cluster_predictors
-    from router.state.core import RouterCore
 
     (tmp_path / "profiles.json").write_text(json.dumps({
         "tiny-a": {"decode_ms_per_token": 3.5, "max_batch_size": 8},

@@ -11,7 +11,7 @@ import pytest
 
 from kernels_bench.replay.client import AgenticClient, CallResult, ClientSettings, should_retry
 from kernels_bench.replay.workload import Job
-from kernels_bench.trace.format import Trace
+from router.trace_format import Trace
 from tests.replay_fixture import tiny_trace
 
 MAP = {"a": "small", "b": "large"}

@@ -7,8 +7,8 @@ import pytest
 
 from kernels_bench.replay.vinelm import (Latency, Served, WorkflowResult, best_static,
                                          served_template, summarize)
+from kernels_bench.vinelm.executions import RecordedExecutor
 from router.vinelm.estimate import build_trie
-from router.vinelm.executions import RecordedExecutor
 from router.vinelm.objective import Objective
 from router.vinelm.trie import prefixes
 from tests.unit.test_vinelm_executions import INVS, PRICES, TEMPLATE, full_table

@@ -13,7 +13,7 @@ from kernels_bench.replay.client import ClientSettings, stage_body
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
 from kernels_bench.replay.workload import (Job, WorkloadError, forced_tokens, outcome,
                                            remaining_tokens, select_runs, stage_messages)
-from kernels_bench.trace.format import Trace, WorkflowRun
+from router.trace_format import Trace, WorkflowRun
 from tests.replay_fixture import output_text, output_tokens, tiny_trace
 
 MAP = {"a": "small", "b": "large"}

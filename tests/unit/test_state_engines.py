@@ -12,8 +12,8 @@ import pytest
 
 from engine_ext.telemetry import (BlockStored, FinishedRequest, KVEventBatch,
                                   SchedulerSnapshot, encode_snapshot)
-from router.policies.base import NoEngineAvailable, RoutingRequest
-from router.state.core import RouterCore
+from router.dispatch.core import RouterCore
+from router.types import NoEngineAvailable, RoutingRequest
 
 
 class Clock:

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from router.policies.base import Decision, RoutingRequest, WorkflowMeta
-from router.state.core import RouterCore
+from router.dispatch.core import RouterCore
 from router.state.programs import ProgramTable
+from router.types import Decision, RoutingRequest, WorkflowMeta
 from tests.unit.test_state_engines import make_core, view
 
 

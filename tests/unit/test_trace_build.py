@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kernels_bench.trace.build import Settings, open_trace
-from kernels_bench.trace.format import (FORMAT, VERSION, Header, Message, Stage, TraceWriter,
-                                        Unit, read_records)
 from kernels_bench.trace.workflows import WORKFLOWS
+from router.trace_format import (FORMAT, VERSION, Header, Message, Stage, TraceWriter,
+                                        Unit, read_records)
 
 
 def _header(max_tokens: int, problems: int = 10,

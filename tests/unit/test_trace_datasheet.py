@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernels_bench.trace.datasheet import distribution, main, summarize
-from kernels_bench.trace.format import (
+from router.trace_format import (
     FORMAT,
     VERSION,
     Header,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.trace.format import (
+from router.trace_format import (
     FORMAT,
     VERSION,
     Header,

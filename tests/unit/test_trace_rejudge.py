@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels_bench.trace.format import (
+from kernels_bench.trace.rejudge import main
+from kernels_bench.trace.suites import load_problems
+from kernels_bench.trace.workflows import WORKFLOWS
+from router.trace_format import (
     FORMAT,
     VERSION,
     Header,
@@ -15,9 +18,6 @@ from kernels_bench.trace.format import (
     read_records,
     unit_key,
 )
-from kernels_bench.trace.rejudge import main
-from kernels_bench.trace.suites import load_problems
-from kernels_bench.trace.workflows import WORKFLOWS
 
 
 def _unit(pid: str, reference: str, output: str, answer: str, correct: bool) -> Unit:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.trace.format import Message, Stage, TraceFormatError, TraceWriter
-from router.vinelm.collect import pending
+from kernels_bench.vinelm.collect import pending
+from kernels_bench.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
+                                             RecordedExecutor, read_executions)
+from kernels_bench.vinelm.executors import Prices
+from kernels_bench.vinelm.experiment import recorded_experiment
+from router.trace_format import Message, Stage, TraceFormatError, TraceWriter
 from router.vinelm.estimate import EstimationSettings
-from router.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution, RecordedExecutor,
-                                      read_executions)
-from router.vinelm.executors import Prices
-from router.vinelm.experiment import recorded_experiment
 from router.vinelm.profiling import MissingExecution, exhaustive
 from router.vinelm.synthetic import default_env
 from router.vinelm.template import parse_template

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from router.policies.base import WorkflowMeta
 from router.request import RequestError, parse_request
+from router.types import WorkflowMeta
 from router.vinelm.objective import Objective
 
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable, Sequence
 
-from router.policies.base import Decision, RoutingRequest
+from router.types import Decision, RoutingRequest
 
 RunBatch = Callable[[Sequence[RoutingRequest]], Awaitable[Sequence[Decision | Exception]]]
 

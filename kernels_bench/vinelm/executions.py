@@ -22,8 +22,8 @@ from typing import Any, Final, Literal, Mapping, Sequence
 
 import msgspec
 
-from kernels_bench.trace.format import Name, Stage, TraceFormatError, iter_lines
-from router.vinelm.executors import Prices
+from kernels_bench.vinelm.executors import Prices
+from router.trace_format import Name, Stage, TraceFormatError, iter_lines
 from router.vinelm.profiling import MissingExecution, Outcome
 from router.vinelm.template import Invocation
 from router.vinelm.trie import Path_

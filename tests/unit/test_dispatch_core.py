@@ -12,10 +12,10 @@ import pytest
 import zmq
 
 from engine_ext.telemetry import BlockStored, KVEventBatch
-from router.policies.base import NoEngineAvailable, RoutingRequest, WorkflowMeta
+from router.dispatch.core import RouterCore
 from router.policies.routebalance import AdaptiveWindow
 from router.predictors.base import PredictorSet, QualityLength
-from router.state.core import RouterCore
+from router.types import NoEngineAvailable, RoutingRequest, WorkflowMeta
 from tests.unit.test_state_engines import snap_frames
 
 RB: dict[str, Any] = {"static_prior": True, "w_quality": 0.0, "w_cost": 0.0,

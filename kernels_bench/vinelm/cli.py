@@ -1,11 +1,11 @@
-"""``python -m router.vinelm``: profile workflow tries, and the synthetic experiments.
+"""``python -m kernels_bench vinelm``: profile workflow tries, and the synthetic experiments.
 
-    python -m router.vinelm profile --config cluster.toml --workflow math \\
+    python -m kernels_bench vinelm profile --config cluster.toml --workflow math \\
         --executor engines --url http://127.0.0.1:8000 --suite math --problems 200 \\
         --out vinelm-profile.json
-    python -m router.vinelm profile ... --executor trace --trace data/traces/math.jsonl.gz
-    python -m router.vinelm profile ... --executor synthetic --problems 300
-    python -m router.vinelm experiment --config cluster.toml --workflow math --out DIR
+    python -m kernels_bench vinelm profile ... --executor trace --trace data/traces/math.jsonl.gz
+    python -m kernels_bench vinelm profile ... --executor synthetic --problems 300
+    python -m kernels_bench vinelm experiment --config cluster.toml --workflow math --out DIR
 
 The templates, prices and profiling settings come from the cluster file's
 ``[router.policies.vinelm]`` table (docs/vinelm.md).
@@ -19,14 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kernels_bench.vinelm.executions import RecordedExecutor, read_executions
+from kernels_bench.vinelm.executors import EngineExecutor, Prices, trace_table
+from kernels_bench.vinelm.experiment import (frontier_experiment, profiling_experiment,
+                                      recorded_experiment, slo_experiment, write)
 from router.config import ConfigError, load_cluster_config
 from router.policies.registry import validate_settings
 from router.policies.vinelm import VineLMSettings
 from router.vinelm.estimate import EstimationSettings, annotate
-from router.vinelm.executors import EngineExecutor, Prices, trace_table
-from router.vinelm.executions import RecordedExecutor, read_executions
-from router.vinelm.experiment import (frontier_experiment, profiling_experiment,
-                                      recorded_experiment, slo_experiment, write)
 from router.vinelm.profiling import Executor, MissingExecution, cascade_sample
 from router.vinelm.synthetic import default_env
 from router.vinelm.template import WorkflowTemplate, parse_templates
@@ -63,7 +63,7 @@ def _executor(args: argparse.Namespace, t: WorkflowTemplate, s: VineLMSettings
     if args.executor == "trace":
         if not args.trace:
             raise SystemExit("--executor trace needs --trace FILE")
-        from kernels_bench.trace import load_trace
+        from router.trace_format import load_trace
 
         executor, problems = trace_table(load_trace(args.trace), invs, prices)
         return executor, problems[:args.problems]
@@ -158,19 +158,19 @@ def cmd_collect(args: argparse.Namespace) -> None:
     import shlex
 
     from kernels_bench.trace.build import Settings
-    from router.vinelm.collect import collect
+    from kernels_bench.vinelm.collect import collect
 
     s = _settings(args.config)
     (t,) = _templates(s, args.workflow)
     settings = Settings(args.suite, args.problems, args.seed, args.max_tokens,
                         args.concurrency, args.code_timeout)
-    command = shlex.join(["python", "-m", "router.vinelm", *args.argv])
+    command = shlex.join(["python", "-m", "kernels_bench", "vinelm", *args.argv])
     collect(Path(args.config), t, settings, Path(args.out),
             Path(args.trace) if args.trace else None, command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m router.vinelm", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kernels_bench vinelm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("profile", help="cascade-profile workflow tries into a profile file")

@@ -22,19 +22,19 @@ import zmq.asyncio
 
 from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_decoder,
                                   snapshot_decoder)
-from router.policies.base import (BatchWindow, ClusterInfo, Decision, NoEngineAvailable,
-                                  Policy, RoutingRequest)
+from router.dispatch.collector import BatchCollector
+from router.dispatch.health_probe import HealthProber
+from router.dispatch.subscriber import StreamSubscriber
+from router.policies.base import Policy
 from router.policies.registry import build_policy
 from router.predictors.base import PredictorSet
-from router.state.collector import BatchCollector
 from router.state.engines import EngineState, EngineTable
-from router.state.health_probe import HealthProber
 from router.state.inflight import InflightLedger, InflightRecord
 from router.state.kv_hash import BlockHasher
 from router.state.programs import ProgramTable
 from router.state.stats import RouterStats, StreamCounters
-from router.state.subscriber import StreamSubscriber
 from router.state.view import Candidates, EngineView, StateView, engine_view
+from router.types import BatchWindow, ClusterInfo, Decision, NoEngineAvailable, RoutingRequest
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
 DEFAULT_PROGRAM_TTL_S = 600.0

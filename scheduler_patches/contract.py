@@ -1,4 +1,5 @@
-"""The router-to-engine wire contract for request priorities (importable without vLLM).
+"""The router-to-engine wire contract for request priorities, which the schedulers here
+enforce (importable without vLLM).
 
 A request's ``priority`` (body field, or the ``X-Vllm-Priority`` header, which wins) is
 the router's predicted total remaining output tokens of the request's workflow:

@@ -1,4 +1,4 @@
-"""``python -m router.vinelm collect``: real executions of a workflow trie, for profiling
+"""``python -m kernels_bench vinelm collect``: real executions of a workflow trie, for profiling
 and for its ground truth.
 
 For every problem, every node of the trie is executed once, parents before children
@@ -31,12 +31,12 @@ from tqdm import tqdm
 
 from kernels_bench.trace.build import Settings, call_stage, run_all
 from kernels_bench.trace.engines import EngineHandle, describe_model, engine_session
-from kernels_bench.trace.format import Trace, TraceWriter, load_trace
 from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
 from kernels_bench.trace.workflows import ROLE_PROMPTS
-from router.config import load_cluster_config
-from router.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
+from kernels_bench.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
                                       read_executions, succeeded_by)
+from router.config import load_cluster_config
+from router.trace_format import Trace, TraceWriter, load_trace
 from router.vinelm.template import Invocation, WorkflowTemplate
 from router.vinelm.trie import Path_
 

@@ -8,7 +8,7 @@ import http.server
 import threading
 from types import SimpleNamespace
 
-from router.state.core import RouterCore
+from router.dispatch.core import RouterCore
 
 
 class Health(http.server.BaseHTTPRequestHandler):
