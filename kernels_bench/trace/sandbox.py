@@ -1,13 +1,22 @@
-"""Run untrusted generated code in a separate, network-less, time-limited process.
+"""Run untrusted generated code in a separate, isolated, time-limited process.
 
 The program runs in ``python -I`` (isolated: no user site, no ``PYTHON*`` variables) in a
-fresh temporary folder, in its own process group (killed whole on timeout), with resource
-limits (address space, CPU seconds, file size, open files). Network: inside a new network
-namespace (``unshare -n``, which has no usable interface) when the machine allows it, and
-in every case with Python's socket constructors replaced by ones that raise. It never runs
-in the caller's process, but it runs as the caller's user, with that user's access to files
-(dropping to another user would lose the Python installation when only the caller may read
-it): do not build traces as root from models you do not trust.
+fresh temporary folder with resource limits (address space, CPU seconds, file size, open
+files, processes) and Python's socket constructors replaced by ones that raise. Around it,
+as far as the machine allows (``isolation()`` says which layers apply):
+
+- ``full`` (as root, with util-linux's ``unshare`` and ``setpriv``): new network, PID and
+  mount namespaces. Every mount is read-only except the program's folder, a directory
+  the program's user could not enter (the caller's home, e.g. ``/root``) is replaced by an
+  empty view holding only the Python installation, and the program runs as a user id of
+  its own (no other process has it), so ``RLIMIT_NPROC`` bounds its processes and it can
+  signal no one else. The program's PID namespace dies with it: at the timeout, or when
+  it exits, every process it started (``setsid`` and double forks included) is killed.
+- ``pid+net`` (an unprivileged caller where user namespaces are allowed): new user,
+  network and PID namespaces; the whole namespace is killed as above, but the program
+  runs with the caller's file access.
+- ``net`` / ``none``: network namespace only (``unshare -n``), or nothing beyond the
+  process group, which is killed at the timeout.
 """
 
 from __future__ import annotations
@@ -15,21 +24,32 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 Status = Literal["passed", "failed", "timeout"]
+Isolation = Literal["full", "pid+net", "net", "none"]
+
+MAX_PROCESSES = 32
+"""RLIMIT_NPROC of a program (threads count too) under ``full`` isolation."""
+_UID_RANGE = (3_000_000, 3_900_000)
+"""User ids a program may run as under ``full`` isolation: far above any real account."""
 
 _BOOTSTRAP = r"""
 import resource, socket, sys
-mem, cpu = int(sys.argv[2]), int(sys.argv[3])
+mem, cpu, nproc = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+if nproc:
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 24, 1 << 24))
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
@@ -61,29 +81,102 @@ class SandboxResult:
         return self.status == "passed"
 
 
+# Runs as PID 1 of the program's namespaces, as root there: builds the read-only view,
+# then starts the program as its own user and waits for it (its exit ends the namespace).
+_SETUP = r"""
+set -eu
+scratch=$1 prefix=$2 hidden=$3 uid=$4
+shift 4
+mount --make-rprivate /
+mount --bind "$scratch" "$scratch"
+if [ -n "$hidden" ]; then
+    mkdir "$scratch/.prefix"
+    mount --bind "$prefix" "$scratch/.prefix"
+    mount -t tmpfs -o mode=755,size=1m hetserve-sandbox "$hidden"
+    mkdir -p "$prefix"
+    mount --move "$scratch/.prefix" "$prefix"
+    rmdir "$scratch/.prefix"
+fi
+awk '{print $5}' /proc/self/mountinfo | sort -u | while read -r m; do
+    mount -o remount,bind,ro "$m" 2>/dev/null || true
+done
+mount -o remount,bind,rw "$scratch"
+cd "$scratch"  # the writable mount, not the folder under it
+setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs --inh-caps=-all \
+    --bounding-set=-all -- "$@"
+"""
+
+_NAMESPACES = ("unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
+
+
+def _works(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @functools.cache
-def network_isolation() -> tuple[str, ...]:
-    """The command prefix that runs a process in a new network namespace (``unshare -n``,
-    or ``unshare -rn`` through a user namespace); empty if this machine allows neither."""
-    if shutil.which("unshare"):
-        for prefix in (("unshare", "-n"), ("unshare", "-rn")):
-            if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
-                return prefix
-    return ()
+def isolation() -> Isolation:
+    """The strongest isolation this machine allows (see the module docstring)."""
+    if not shutil.which("unshare"):
+        return "none"
+    if os.geteuid() == 0 and shutil.which("setpriv") and _works(
+            [*_NAMESPACES, "--mount", "sh", "-c", "mount -t tmpfs none /mnt && "
+             "setpriv --reuid=3000000 --regid=3000000 --clear-groups true"]):
+        return "full"
+    if _works([*_NAMESPACES, "--map-root-user", "true"]):
+        return "pid+net"
+    if _works(["unshare", "--net", "true"]):
+        return "net"
+    return "none"
+
+
+def _hidden_ancestor(path: str) -> str:
+    """The outermost ancestor of ``path`` that other users cannot enter ("" if none)."""
+    parts = Path(path).resolve().parts
+    for i in range(2, len(parts)):
+        ancestor = os.path.join(*parts[:i])
+        if not os.stat(ancestor).st_mode & stat.S_IXOTH:
+            return ancestor
+    return ""
+
+
+def _command(tmp: str, program: str, python: str, memory_bytes: int, cpu_s: int,
+             level: Isolation) -> list[str]:
+    """The argv running ``program`` under ``level``; prepares ``tmp`` for it."""
+    nproc = MAX_PROCESSES if level == "full" else 0
+    run = [python, "-I", "-c", _BOOTSTRAP, program, str(memory_bytes), str(cpu_s), str(nproc)]
+    if level == "full":
+        uid = _UID_RANGE[0] + secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0])
+        os.chown(tmp, uid, uid)
+        os.chmod(tmp, 0o700)
+        prefix = os.path.realpath(sys.base_prefix)
+        return [*_NAMESPACES, "--mount", "sh", "-c", _SETUP, "sandbox", tmp, prefix,
+                _hidden_ancestor(prefix), str(uid), *run]
+    prefixes: dict[Isolation, tuple[str, ...]] = {
+        "pid+net": (*_NAMESPACES, "--map-root-user"), "net": ("unshare", "--net"),
+        "none": ()}
+    return [*prefixes[level], *run]
 
 
 def run_program(program: str, timeout_s: float = 10.0, memory_bytes: int = 1 << 30,
                 python: str = sys.executable) -> SandboxResult:
     """Run ``program`` (Python source); passed means exit code 0 within ``timeout_s``."""
+    level = isolation()
+    if level == "full":  # the program's user must be able to run the interpreter
+        python = os.path.join(os.path.realpath(sys.base_prefix), "bin",
+                              os.path.basename(os.path.realpath(python)))
     with tempfile.TemporaryDirectory(prefix="hetserve-sandbox-") as tmp:
         path = os.path.join(tmp, "program.py")
         with open(path, "w") as f:
             f.write(program)
-        argv = [*network_isolation(), python, "-I", "-c", _BOOTSTRAP, path,
-                str(memory_bytes), str(int(timeout_s) + 1)]
+        os.chmod(path, 0o644)
+        argv = _command(tmp, path, python, memory_bytes, int(timeout_s) + 1, level)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "LANG": "C.UTF-8"}
         t0 = time.monotonic()
-        # stderr goes to a file the program's RLIMIT_FSIZE bounds (a pipe would not be).
+        # stderr goes to a file the program's RLIMIT_FSIZE bounds (a pipe would not be);
+        # the caller opens it, so the program needs no right to the file itself.
         with open(os.path.join(tmp, "stderr"), "w+b") as err:
             proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=err,
@@ -94,8 +187,9 @@ def run_program(program: str, timeout_s: float = 10.0, memory_bytes: int = 1 << 
                 return SandboxResult("timeout", f"timed out after {timeout_s:g} s",
                                      time.monotonic() - t0)
             finally:
+                # the process group, and with it the PID namespace and all it started
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # and anything it started
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             took = time.monotonic() - t0
             err.seek(max(0, err.seek(0, os.SEEK_END) - 4096))

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import threading
+import time
+from pathlib import Path
 
-from kernels_bench.trace.sandbox import humaneval_program, run_program
+import pytest
+
+from kernels_bench.trace.sandbox import (MAX_PROCESSES, _hidden_ancestor, humaneval_program,
+                                         isolation, run_program)
+
+full = pytest.mark.skipif(isolation() != "full", reason="full isolation needs root, unshare "
+                          "and setpriv; this machine allows " + isolation())
 
 
 def test_passing_and_failing_programs() -> None:
@@ -55,6 +65,63 @@ def _accept(server: socket.socket) -> object:
 def test_no_access_to_the_callers_environment(monkeypatch) -> None:
     monkeypatch.setenv("HETSERVE_SECRET", "x")
     assert run_program("import os\nassert 'HETSERVE_SECRET' not in os.environ\n").passed
+
+
+def _running(marker: str) -> list[int]:
+    """Pids of processes whose command line holds ``marker``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(
+                    errors="replace"):
+                out.append(int(proc.name))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(isolation() not in ("full", "pid+net"), reason="needs a PID namespace")
+def test_a_detached_child_dies_with_the_program() -> None:
+    """A setsid + double fork escapes the process group; the PID namespace takes it."""
+    marker = f"977.{os.getpid()}"
+    escape = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              f"        os.execv('/bin/sleep', ['sleep', '{marker}'])\n    os._exit(0)\n"
+              "time.sleep(0.5)\n")
+    for program, timeout_s in ((escape, 10.0), (escape + "while True:\n    pass\n", 1.0)):
+        run_program(program, timeout_s=timeout_s)
+        deadline = time.monotonic() + 5
+        while _running(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _running(marker) == [], f"a child of the program outlived it ({isolation()})"
+
+
+@full
+def test_process_creation_is_bounded() -> None:
+    program = ("import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n"
+               "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
+               f"except OSError:\n    pass\nassert n < {MAX_PROCESSES}, n\n")
+    assert run_program(program, timeout_s=20.0).passed
+
+
+@full
+def test_the_file_system_is_read_only_but_for_the_programs_folder() -> None:
+    program = ("import os\nopen('scratch.txt', 'w').write('ok')\n"
+               f"for path in ('/tmp/hetserve-evil', {str(Path.cwd() / 'evil')!r}):\n"
+               "    try:\n        open(path, 'w')\n    except OSError as e:\n"
+               "        assert e.errno == 30, e\n    else:\n        raise AssertionError(path)\n")
+    result = run_program(program)
+    assert result.passed, result.detail
+    hidden = _hidden_ancestor(sys.base_prefix)
+    if hidden:  # e.g. /root: only the path to the Python installation shows
+        inside = Path(os.path.realpath(sys.base_prefix)).relative_to(hidden).parts[0]
+        listing = run_program(f"import os\nassert os.listdir({hidden!r}) == [{inside!r}], "
+                              f"os.listdir({hidden!r})\n")
+        assert listing.passed, listing.detail
+
+
+@full
+def test_the_program_runs_as_a_user_of_its_own() -> None:
+    assert run_program("import os\nassert os.getuid() >= 3_000_000, os.getuid()\n").passed
 
 
 PROBLEM = {
