@@ -9,6 +9,11 @@ rename themselves (setproctitle), which blanks the environment /proc shows, so t
 marker alone misses them, and they outlive a killed API server. ``stop_all`` kills by
 tree and finally by the marker, so no process of the cluster outlives the launcher. The
 supervisor is single-threaded: the caller drives it with ``step()``.
+
+A process that is up keeps being health-checked every ``health_interval_s``; after
+``unhealthy_after`` failed checks in a row it is taken as wedged (hung, stopped, deadlocked):
+its tree is killed and it is restarted like a process that exited. A process that has
+stayed up for ``stable_s`` gets its restart budget (and backoff) back.
 """
 
 from __future__ import annotations
@@ -68,6 +73,10 @@ class Managed:
     started_at: float = 0.0
     restarts: int = 0
     restart_at: float = 0.0
+    up_since: float = 0.0
+    checked_at: float = 0.0
+    failed_checks: int = 0
+    """Failed health checks in a row while up."""
     last_exit: str = ""
     seen: dict[int, psutil.Process] = field(default_factory=dict)
     """Descendants seen while it ran (psutil notices if a pid is reused)."""
@@ -93,10 +102,14 @@ class Supervisor:
     """Runs a set of processes for one cluster (identified by its run directory)."""
 
     def __init__(self, run_dir: Path, *, health_timeout_s: float, max_restarts: int,
-                 backoff_s: float, backoff_max_s: float,
+                 backoff_s: float, backoff_max_s: float, health_interval_s: float = 5.0,
+                 unhealthy_after: int = 3, stable_s: float = 600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.run_dir = run_dir
         self.health_timeout_s = health_timeout_s
+        self.health_interval_s = health_interval_s
+        self.unhealthy_after = unhealthy_after
+        self.stable_s = stable_s
         self.max_restarts = max_restarts
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
@@ -132,14 +145,34 @@ class Supervisor:
                 elif m.state is State.STARTING:
                     if self._healthy(m.spec.health_url):
                         m.state = State.UP
+                        m.up_since = m.checked_at = now
+                        m.failed_checks = 0
                         events.append(Event("up", m, f"{now - m.started_at:.0f} s"))
                     elif now - m.started_at > self.health_timeout_s:
                         events.append(self._exited(
                             m, f"not healthy after {self.health_timeout_s:g} s", restart))
+                else:
+                    events += self._watch(m, now, restart)
             elif m.state is State.DOWN and restart and now >= m.restart_at:
                 m.restarts += 1
                 self._spawn(m)
         return events
+
+    def _watch(self, m: Managed, now: float, restart: bool) -> list[Event]:
+        """A process that is up: the periodic health check and the stable-period reset."""
+        if m.restarts and now - m.up_since >= self.stable_s:
+            m.restarts = 0
+        if m.spec.health_url is None or now - m.checked_at < self.health_interval_s:
+            return []
+        m.checked_at = now
+        if self._healthy(m.spec.health_url):
+            m.failed_checks = 0
+            return []
+        m.failed_checks += 1
+        if m.failed_checks < self.unhealthy_after:
+            return []
+        return [self._exited(m, f"wedged: {m.failed_checks} health checks failed in a row",
+                             restart)]
 
     def _spawn(self, m: Managed) -> None:
         mode = "ab" if m.restarts else "wb"

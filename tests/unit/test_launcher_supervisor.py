@@ -178,3 +178,39 @@ def test_stop_all_leaves_nothing(sup: Supervisor, tmp_path: Path) -> None:
     assert gone_within(procs)
     assert not sup.marked()
     assert first.popen is not None and first.popen.returncode == -signal.SIGTERM
+
+
+def test_a_wedged_process_is_restarted(tmp_path: Path) -> None:
+    """SIGSTOP keeps the process alive and its port open, but /health goes unanswered."""
+    sup = Supervisor(tmp_path, health_timeout_s=20, max_restarts=1, backoff_s=0.1,
+                     backoff_max_s=0.1, health_interval_s=0.2, unhealthy_after=2)
+    try:
+        m = sup.start(spec(tmp_path))
+        run_until(sup, lambda ev: m.state is State.UP and len(tree(m)) == 2)
+        stopped = tree(m)
+        os.kill(m.pid, signal.SIGSTOP)
+        events = run_until(sup, lambda ev: [e.kind for e in ev] == ["down", "up"])
+        assert events[0].detail == ("wedged: 2 health checks failed in a row; restart 1 of "
+                                    "1 in 0.1 s")
+        assert gone_within(stopped) and m.pid != stopped[0].pid
+    finally:
+        sup.stop_all(grace_s=1)
+
+
+def test_a_stable_process_gets_its_restart_budget_back(tmp_path: Path) -> None:
+    sup = Supervisor(tmp_path, health_timeout_s=20, max_restarts=1, backoff_s=0.1,
+                     backoff_max_s=0.1, stable_s=0.5)
+    try:
+        m = sup.start(spec(tmp_path))
+        run_until(sup, lambda ev: m.state is State.UP and len(tree(m)) == 2)
+        os.kill(m.pid, signal.SIGKILL)
+        run_until(sup, lambda ev: [e.kind for e in ev] == ["down", "up"])
+        assert m.restarts == 1
+        time.sleep(0.6)
+        sup.step(restart=True)
+        assert m.restarts == 0  # a later crash is restarted again, with the first backoff
+        os.kill(m.pid, signal.SIGKILL)
+        events = run_until(sup, lambda ev: [e.kind for e in ev] == ["down", "up"])
+        assert events[0].detail == "killed by SIGKILL; restart 1 of 1 in 0.1 s"
+    finally:
+        sup.stop_all(grace_s=1)
