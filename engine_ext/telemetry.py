@@ -10,15 +10,22 @@ loop can read both.
 Endpoint convention (shared with vLLM's KV event publisher): a publisher *binds*
 ``ipc://``/``inproc://`` endpoints and wildcard TCP endpoints, and *connects* to any
 other TCP endpoint. The subscriber does the opposite (``subscriber_binds``).
+
+Decoding never trusts the bytes: ``FrameDecoder.decode`` is total (any frame gives a
+result or ``None``, never an exception), the schemas bound every number the router reads
+(a well-typed frame with a NaN or a negative count is malformed), and the sequence rule of
+``StreamStats.accept`` keeps a single stale, duplicate or spoofed frame from moving a
+stream's position.
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Collection, Sequence
 
 import msgspec
 import zmq
@@ -32,39 +39,57 @@ DEFAULT_INTERVAL_S = 0.020
 DEFAULT_HEARTBEAT_S = 1.0
 """Maximum time between two snapshots while the engine is idle."""
 
+MAX_SEQ_JUMP = 1 << 20
+"""Largest forward jump of a sequence number taken as lost frames: 5.8 hours of snapshots
+at the default rate, more KV event batches than a subscribed router ever misses. A larger
+jump is implausible (``StreamStats.accept``) and cannot count billions of gaps."""
+
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+"""A count decoded from the wire: non-negative, at most 2**53 (exact as a float; no engine
+holds 10^15 of anything), so no policy arithmetic meets a negative or an overflow."""
+
+Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
+"""Finite and non-negative (NaN fails every bound, infinity the upper one)."""
+
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
 
 class FinishedRequest(msgspec.Struct, array_like=True, frozen=True):
     """A request that finished since the previous snapshot."""
 
     request_id: str
     """Engine-side request id (vLLM appends ``-<8 hex>`` to the client's id)."""
-    output_tokens: int
+    output_tokens: Count
     reason: str
     """``stop``, ``length``, ``abort`` or ``error``."""
 
 
 class SchedulerSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """State of one engine's scheduler after a ``schedule()`` or output step."""
+    """State of one engine's scheduler after a ``schedule()`` or output step.
+
+    The bounds (``Count``, ``Timestamp``, ``Fraction``) are checked when decoding: a frame
+    that breaks one is malformed, so no NaN or negative count reaches router state."""
 
     version: int = SCHEMA_VERSION
     engine_id: str
-    seq: int
+    """The engine id, also the frame's topic (a decoder drops a frame where they differ)."""
+    seq: Count
     """Per-publisher sequence number, starting at 0, +1 per frame (gaps = loss)."""
-    ts: float
+    ts: Timestamp
     """Wall-clock time (``time.time()``) when the snapshot was taken."""
-    step: int
+    step: Count
     """Number of ``schedule()`` calls so far."""
-    batch_size: int
+    batch_size: Count
     """Running requests."""
-    num_waiting: int
+    num_waiting: Count
     """Requests in the waiting queues (including preempted ones)."""
-    queued_prefill_tokens: int
+    queued_prefill_tokens: Count
     """Prompt tokens not yet computed, over waiting and running requests."""
-    pending_decode_tokens: int
+    pending_decode_tokens: Count
     """Sum over running requests of ``max_tokens - generated``."""
-    kv_usage: float
+    kv_usage: Fraction
     """Fraction of KV cache blocks in use, 0..1."""
-    num_preemptions: int
+    num_preemptions: Count
     """Preemptions since the engine started (cumulative)."""
     finished: list[FinishedRequest] = []
     heartbeat: bool = False
@@ -72,13 +97,16 @@ class SchedulerSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # ---- vLLM KV cache events (mirror of vllm/distributed/kv_events.py, v0.32) ----
+# Same wire layout as vLLM's classes; the one bound added (block_size > 0) is on the one
+# number the router computes with (a prompt's block hashes). ``extra_keys`` stays ``Any``
+# as in vLLM, so a deeply nested one makes msgspec raise RecursionError: decode catches it.
 
 
 class BlockStored(msgspec.Struct, tag=True, omit_defaults=True):
     block_hashes: list[int | bytes]
     parent_block_hash: int | bytes | None
     token_ids: list[int]
-    block_size: int
+    block_size: Annotated[int, msgspec.Meta(gt=0)]
     lora_id: int | None = None
     medium: str | None = None
     lora_name: str | None = None
@@ -141,59 +169,119 @@ def is_loopback_endpoint(endpoint: str) -> bool:
 
 @dataclass
 class StreamStats:
-    """Per-stream counters kept by a decoder."""
+    """One topic's position in its sequence, and its counters.
+
+    The sequence rule (a publisher numbers its frames 0, 1, 2, ... and starts again at 0
+    when it restarts), applied by ``accept``:
+
+    - ``last < seq <= last + MAX_SEQ_JUMP``: in order; ``seq - last - 1`` frames were lost.
+    - ``seq == 0`` after a later frame: the publisher restarted: accepted, a resync.
+    - Anything else (a duplicate, a step back, a jump beyond ``MAX_SEQ_JUMP``) is
+      implausible: the frame is dropped and its number kept as a candidate. If the next
+      frame continues the candidate (``candidate < seq <= candidate + MAX_SEQ_JUMP``), the
+      sender really moved there (a restart whose frame 0 was lost, a stream the router
+      fell far behind, or recovery after a moved position): that frame is accepted, a
+      resync. A frame that continues the old position clears the candidate.
+
+    So one stale, duplicate or spoofed frame changes nothing and locks nothing out (the
+    next real frame is accepted); only two consistent frames move the position.
+    """
 
     received: int = 0
-    malformed: int = 0
+    """Frames accepted."""
     gaps: int = 0
     """Frames lost, from sequence-number jumps."""
+    resyncs: int = 0
+    """Times the position moved to a new sequence (restart or confirmed jump)."""
+    out_of_order: int = 0
+    """Frames dropped by the sequence rule."""
     last_seq: int | None = None
+    candidate: int | None = None
+    """Number of the last dropped frame, confirmed by a next frame that continues it."""
+
+    def accept(self, seq: int) -> bool:
+        """Apply the sequence rule to a well-formed frame numbered ``seq`` (>= 0)."""
+        last, candidate = self.last_seq, self.candidate
+        self.candidate = None
+        if last is None or last < seq <= last + MAX_SEQ_JUMP:
+            self.gaps += 0 if last is None else seq - last - 1
+        elif 0 == seq < last or (candidate is not None
+                                 and candidate < seq <= candidate + MAX_SEQ_JUMP):
+            self.resyncs += 1
+        else:
+            self.candidate = seq
+            self.out_of_order += 1
+            return False
+        self.last_seq = seq
+        self.received += 1
+        return True
 
 
 @dataclass
 class FrameDecoder:
-    """Decodes ``[topic, seq, payload]`` frames of one kind, counting bad frames.
+    """Decodes ``[topic, seq, payload]`` frames of one kind, counting what it drops.
 
-    ``decode`` returns ``(topic, seq, obj)`` or ``None`` for a malformed frame (wrong
-    part count, bad sequence bytes, payload that does not match the schema, or a
-    snapshot of another schema version). Sequence gaps are counted per topic.
+    ``decode`` returns ``(topic, seq, obj)``, or ``None`` for a frame it drops:
+
+    - malformed (``malformed``, the error kept in ``last_error``): wrong part count, a
+      sequence field that is not 8 bytes or is negative, a topic that is not UTF-8, a
+      payload that does not match the schema or breaks its bounds, nesting too deep for
+      the decoder, a snapshot of another schema version;
+    - for no known engine (``unknown_topic``): a topic outside ``topics``, or a snapshot
+      whose ``engine_id`` is not its topic;
+    - out of sequence (``StreamStats.out_of_order`` of its topic): see ``StreamStats``.
     """
 
     kind: type
+    topics: Collection[str] | None = None
+    """Topics to accept (the router's engine ids); ``None``: any topic (per-topic state
+    then grows with every topic seen, fine for a trusted single publisher)."""
     stats: dict[str, StreamStats] = field(default_factory=dict)
     malformed: int = 0
+    unknown_topic: int = 0
+    last_error: str | None = None
+    """Why the last malformed frame was dropped."""
 
     def __post_init__(self) -> None:
         self._decoder = msgspec.msgpack.Decoder(self.kind)
 
-    def decode(self, frames: list[bytes]) -> tuple[str, int, Any] | None:
+    def decode(self, frames: Sequence[bytes]) -> tuple[str, int, Any] | None:
+        """Total: any list of byte strings gives a tuple or ``None``, never an exception."""
         try:
-            topic_b, seq_b, payload = frames
-            if len(seq_b) != 8:
-                raise ValueError("sequence field is not 8 bytes")
-            topic = topic_b.decode("utf-8")
-            seq = int.from_bytes(seq_b, "big", signed=True)
-            obj = self._decoder.decode(payload)
-            if isinstance(obj, SchedulerSnapshot) and obj.version != SCHEMA_VERSION:
-                raise ValueError(f"schema version {obj.version} != {SCHEMA_VERSION}")
-        except (ValueError, TypeError, msgspec.DecodeError, UnicodeDecodeError):
+            topic, seq, obj = self._parse(frames)
+        except Exception as exc:
+            # Every Exception: msgspec's errors, RecursionError (a RuntimeError) from deep
+            # nesting, MemoryError, whatever a future decoder raises. BaseException (task
+            # cancellation, KeyboardInterrupt, SystemExit) is no frame's fault: it goes on.
             self.malformed += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
             return None
-        st = self.stats.setdefault(topic, StreamStats())
-        st.received += 1
-        if st.last_seq is not None and seq > st.last_seq + 1:
-            st.gaps += seq - st.last_seq - 1
-        if st.last_seq is None or seq > st.last_seq or seq == 0:
-            st.last_seq = seq
-        return topic, seq, obj
+        if ((self.topics is not None and topic not in self.topics)
+                or (isinstance(obj, SchedulerSnapshot) and obj.engine_id != topic)):
+            self.unknown_topic += 1
+            return None
+        stats = self.stats.setdefault(topic, StreamStats())
+        return (topic, seq, obj) if stats.accept(seq) else None
+
+    def _parse(self, frames: Sequence[bytes]) -> tuple[str, int, Any]:
+        topic_b, seq_b, payload = frames
+        if len(seq_b) != 8:
+            raise ValueError("sequence field is not 8 bytes")
+        seq = int.from_bytes(seq_b, "big", signed=True)
+        if seq < 0:
+            raise ValueError(f"negative sequence number {seq}")
+        obj = self._decoder.decode(payload)
+        if isinstance(obj, SchedulerSnapshot) and obj.version != SCHEMA_VERSION:
+            raise ValueError(f"schema version {obj.version} != {SCHEMA_VERSION}")
+        return topic_b.decode("utf-8"), seq, obj
 
 
-def snapshot_decoder() -> FrameDecoder:
-    return FrameDecoder(SchedulerSnapshot)
+def snapshot_decoder(topics: Collection[str] | None = None) -> FrameDecoder:
+    return FrameDecoder(SchedulerSnapshot, topics)
 
 
-def kv_event_decoder() -> FrameDecoder:
-    return FrameDecoder(KVEventBatch)
+def kv_event_decoder(topics: Collection[str] | None = None) -> FrameDecoder:
+    return FrameDecoder(KVEventBatch, topics)
 
 
 def encode_snapshot(snapshot: SchedulerSnapshot) -> bytes:

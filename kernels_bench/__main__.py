@@ -19,12 +19,14 @@ COMMANDS = {
                "sparse-profiling experiments"),
     "results": ("kernels_bench.replay.results", "docs/results.md from the latest replay"),
     "predictors": ("kernels_bench.predictor_bench", "predictor latency alone and batched, batch 1/16/64"),
+    "fuzz-telemetry": ("kernels_bench.telemetry_fuzz", "the router's telemetry and KV-event "
+                       "subscribers against garbage frames (loopback)"),
 }
 
 
 def usage() -> str:
     lines = ["usage: python -m kernels_bench <command> [options]", "", "commands:"]
-    lines += [f"  {name:12} {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += [f"  {name:15} {desc}" for name, (_, desc) in COMMANDS.items()]
     return "\n".join(lines)
 
 

@@ -91,17 +91,31 @@ class _CoreCollector(Collector):
                                      labels=["engine", "stream"])
         lost = CounterMetricFamily("hetserve_telemetry_lost_frames", "frames lost in transit "
                                    "(sequence gaps)", labels=["engine", "stream"])
+        resyncs = CounterMetricFamily("hetserve_telemetry_resyncs", "times a stream's "
+                                      "sequence moved for good (publisher restart, or a "
+                                      "confirmed jump)", labels=["engine", "stream"])
         for name, c in sorted(stats.engines.items()):
             frames.add_metric([name, "snapshot"], c.snapshot_frames)
             frames.add_metric([name, "kv"], c.kv_frames)
             lost.add_metric([name, "snapshot"], c.snapshot_gaps)
             lost.add_metric([name, "kv"], c.kv_gaps)
+            resyncs.add_metric([name, "snapshot"], c.snapshot_resyncs)
+            resyncs.add_metric([name, "kv"], c.kv_resyncs)
         dropped = CounterMetricFamily("hetserve_telemetry_dropped_frames", "frames dropped "
-                                      "by the router", labels=["stream", "reason"])
-        dropped.add_metric(["snapshot", "malformed"], stats.malformed_snapshot_frames)
-        dropped.add_metric(["kv", "malformed"], stats.malformed_kv_frames)
+                                      "by the router (malformed: undecodable or out of "
+                                      "bounds; out_of_order: rejected by the sequence rule; "
+                                      "error: the state update raised)",
+                                      labels=["stream", "reason"])
+        for stream, malformed, out_of_order, error in (
+                ("snapshot", stats.malformed_snapshot_frames,
+                 stats.out_of_order_snapshot_frames, stats.failed_snapshot_frames),
+                ("kv", stats.malformed_kv_frames, stats.out_of_order_kv_frames,
+                 stats.failed_kv_frames)):
+            dropped.add_metric([stream, "malformed"], malformed)
+            dropped.add_metric([stream, "out_of_order"], out_of_order)
+            dropped.add_metric([stream, "error"], error)
         dropped.add_metric(["any", "unknown_topic"], stats.unknown_topic_frames)
-        yield from (frames, lost, dropped)
+        yield from (frames, lost, resyncs, dropped)
 
 
 class RouterMetrics:

@@ -58,12 +58,13 @@ class RouterCore:
         self.hasher = BlockHasher(getattr(r, "kv_hash_algo", None) or "sha256",
                                   getattr(r, "kv_hash_seed", None))
         self._stats = RouterStats(engines={i.name: StreamCounters() for i in instances})
+        names = frozenset(self.table.engines)
         self.snapshots = StreamSubscriber(
-            [i.telemetry_endpoint for i in instances if i.telemetry_endpoint],
-            snapshot_decoder(), self._on_snapshot)
+            "snapshot", [i.telemetry_endpoint for i in instances if i.telemetry_endpoint],
+            snapshot_decoder(names), self._on_snapshot)
         self.kv_events = StreamSubscriber(
-            [i.kv_events_endpoint for i in instances if i.kv_events_endpoint],
-            kv_event_decoder(), self._on_kv_batch)
+            "kv", [i.kv_events_endpoint for i in instances if i.kv_events_endpoint],
+            kv_event_decoder(names), self._on_kv_batch)
         self.policy: Policy[Any] | None = None
         self._batching: tuple[BatchWindow, BatchCollector] | None = None
         self._ctx: zmq.asyncio.Context | None = None
@@ -238,10 +239,16 @@ class RouterCore:
 
     @property
     def stats(self) -> RouterStats:
-        """Counters, with the decoders' malformed-frame counts brought up to date."""
-        self._stats.malformed_snapshot_frames = self.snapshots.decoder.malformed
-        self._stats.malformed_kv_frames = self.kv_events.decoder.malformed
-        return self._stats
+        """Counters, with the subscribers' dropped-frame counts brought up to date."""
+        st, snap, kv = self._stats, self.snapshots, self.kv_events
+        st.malformed_snapshot_frames = snap.decoder.malformed
+        st.malformed_kv_frames = kv.decoder.malformed
+        st.unknown_topic_frames = snap.decoder.unknown_topic + kv.decoder.unknown_topic
+        st.out_of_order_snapshot_frames = sum(
+            s.out_of_order for s in snap.decoder.stats.values())
+        st.out_of_order_kv_frames = sum(s.out_of_order for s in kv.decoder.stats.values())
+        st.failed_snapshot_frames, st.failed_kv_frames = snap.errors, kv.errors
+        return st
 
     def _maintain(self, now: float) -> None:
         for name in self.table.refresh(now):
@@ -253,23 +260,20 @@ class RouterCore:
 
     # ---- telemetry ----
 
+    # The decoders pass only well-formed frames of configured engines (a snapshot's
+    # engine_id is its topic) that the sequence rule accepts (engine_ext.telemetry).
+
     def _on_snapshot(self, topic: str, seq: int, snap: SchedulerSnapshot) -> None:
-        if topic not in self.table.engines or snap.engine_id != topic:
-            self._stats.unknown_topic_frames += 1
-            return
         self.table.on_snapshot(snap, self.clock())
         if snap.finished:
             self.ledger.finished(topic, [f.request_id for f in snap.finished])
         self.ledger.mark_reported(topic, snap.ts)
-        counters = self._stats.engines[topic]
+        counters, seqs = self._stats.engines[topic], self.snapshots.decoder.stats[topic]
         counters.snapshot_frames += 1
-        counters.snapshot_gaps = self.snapshots.decoder.stats[topic].gaps
+        counters.snapshot_gaps, counters.snapshot_resyncs = seqs.gaps, seqs.resyncs
 
     def _on_kv_batch(self, topic: str, seq: int, batch: KVEventBatch) -> None:
-        if topic not in self.table.engines:
-            self._stats.unknown_topic_frames += 1
-            return
         self.table.on_kv_batch(topic, seq, batch)
-        counters = self._stats.engines[topic]
+        counters, seqs = self._stats.engines[topic], self.kv_events.decoder.stats[topic]
         counters.kv_frames += 1
-        counters.kv_gaps = self.kv_events.decoder.stats[topic].gaps
+        counters.kv_gaps, counters.kv_resyncs = seqs.gaps, seqs.resyncs

@@ -5,8 +5,9 @@ admin calls; only ``mark(up=True)`` clears a mark, which the health prober does 
 failed calls) or while its snapshots have stopped for ``heartbeat_timeout_s``. An engine
 that has not sent a snapshot yet is up (engines announce themselves at start and send
 a heartbeat every second when idle, so the router sees them within a second); after
-its first snapshot it must keep sending them. When an engine goes down its KV index is cleared and the caller
-releases its in-flight accounting; it receives nothing until it is back.
+its first snapshot it must keep sending them. When an engine goes down its KV index is
+cleared and the caller releases its in-flight accounting; it receives nothing until it
+is back.
 """
 
 from __future__ import annotations
@@ -58,18 +59,28 @@ class EngineTable:
         return self.engines[name]
 
     def on_snapshot(self, snap: SchedulerSnapshot, now: float) -> None:
-        """Store a snapshot; it brings an engine that went stale back up."""
+        """Store a snapshot; it brings an engine that went stale back up.
+
+        Snapshots come in the order the decoder's sequence rule accepted them
+        (``engine_ext.telemetry.StreamStats``), so the latest one is the current state,
+        also after a restart or resync that moved the sequence backwards."""
         e = self.engines[snap.engine_id]
-        if e.snapshot is not None and snap.seq < e.snapshot.seq and snap.seq != 0:
-            return  # an old frame (a restarted publisher starts again at 0)
         e.snapshot, e.last_seen = snap, now
         if e.marked_down is None:
             e.down_reason = None
 
     def on_kv_batch(self, name: str, seq: int, batch: KVEventBatch) -> None:
+        """Apply a KV event batch the decoder's sequence rule accepted.
+
+        The rule for the index: a batch numbered below the previous one means the sender
+        went back for good, since the decoder drops a single stale or duplicate batch
+        and passes a step back only for a restart (sequence 0) or a confirmed resync
+        (two batches agreeing). The engine's old blocks may be gone, so the index is
+        cleared before the batch is applied. A forward resync keeps the index (the
+        sender is the same process; what it lost is like a gap)."""
         e = self.engines[name]
         if e.last_kv_seq is not None and seq < e.last_kv_seq:
-            e.kv.clear()  # the publisher restarted with the engine: its cache is empty
+            e.kv.clear()
         e.last_kv_seq = seq
         for event in batch.events:
             e.kv.apply(event)

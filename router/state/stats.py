@@ -36,8 +36,11 @@ class StreamCounters:
 
     snapshot_frames: int = 0
     snapshot_gaps: int = 0
+    snapshot_resyncs: int = 0
+    """Times the snapshot sequence moved for good (``engine_ext.telemetry.StreamStats``)."""
     kv_frames: int = 0
     kv_gaps: int = 0
+    kv_resyncs: int = 0
 
 
 @dataclass
@@ -46,7 +49,14 @@ class RouterStats:
     malformed_snapshot_frames: int = 0
     malformed_kv_frames: int = 0
     unknown_topic_frames: int = 0
-    """Well-formed frames whose topic is no configured instance."""
+    """Well-formed frames whose topic is no configured instance (or, for a snapshot, not
+    its engine_id)."""
+    out_of_order_snapshot_frames: int = 0
+    out_of_order_kv_frames: int = 0
+    """Well-formed frames the sequence rule dropped (stale, duplicate, implausible jump)."""
+    failed_snapshot_frames: int = 0
+    failed_kv_frames: int = 0
+    """Frames whose state update raised (skipped; the subscriber goes on)."""
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(policy, served model) -> decisions."""
     decision_latency_s: Histogram = field(default_factory=Histogram)
