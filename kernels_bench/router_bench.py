@@ -110,7 +110,7 @@ def make_core(policy: str, cluster: Cluster, batch: int) -> RouterCore:
     settings = dict(STATIC.get(policy, {}))
     if policy == "routebalance":
         settings["max_batch"] = batch
-    router = SimpleNamespace(policy=policy, policy_settings={policy: settings},
+    router = SimpleNamespace(policy=policy, policies={policy: settings},
                              heartbeat_timeout_s=1e9)
     core = RouterCore(SimpleNamespace(router=router, instances=lambda: cluster.instances))
     core.build_policy()

@@ -54,7 +54,9 @@ def launch(plan: Plan, console: Console, demo: bool = False) -> int:
     console.log_path = plan.run_dir / "launcher.log"
     sup = Supervisor(plan.run_dir, health_timeout_s=la.health_timeout_s,
                      max_restarts=la.max_restarts, backoff_s=la.restart_backoff_s,
-                     backoff_max_s=la.restart_backoff_max_s)
+                     backoff_max_s=la.restart_backoff_max_s,
+                     health_interval_s=la.health_interval_s,
+                     unhealthy_after=la.unhealthy_after, stable_s=la.stable_s)
     stop = _StopRequest(sup)
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     router: Managed | None = None

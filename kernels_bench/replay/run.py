@@ -65,11 +65,11 @@ def router_variant(cfg: ClusterConfig, spec: PolicySpec,
     """The router of a run: the spec's policy, oracle priorities allowed, the file's
     settings (with trace priors filled in when asked)."""
     tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in
-                                         cfg.router.policy_settings.items()}
+                                         cfg.router.policies.items()}
     if priors is not None:
         tables = fill_static_priors(tables, priors)
     return dataclasses.replace(
-        cfg.router, policy=spec.router, policy_settings=tables,
+        cfg.router, policy=spec.router, policies=tables,
         allow_client_priority=cfg.router.allow_client_priority or spec.oracle)
 
 
@@ -84,7 +84,7 @@ def check_variant(cfg: ClusterConfig, router: RouterConfig, label: str) -> None:
                for name in ([e.name] if e.remote else
                             [f"{e.name}-{i}" for i in range(e.replicas)])}
     try:
-        build_policy(router.policy, router.policy_settings, ClusterInfo(engines),
+        build_policy(router.policy, router.policies, ClusterInfo(engines),
                      PredictorSet())
     except ValueError as e:
         hint = ("" if "static_prior" not in str(e) else "; --priors-from-trace fills "

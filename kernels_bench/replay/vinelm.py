@@ -234,7 +234,7 @@ def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_cluster_config(args.cluster)
     header, table = read_executions(args.executions)
     qcfg = load_cluster_config(args.vinelm_config)
-    vs = qcfg.router.policy_settings.get("vinelm", {})
+    vs = qcfg.router.policies.get("vinelm", {})
     if header.workflow not in vs.get("workflows", {}):
         raise SpecError(f"{args.vinelm_config}: no VineLM template {header.workflow!r}")
     template = parse_template(header.workflow, vs["workflows"][header.workflow])
@@ -278,7 +278,7 @@ def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
         rng = random.Random(args.seed)
         picks = [rng.choice(problems) for _ in range(args.workflows)]
         times = arrival_times(args.workflows, args.rate, "poisson", 1.0, args.seed)
-        base_tables = {k: dict(v) for k, v in cfg.router.policy_settings.items()}
+        base_tables = {k: dict(v) for k, v in cfg.router.policies.items()}
         for slo in slos:
             for variant in args.variants:
                 static = (best_static(stemplate, trie, Objective("max_accuracy",
@@ -288,7 +288,7 @@ def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
                     **base_tables.get("vinelm", {}),
                     **served_settings(vs, template.name, to_served, profile),
                     "reroot": variant != "vinelm-noreroot"}}
-                router = dataclasses.replace(cfg.router, policy="vinelm", policy_settings=tables)
+                router = dataclasses.replace(cfg.router, policy="vinelm", policies=tables)
                 desc = f"{variant} @ SLO {slo:.1f} s"
                 url = cluster.start_router(router, desc)
                 cluster.reset_prefix_caches()

@@ -35,7 +35,7 @@ from router.vinelm.trie import save_tries
 
 def _settings(config: str) -> VineLMSettings:
     cfg = load_cluster_config(config)
-    table = cfg.router.policy_settings.get("vinelm")
+    table = cfg.router.policies.get("vinelm")
     if table is None:
         raise SystemExit(f"{config}: no [router.policies.vinelm] table")
     settings: VineLMSettings = validate_settings("vinelm", table)

@@ -6,7 +6,7 @@ decisions and records them.
 
 Configuration read (duck-typed ``router.config.ClusterConfig``): ``config.instances()``
 (``name, served_model_name, url, telemetry_endpoint, kv_events_endpoint,
-max_model_len``) and ``config.router``: ``policy``, ``policy_settings``,
+max_model_len``) and ``config.router``: ``policy``, ``policies``,
 ``heartbeat_timeout_s`` and, if present, ``program_ttl_s`` (default 600 s),
 ``kv_hash_algo`` (default ``sha256``) and ``kv_hash_seed`` (the engines'
 ``PYTHONHASHSEED`` if they set one).
@@ -78,7 +78,7 @@ class RouterCore:
         """Build the configured policy (ValueError: bad settings, missing predictor)."""
         r = self.config.router
         cluster = ClusterInfo({n: e.model for n, e in self.table.engines.items()})
-        self.policy = build_policy(r.policy, getattr(r, "policy_settings", None) or {},
+        self.policy = build_policy(r.policy, getattr(r, "policies", None) or {},
                                    cluster, self.predictors)
         window = self.policy.window
         if window is not None:

@@ -1,19 +1,17 @@
-"""The policy interface, the helpers policies share, and settings validation.
+"""The policy interface and the helpers policies share.
 
 A policy receives a request, its candidate engines (up, serving the requested model,
 with room for the request) and a read-only ``StateView``, and returns a ``Decision``.
-It never writes router state: dispatch (``router.dispatch``) records every decision. A policy may
-keep private decision history (a round-robin pointer, a seeded RNG, LMETRIC's hotspot
-counters), which only its own decisions update.
+It never writes router state: dispatch (``router.dispatch``) records every decision. A
+policy may keep private decision history (a round-robin pointer, a seeded RNG, LMETRIC's
+hotspot counters), which only its own decisions update.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import fields
-from typing import (Any, Callable, ClassVar, Generic, Iterable, Mapping, Sequence,
-                    TypeVar, get_args, get_origin, get_type_hints)
+from typing import Any, Callable, ClassVar, Generic, Iterable, Mapping, Sequence, TypeVar
 
 from router.predictors.base import PredictorSet
 from router.state.view import EngineView, StateView
@@ -46,7 +44,7 @@ predictors (``registry.build_policy`` makes one)."""
 
 
 class Policy(ABC, Generic[S]):
-    """Base of every policy. ``Settings`` is its settings dataclass."""
+    """Base of every policy. ``Settings`` is its settings class (``router.settings``)."""
 
     name: ClassVar[str]
     Settings: ClassVar[type]
@@ -77,74 +75,6 @@ class Policy(ABC, Generic[S]):
                      preds: Sequence[Any]) -> Sequence[Decision | ValueError]:
         """Decide a batch at once; a request that cannot be placed gets its error."""
         raise NotImplementedError(f"policy '{self.name}' does not batch")
-
-
-# ---- settings validation ----
-
-
-class SettingError(ValueError):
-    """A bad value of one settings key (the registry adds the table's path)."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key, self.message = key, message
-
-
-def check(key: str, ok: bool, message: str) -> None:
-    if not ok:
-        raise SettingError(key, message)
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    origin = get_origin(tp)
-    if tp is Any:  # a nested table the settings class validates itself
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise SettingError(key, f"must be a string, got {value!r}")
-        return value
-    if origin is dict:
-        _, vtp = get_args(tp)
-        if not isinstance(value, Mapping):
-            raise SettingError(key, f"must be a table of model -> {_type_name(vtp)}, "
-                                    f"got {type(value).__name__}")
-        return {str(k): _coerce(f"{key}.{k}", v, vtp) for k, v in value.items()}
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise SettingError(key, f"must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SettingError(key, f"must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SettingError(key, f"must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise SettingError(key, f"must be finite, got {value!r}")
-        return float(value)
-    raise TypeError(f"unsupported settings type {tp!r} for {key}")
-
-
-def parse_settings(cls: type[S], policy: str, table: Mapping[str, Any]) -> S:
-    """Build ``cls`` from a TOML table; ValueError naming the key on any bad entry."""
-    prefix = f"router.policies.{policy}"
-    hints = get_type_hints(cls)
-    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    try:
-        for key, value in table.items():
-            if key not in known:
-                raise SettingError(key, "unknown key; known keys: " + (", ".join(known)
-                                                                       or "none"))
-            kwargs[key] = _coerce(key, value, hints[key])
-        return cls(**kwargs)
-    except SettingError as exc:
-        raise ValueError(f"{prefix}.{exc.key}: {exc.message}") from None
 
 
 T = TypeVar("T")

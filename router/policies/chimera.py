@@ -22,40 +22,33 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from router.policies.base import (BuildPolicy, Policy, check, decision, models_of, priority_for,
-                                  resolve)
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import BuildPolicy, Policy, decision, models_of, priority_for, resolve
 from router.policies.lmetric import LMetric
 from router.predictors.base import StaticConfidence, StaticRemainingTokens
+from router.settings import STRICT, Fraction, NonNegative, Positive, PositiveInt
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class ChimeraSettings:
-    tau: float = 0.2
+    tau: NonNegative = 0.2
     """Latency slack tau of Algorithm 1 (default chosen here: the paper's value could not
     be checked offline)."""
-    delta_s: float = 0.05
+    delta_s: Fraction = 0.05
     """Confidence margin delta_s of Algorithm 1 (default chosen here, as for tau)."""
     sticky: bool = True
     """Reuse a program's model for its later stages (section 3.5)."""
     static_prior: bool = False
     """Use the tables below instead of missing predictors / profiles."""
-    confidence: dict[str, float] = field(default_factory=dict)
+    confidence: dict[str, Fraction] = field(default_factory=dict)
     """Static q[m] per model."""
-    mean_output_tokens: dict[str, float] = field(default_factory=dict)
+    mean_output_tokens: dict[str, Positive] = field(default_factory=dict)
     """Static P-hat[m] = mean output tokens x remaining stages."""
-    decode_ms_per_token: dict[str, float] = field(default_factory=dict)
-    max_batch_size: dict[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        check("tau", self.tau >= 0, "must be >= 0")
-        check("delta_s", 0 <= self.delta_s <= 1, "must be in [0, 1]")
-        for m, q in self.confidence.items():
-            check(f"confidence.{m}", 0 <= q <= 1, "must be in [0, 1]")
-        for key in ("mean_output_tokens", "decode_ms_per_token", "max_batch_size"):
-            for m, v in getattr(self, key).items():
-                check(f"{key}.{m}", v > 0, "must be > 0")
+    decode_ms_per_token: dict[str, Positive] = field(default_factory=dict)
+    max_batch_size: dict[str, PositiveInt] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,20 @@ does not change the argmin. Deterministic (router temperature 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from router.policies.base import Policy, check, decision
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import Policy, decision
+from router.settings import STRICT, NonNegative
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class DynamoSettings:
-    overlap_score_weight: float = 1.0
+    overlap_score_weight: NonNegative = 1.0
     """w: Dynamo's default."""
-
-    def __post_init__(self) -> None:
-        check("overlap_score_weight", self.overlap_score_weight >= 0, "must be >= 0")
 
 
 def dynamo_cost(queued_prefill: int, prompt: int, cached: int, decode_load: int,

@@ -14,38 +14,32 @@ the model is chosen by ``lmetric``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Mapping, Sequence
 
-from router.policies.base import BuildPolicy, Policy, check, decision, models_of, resolve
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import BuildPolicy, Policy, decision, models_of, resolve
 from router.policies.lmetric import LMetric
 from router.predictors.base import StaticCapability
+from router.settings import STRICT, Fraction, NonNegative, Positive
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class LaarSettings:
-    alpha: float = 0.7
+    alpha: NonNegative = 0.7
     """alpha: weight of the response term R(m) (LAAR: 0.7)."""
-    retry_penalty: float = 0.5
+    retry_penalty: Fraction = 0.5
     """Fraction of Q(m, x) lost per earlier attempt of m on this request (chosen here)."""
     static_prior: bool = False
-    capability: dict[str, float] = field(default_factory=dict)
+    capability: dict[str, Fraction] = field(default_factory=dict)
     """Static Q(m, x) = Q(m) per model."""
-    decode_ms_per_token: dict[str, float] = field(default_factory=dict)
+    decode_ms_per_token: dict[str, Positive] = field(default_factory=dict)
     """Static c(m)."""
-    mean_output_tokens: dict[str, float] = field(default_factory=dict)
+    mean_output_tokens: dict[str, Positive] = field(default_factory=dict)
     """Static R(m)."""
-
-    def __post_init__(self) -> None:
-        check("alpha", self.alpha >= 0, "must be >= 0")
-        check("retry_penalty", 0 <= self.retry_penalty <= 1, "must be in [0, 1]")
-        for m, q in self.capability.items():
-            check(f"capability.{m}", 0 <= q <= 1, "must be in [0, 1]")
-        for key in ("decode_ms_per_token", "mean_output_tokens"):
-            for m, v in getattr(self, key).items():
-                check(f"{key}.{m}", v > 0, "must be > 0")
 
 
 def laar_latency(c_m: float, t_x: float, r_m: float, alpha: float) -> float:

@@ -7,24 +7,22 @@ the linear combinator LMETRIC (section 2) argues needs per-workload tuning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from router.policies.base import Policy, check, decision
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import Policy, decision
+from router.settings import STRICT, NonNegative
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class LinearSettings:
-    kv_weight: float = 1.0
+    kv_weight: NonNegative = 1.0
     """w_kv."""
-    load_weight: float = 1.0
+    load_weight: NonNegative = 1.0
     """w_load."""
-
-    def __post_init__(self) -> None:
-        check("kv_weight", self.kv_weight >= 0, "must be >= 0")
-        check("load_weight", self.load_weight >= 0, "must be >= 0")
 
 
 def linear_score(hit_ratio: float, load: int, max_load: int, w_kv: float,

@@ -19,28 +19,25 @@ block; M = candidates caching it, M-bar = the others):
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from router.policies.base import BuildPolicy, Policy, check, decision
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import BuildPolicy, Policy, decision
+from router.settings import STRICT, PositiveInt
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class LMetricSettings:
     hotspot_detection: bool = True
-    hot_window: int = 512
+    hot_window: PositiveInt = 512
     """Recent requests over which prefix-class frequencies are counted (chosen here)."""
-    hot_top_k: int = 4
+    hot_top_k: PositiveInt = 4
     """How many of the hottest prefix classes phase 1 examines (chosen here)."""
-    win_factor: int = 2
+    win_factor: PositiveInt = 2
     """Phase 2 threshold: more than win_factor x |M| consecutive wins (LMETRIC: 2)."""
-
-    def __post_init__(self) -> None:
-        check("hot_window", self.hot_window >= 1, "must be >= 1")
-        check("hot_top_k", self.hot_top_k >= 1, "must be >= 1")
-        check("win_factor", self.win_factor >= 1, "must be >= 1")
 
 
 def new_prefill_tokens(prompt: int, cached: int, queued_prefill: int) -> int:

@@ -8,21 +8,20 @@ least loaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from router.policies.base import Policy, check, decision
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import Policy, decision
+from router.settings import STRICT, Count
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class FilterSettings:
-    imbalance_range: int = 8
+    imbalance_range: Count = 8
     """AIBrix's absolute running-request imbalance count that switches to balancing."""
-
-    def __post_init__(self) -> None:
-        check("imbalance_range", self.imbalance_range >= 0, "must be >= 0")
 
 
 def imbalanced(loads: Sequence[int], imbalance_range: int) -> bool:

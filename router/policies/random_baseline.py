@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Any, Sequence
 
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
 from router.policies.base import Policy, decision
+from router.settings import STRICT, Count
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class RandomSettings:
-    seed: int = 0
+    seed: Count = 0
     """Seed of the policy's own generator: runs are reproducible."""
 
 

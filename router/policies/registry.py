@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from router.policies.base import Policy, parse_settings
+from router.policies.base import Policy
 from router.policies.chimera import Chimera
 from router.policies.dynamo import Dynamo
 from router.policies.laar import Laar
@@ -18,6 +18,7 @@ from router.policies.shortest_queue import ShortestQueue
 from router.policies.vinelm import VineLM
 from router.policies.vllm_balancer import VllmBalancer
 from router.predictors.base import PredictorSet
+from router.settings import SettingsError, decode
 from router.types import ClusterInfo
 
 POLICIES: dict[str, type[Policy[Any]]] = {p.name: p for p in (
@@ -27,11 +28,11 @@ POLICIES: dict[str, type[Policy[Any]]] = {p.name: p for p in (
 
 def validate_settings(name: str, table: Mapping[str, Any]) -> Any:
     """The settings dataclass of policy ``name`` from its ``[router.policies.<name>]``
-    table; ValueError naming the policy or key that is wrong."""
+    table; ``SettingsError`` naming the policy or key that is wrong."""
     if name not in POLICIES:
-        raise ValueError(f"router.policy / router.policies.{name}: unknown policy '{name}'; "
-                         f"known policies: {', '.join(POLICIES)}")
-    return parse_settings(POLICIES[name].Settings, name, table)
+        raise SettingsError(f"router.policies.{name[:80]}", f"unknown policy {name[:80]!r}; "
+                            f"known policies: {', '.join(POLICIES)}")
+    return decode(POLICIES[name].Settings, table, f"router.policies.{name}")
 
 
 def build_policy(name: str, all_settings: Mapping[str, Mapping[str, Any]],

@@ -23,8 +23,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from router.policies.base import BuildPolicy, Policy, check, decision, models_of, resolve
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import BuildPolicy, Policy, decision, models_of, resolve
 from router.predictors.base import QualityLength, StaticQualityLength, StaticTpot, TpotQuery
+from router.settings import STRICT, Fraction, NonNegative, Positive, PositiveInt, check
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
@@ -32,38 +35,27 @@ WEIGHT_KEYS = ("quality", "cost", "latency")
 """Names of per-request weights (``workflow.weights``)."""
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class RouteBalanceSettings:
-    w_quality: float = 1 / 3
+    w_quality: NonNegative = 1 / 3
     """w_q; the default is the balanced preset (equal weights)."""
-    w_cost: float = 1 / 3
-    w_latency: float = 1 / 3
-    max_batch: int = 8
+    w_cost: NonNegative = 1 / 3
+    w_latency: NonNegative = 1 / 3
+    max_batch: PositiveInt = 8
     """Largest batch (RouteBalance's scheduler_config_default: 8)."""
-    max_window_ms: float = 100.0
+    max_window_ms: NonNegative = 100.0
     """Longest collection window (RouteBalance's batch_timeout_ms: 100)."""
-    cost_per_token: dict[str, float] = field(default_factory=dict)
+    cost_per_token: dict[str, NonNegative] = field(default_factory=dict)
     """Price per prompt or output token of each model (required: a price list)."""
     static_prior: bool = False
-    quality: dict[str, float] = field(default_factory=dict)
-    mean_output_tokens: dict[str, float] = field(default_factory=dict)
-    decode_ms_per_token: dict[str, float] = field(default_factory=dict)
+    quality: dict[str, Fraction] = field(default_factory=dict)
+    mean_output_tokens: dict[str, Positive] = field(default_factory=dict)
+    decode_ms_per_token: dict[str, Positive] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for key in ("w_quality", "w_cost", "w_latency"):
-            check(key, getattr(self, key) >= 0, "must be >= 0")
         total = self.w_quality + self.w_cost + self.w_latency
         check("w_quality", abs(total - 1) < 1e-6,
               f"w_quality + w_cost + w_latency must be 1 (the simplex), got {total:g}")
-        check("max_batch", self.max_batch >= 1, "must be >= 1")
-        check("max_window_ms", self.max_window_ms >= 0, "must be >= 0")
-        for m, v in self.cost_per_token.items():
-            check(f"cost_per_token.{m}", v >= 0, "must be >= 0")
-        for m, v in self.quality.items():
-            check(f"quality.{m}", 0 <= v <= 1, "must be in [0, 1]")
-        for key in ("mean_output_tokens", "decode_ms_per_token"):
-            for m, v in getattr(self, key).items():
-                check(f"{key}.{m}", v > 0, "must be > 0")
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
 from router.policies.base import Policy, decision
+from router.settings import STRICT
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class ShortestQueueSettings:
     """No settings."""
 

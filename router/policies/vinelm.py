@@ -18,11 +18,15 @@ the ``fallback`` policy (default ``chimera``: one model per program).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Sequence
 
-from router.policies.base import BuildPolicy, Policy, SettingError, check, decision
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import BuildPolicy, Policy, decision
 from router.policies.lmetric import LMetric
+from router.settings import (STRICT, Count, Fraction, NonNegative, Positive, PositiveInt,
+                             SettingsError, check)
 from router.state.view import EngineView, StateView
 from router.types import Decision, NoEngineAvailable, RoutingRequest
 from router.vinelm.controller import Controller, NoAdmissibleModel
@@ -31,7 +35,7 @@ from router.vinelm.template import TemplateError, WorkflowTemplate, parse_templa
 from router.vinelm.trie import Trie, load_tries, prefixes
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class VineLMSettings:
     workflows: dict[str, Any] = field(default_factory=dict)
     """Workflow templates by name (``router.vinelm.template``)."""
@@ -40,35 +44,35 @@ class VineLMSettings:
     cluster file."""
     static_prior: bool = False
     """Annotate the tries from the three tables below instead of a profile."""
-    success: dict[str, float] = field(default_factory=dict)
+    success: dict[str, Fraction] = field(default_factory=dict)
     """Static conditional success c of an answering invocation per model: the cascade
     decomposition mu = mu_parent + (1 - mu_parent) x c."""
-    cost_per_call: dict[str, float] = field(default_factory=dict)
-    latency_s_per_call: dict[str, float] = field(default_factory=dict)
-    prompt_cost_per_1k: dict[str, float] = field(default_factory=dict)
+    cost_per_call: dict[str, NonNegative] = field(default_factory=dict)
+    latency_s_per_call: dict[str, NonNegative] = field(default_factory=dict)
+    prompt_cost_per_1k: dict[str, NonNegative] = field(default_factory=dict)
     """Cost per 1000 prompt tokens per model (profiling's cost of an invocation)."""
-    output_cost_per_1k: dict[str, float] = field(default_factory=dict)
+    output_cost_per_1k: dict[str, NonNegative] = field(default_factory=dict)
     """Cost per 1000 output tokens per model."""
     load_aware: bool = True
     """Add each model's expected engine delay D_e to the paths that use it."""
-    decode_ms_per_token: dict[str, float] = field(default_factory=dict)
+    decode_ms_per_token: dict[str, Positive] = field(default_factory=dict)
     """Static decode profile for D_e when no profile predictor is configured."""
-    max_batch_size: dict[str, int] = field(default_factory=dict)
+    max_batch_size: dict[str, PositiveInt] = field(default_factory=dict)
     fallback: str = "chimera"
     """Policy for requests that carry no objective."""
-    program_ttl_s: float = 600.0
+    program_ttl_s: Positive = 600.0
     """A program with no call for this long leaves the controller."""
-    cascades_per_problem: int = 1
+    cascades_per_problem: PositiveInt = 1
     """Sampling budget of cascade profiling: cascades per profiled problem."""
-    smooth_rank: int = 1
+    smooth_rank: PositiveInt = 1
     """Rank of the smoothing of the deepest conditional estimates (VineLM: rank-1)."""
-    smooth_depths: int = 1
+    smooth_depths: Count = 1
     """Deepest trie depths whose conditional estimates are smoothed (0: none)."""
-    smooth_strength: float = 5.0
+    smooth_strength: NonNegative = 5.0
     """Pull of a sparsely seen parent's row towards the common row in the smoothing fit,
     in pseudo-executions (``router.vinelm.estimate.low_rank_fit``; chosen here: the
     paper's regularisation could not be checked)."""
-    seed: int = 0
+    seed: Count = 0
     """Seed of cascade sampling's random model choices."""
     reroot: bool = True
     """Re-root the trie at the realised prefix and elapsed time at every call (VineLM
@@ -78,29 +82,14 @@ class VineLMSettings:
         try:
             templates = parse_templates(self.workflows)
         except TemplateError as e:
-            raise SettingError(e.key, e.message) from None
+            raise SettingsError(e.key, e.message) from None
         check("fallback", self.fallback != "vinelm", "must be another policy")
-        check("program_ttl_s", self.program_ttl_s > 0, "must be > 0")
-        check("cascades_per_problem", self.cascades_per_problem >= 1, "must be >= 1")
-        check("smooth_rank", self.smooth_rank >= 1, "must be >= 1")
-        check("smooth_depths", self.smooth_depths >= 0, "must be >= 0")
-        check("smooth_strength", self.smooth_strength >= 0, "must be >= 0")
-        for key in ("success",):
-            for m, v in getattr(self, key).items():
-                check(f"{key}.{m}", 0 <= v <= 1, "must be in [0, 1]")
-        for key in ("cost_per_call", "latency_s_per_call", "prompt_cost_per_1k",
-                    "output_cost_per_1k"):
-            for m, v in getattr(self, key).items():
-                check(f"{key}.{m}", v >= 0, "must be >= 0")
-        for key in ("decode_ms_per_token", "max_batch_size"):
-            for m, v in getattr(self, key).items():
-                check(f"{key}.{m}", v > 0, "must be > 0")
         if self.static_prior:
             models = sorted({m for t in templates.values() for m in t.models()})
             for key in ("success", "cost_per_call", "latency_s_per_call"):
                 missing = [m for m in models if m not in getattr(self, key)]
                 if missing:
-                    raise SettingError(key, f"static_prior = true but no value for "
+                    raise SettingsError(key, f"static_prior = true but no value for "
                                        f"{', '.join(missing)}")
 
 

@@ -7,10 +7,12 @@ as waiting; ties go to the first engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
 from router.policies.base import Policy, decision
+from router.settings import STRICT
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
 
@@ -18,7 +20,7 @@ WAITING_WEIGHT = 4
 """vLLM's constant (not a setting there either)."""
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=STRICT)
 class VllmSettings:
     """No settings."""
 

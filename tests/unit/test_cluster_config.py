@@ -10,6 +10,7 @@ import pytest
 
 from router import config as cc
 from router.config import ConfigError, load_cluster_config
+from router.settings import SettingsError
 
 ROUTER = '[router]\npolicy = "chimera"\n'
 ENGINE_A = '[[engines]]\nname = "a"\nmodel = "builtin:tiny-a"\n'
@@ -62,7 +63,7 @@ def test_demo_file_loads() -> None:
     assert [(e.name, e.model, e.served_model_name) for e in cfg.engines] == [
         ("tiny-a", "builtin:tiny-a", "tiny-a"), ("tiny-b", "builtin:tiny-b", "tiny-b")]
     assert cfg.router.policy == "chimera"
-    assert cfg.router.policy_settings["chimera"]["static_prior"] is True
+    assert cfg.router.policies["chimera"]["static_prior"] is True
     for e in cfg.engines:
         assert (e.max_num_seqs, e.dtype, e.enforce_eager, e.max_model_len) == (
             8, "float32", True, 1024)
@@ -77,7 +78,7 @@ def test_router_tables(tmp_path: Path) -> None:
     assert r.port == 9000 and r.allow_client_priority
     assert r.uds == str(tmp_path / "r.sock")
     assert r.predictors == {"length": str(tmp_path / "artifacts" / "qrf.pkl")}
-    assert r.policy_settings == {"chimera": {"tau": 0.5}, "lmetric": {}}
+    assert r.policies == {"chimera": {"tau": 0.5}, "lmetric": {}}
     assert cfg.router_url() == "http://127.0.0.1:9000"
 
 
@@ -182,11 +183,12 @@ def test_unknown_key_suggests(tmp_path: Path, text: str, key: str, hint: str | N
      "an integer or a list of integers"),
     (ROUTER + ENGINE_A + "extra_args = \"--foo\"\n", "engines.a.extra_args",
      "a list of strings"),
-    (ROUTER + ENGINE_A + "env = { X = 1 }\n", "engines.a.env", "a table of strings"),
+    (ROUTER + ENGINE_A + "env = { X = 1 }\n", "engines.a.env.X", "a string"),
+    (ROUTER + ENGINE_A + "gpus = [0, 1.5]\n", "engines.a.gpus[1]", "an integer"),
     (ROUTER + 'heartbeat_timeout_s = "2"\n' + ENGINE_A, "router.heartbeat_timeout_s",
      "a number"),
     ('router = 3\n' + ENGINE_A, "router", "a table"),
-    (ROUTER + "[router.policies]\nchimera = 1\n" + ENGINE_A, "router.policies",
+    (ROUTER + "[router.policies]\nchimera = 1\n" + ENGINE_A, "router.policies.chimera",
      "a table"),
 ])
 def test_wrong_type(tmp_path: Path, text: str, key: str, expected: str) -> None:
@@ -293,14 +295,14 @@ def test_unknown_builtin_model(tmp_path: Path) -> None:
      "engines.a.env.CUDA_VISIBLE_DEVICES", "use `gpus`"),
     (ROUTER + ENGINE_A + 'sched_policy = "stfj"\n', "engines.a.sched_policy",
      "did you mean 'stjf'?"),
-    (ROUTER + ENGINE_A + "replicas = 0\n", "engines.a.replicas", "at least 1"),
+    (ROUTER + ENGINE_A + "replicas = 0\n", "engines.a.replicas", "must be >= 1, got 0"),
     (ROUTER + ENGINE_A + "replicas = 2\nport = [9100]\n", "engines.a.port",
      "gives 1 ports for 2 replicas"),
-    (ROUTER + ENGINE_A + "port = 70000\n", "engines.a.port", "not a TCP port"),
+    (ROUTER + ENGINE_A + "port = 70000\n", "engines.a.port", "must be <= 65535, got 70000"),
     (ROUTER + ENGINE_A + 'replicas = 2\ntelemetry_endpoint = ["ipc:///tmp/a"]\n',
      "engines.a.telemetry_endpoint", "gives 1 endpoints for 2 replicas"),
     (ROUTER + ENGINE_A + "gpu_memory_utilization = 1.5\n",
-     "engines.a.gpu_memory_utilization", "(0, 1]"),
+     "engines.a.gpu_memory_utilization", "must be <= 1"),
     (ROUTER + ENGINE_A + 'served_model_name = "auto"\n', "engines.a.served_model_name",
      "reserved"),
     (ROUTER + ENGINE_A + ENGINE_A, "engines[1].name", "already the name"),
@@ -337,16 +339,16 @@ def test_remote_engine_needs_endpoints_and_url(tmp_path: Path) -> None:
     assert "expected http://HOST:PORT" in error(tmp_path, ROUTER + bad, "engines.r-0.url")
 
 
-def test_policy_settings_go_to_router_registry(tmp_path: Path,
+def test_policies_go_to_router_registry(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, dict[str, Any]]] = []
 
     def validate(name: str, table: dict[str, Any]) -> None:
         seen.append((name, table))
         if table.get("tau", 0) < 0:
-            raise ValueError(f"router.policies.{name}.tau: must not be negative")
+            raise SettingsError(f"router.policies.{name}.tau", "must not be negative")
         if "bad" in table:
-            raise ValueError("something is wrong")
+            raise SettingsError(f"router.policies.{name}", "something is wrong")
 
     monkeypatch.setattr(cc, "_policy_validator", lambda: validate)
     load(tmp_path, ROUTER + "[router.policies.lmetric]\nwindow = 3\n" + ENGINE_A)
@@ -379,3 +381,59 @@ def test_docs_example_is_valid(tmp_path: Path) -> None:
     example = re.findall(r"```toml\n(.*?)```", doc, re.S)[0]
     cfg = load(tmp_path, example)
     assert [(e.name, e.remote) for e in cfg.engines] == [("big", False), ("far-0", True)]
+
+
+# ---------------------------------------------------------------- hostile files
+
+
+def _short(problem: str) -> str:
+    assert len(problem) < 400, problem[:400]
+    return problem
+
+
+@pytest.mark.parametrize("text,key,words", [
+    (ROUTER + ENGINE_A + f"replicas = {10**40}\n", "engines.a.replicas", "must be <= 4096"),
+    (ROUTER + ENGINE_A + f"kv_cache_bytes = {10**40}\n", "engines.a.kv_cache_bytes",
+     "must be <="),
+    (ROUTER + f"port = -{10**40}\n" + ENGINE_A, "router.port", "must be >= 1"),
+    (ROUTER + "heartbeat_timeout_s = nan\n" + ENGINE_A, "router.heartbeat_timeout_s",
+     "must be finite"),
+    (ROUTER + "request_timeout_s = inf\n" + ENGINE_A, "router.request_timeout_s",
+     "must be finite"),
+    (ROUTER + ENGINE_A + 'dtype = "' + "x" * 50_000_000 + '"\n', "engines.a.dtype",
+     "at most 4096 characters, got 50000000"),
+    (ROUTER + "[router.policies.chimera" + ".a" * 100 + "]\n" + ENGINE_A,
+     "router.policies.chimera.a", "unknown key"),
+    (ROUTER + ENGINE_A + "env = " + "{ a = " * 100 + "1" + " }" * 100 + "\n",
+     "engines.a.env.a", "expected a string, got a table"),
+    (ROUTER + ENGINE_A + "[launcher]\nmax_restarts = " + str(2**64) + "\n",
+     "launcher.max_restarts", "must be <="),
+])
+def test_hostile_values_get_one_short_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            text: str, key: str, words: str) -> None:
+    monkeypatch.undo()  # with the policy registry
+    assert words in _short(error(tmp_path, text, key))
+
+
+def test_deeply_nested_arrays_are_a_syntax_error(tmp_path: Path) -> None:
+    problem = error(tmp_path, ROUTER + "x = " + "[" * 100_000 + "]" * 100_000 + "\n" + ENGINE_A,
+                    "(syntax)")
+    assert "nested too deeply" in _short(problem)
+
+
+_TABLES = {"router": (cc.RouterConfig, ROUTER, ENGINE_A),
+           "engines.a": (cc.EngineConfig, ROUTER + ENGINE_A, ""),
+           "launcher": (cc.LauncherConfig, ROUTER + ENGINE_A + "[launcher]\n", "")}
+
+
+@pytest.mark.parametrize("table,name", [(t, f) for t, (cls, _, _) in _TABLES.items()
+                                        for f in cls.__pydantic_fields__
+                                        if f not in ("name", "policy", "model")])
+def test_a_wrong_type_anywhere_names_its_key(tmp_path: Path, table: str, name: str) -> None:
+    """Every key of every table, given a table where it takes none (or a table of lists
+    where it takes a table), fails naming that key."""
+    _, head, tail = _TABLES[table]
+    problem = error(tmp_path, head + f"{name} = {{ z = [1] }}\n" + tail,
+                    f"{table}.{name}" + (".z" if name in ("policies", "predictors", "env")
+                                         else ""))
+    assert problem.startswith("expected "), problem

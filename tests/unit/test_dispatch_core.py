@@ -46,7 +46,7 @@ def core_for(policy: str, settings: dict[str, Any] | None = None,
                                  kv_events_endpoint=endpoints[1], max_model_len=None)
                  for i in range(engines)]
     cfg = SimpleNamespace(router=SimpleNamespace(
-        policy=policy, policy_settings={policy: settings or {}}, heartbeat_timeout_s=2.0),
+        policy=policy, policies={policy: settings or {}}, heartbeat_timeout_s=2.0),
         instances=lambda: instances)
     return RouterCore(cfg, predictors)
 

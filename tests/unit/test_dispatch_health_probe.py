@@ -26,7 +26,7 @@ def make_core(url: str) -> RouterCore:
     inst = SimpleNamespace(name="e0", served_model_name="a", url=url, telemetry_endpoint=None,
                            kv_events_endpoint=None, max_model_len=None)
     cfg = SimpleNamespace(router=SimpleNamespace(policy="round_robin",
-                                                 policy_settings={}, heartbeat_timeout_s=2.0),
+                                                 policies={}, heartbeat_timeout_s=2.0),
                           instances=lambda: [inst])
     core = RouterCore(cfg)
     core.prober.interval_s = 0.05

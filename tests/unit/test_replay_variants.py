@@ -47,11 +47,11 @@ def test_router_variant(cfg: ClusterConfig) -> None:
     oracle, lm = specs("oracle", "lmetric")
     r = router_variant(cfg, oracle, PRIORS)
     assert r.policy == "chimera" and r.allow_client_priority
-    assert r.policy_settings["chimera"]["confidence"] == {"tiny-a": 0.3, "tiny-b": 0.6}
+    assert r.policies["chimera"]["confidence"] == {"tiny-a": 0.3, "tiny-b": 0.6}
     assert r.heartbeat_timeout_s == cfg.router.heartbeat_timeout_s  # the file's other keys
     r = router_variant(cfg, lm, None)
     assert r.policy == "lmetric" and not r.allow_client_priority
-    assert "confidence" not in r.policy_settings["chimera"]
+    assert "confidence" not in r.policies["chimera"]
     check_variant(cfg, router_variant(cfg, oracle, PRIORS), "oracle")
     with pytest.raises(ValueError, match="policy 'oracle'.*--priors-from-trace"):
         check_variant(cfg, router_variant(cfg, oracle, None), "oracle")

@@ -83,4 +83,4 @@ def test_profile_path_is_relative_to_the_cluster_file(tmp_path: Any) -> None:
     data = {"router": {"policy": "round_robin", "policies": {"vinelm": {
         "profile_path": "tries.json"}}}, "engines": [{"name": "a", "model": "builtin:tiny-a"}]}
     cfg = parse_cluster_config(data, "c.toml", tmp_path)
-    assert cfg.router.policy_settings["vinelm"]["profile_path"] == str(tmp_path / "tries.json")
+    assert cfg.router.policies["vinelm"]["profile_path"] == str(tmp_path / "tries.json")
