@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trace model replayed by each served model (default: same name)")
     p.add_argument("--retries", type=int, default=0, metavar="R",
                    help="retry a workflow whose answer is wrong up to R times (TTCA)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="run every policy and rate N times, interleaved (policy order "
+                   "rotated every repeat); 95%% intervals come from the repeats and the "
+                   "workflows (default 1)")
     p.add_argument("--run-attempts", type=int, default=3, metavar="N",
                    help="run a policy and rate again, up to N times in all, while the "
                    "router marks an engine down during it (default 3)")
@@ -86,9 +90,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     a = parser.parse_args(argv)
-    if a.workflows < 1 or a.run_attempts < 1 or a.retries < 0 or any(r <= 0 for r in a.rates):
-        parser.error("--workflows and --run-attempts must be >= 1, --retries >= 0 and every "
-                     "rate > 0")
+    if (min(a.workflows, a.run_attempts, a.repeats) < 1 or a.retries < 0
+            or any(r <= 0 for r in a.rates)):
+        parser.error("--workflows, --repeats and --run-attempts must be >= 1, --retries >= 0 "
+                     "and every rate > 0")
     out = a.out or RESULTS_ROOT / time.strftime("%Y%m%d-%H%M%S")
     if (out / SUMMARY).exists():
         parser.error(f"{out} already holds a replay; give another --out")
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         opts = ReplayOptions(
             policies=specs, rates=a.rates, arrival=a.arrival, cv=a.cv, workflows=a.workflows,
             seed=a.seed, model_map=parse_model_map(a.model_map), max_attempts=a.retries + 1,
-            run_attempts=a.run_attempts,
+            run_attempts=a.run_attempts, repeats=a.repeats,
             priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
             run_dir=a.run_dir or out / "cluster")
         cfg = load_cluster_config(a.cluster)

@@ -2,7 +2,8 @@
 
 - ``requests.jsonl`` / ``requests.csv``: every LLM call, with its policy and rate;
 - ``workflows.jsonl`` / ``workflows.csv``: every workflow;
-- ``summary.json``: what was run (``meta``) and every run's metrics (``runs``);
+- ``summary.json``: what was run (``meta``), every run's metrics (``runs``) and the
+  intervals and comparisons over repeats and workflows (``intervals``);
 - ``summary.csv``, ``summary.md``: the summary table, with ratios against the baseline;
 - ``frontier.png``, ``cdf.png``, ``traffic.png``: the plots (``plots``).
 """
@@ -16,15 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay import plots
-from kernels_bench.replay.report import flat_rows, markdown_tables
+from kernels_bench.replay import intervals, plots
+from kernels_bench.replay.report import PAIRS, flat_rows, markdown_tables
 
 SUMMARY = "summary.json"
 
 
 def _rows(records: Sequence[Any], run: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"policy": run["policy"], "rate": run["rate"], **dataclasses.asdict(r)}
-            for r in records]
+    return [{"policy": run["policy"], "rate": run["rate"], "repeat": run["repeat"],
+             **dataclasses.asdict(r)} for r in records]
 
 
 def _append(folder: Path, stem: str, rows: list[dict[str, Any]]) -> None:
@@ -51,7 +52,12 @@ def write_run(folder: Path, run: dict[str, Any]) -> None:
 
 
 def write_summary(folder: Path, summary: dict[str, Any]) -> None:
-    """Rewrite the summary files and plots from ``summary`` (meta + runs so far)."""
+    """Rewrite the summary files and plots from ``summary`` (meta + runs so far), with
+    the intervals of the workflows written so far."""
+    workflows = read_jsonl(folder / "workflows.jsonl")
+    summary["intervals"] = intervals.summarize(
+        workflows, summary["meta"]["baseline"], [(a, b) for a, b, _ in PAIRS],
+        summary["meta"]["seed"])
     (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     rows = flat_rows(summary)
     with (folder / "summary.csv").open("w", newline="", encoding="utf-8") as f:
@@ -59,7 +65,6 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     (folder / "summary.md").write_text(markdown_tables(summary) + "\n", encoding="utf-8")
-    workflows = read_jsonl(folder / "workflows.jsonl")
     plots.write_all(folder, summary, workflows)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernels_bench.replay import intervals
 from kernels_bench.replay.metrics import lookup, ratio
 
 
@@ -41,11 +42,12 @@ COLUMNS = (
 )
 
 
-def baseline_run(summary: Mapping[str, Any], rate: float) -> Mapping[str, Any] | None:
-    """The baseline policy's run at ``rate``, if it was run."""
+def baseline_run(summary: Mapping[str, Any], rate: float, repeat: int = 0
+                 ) -> Mapping[str, Any] | None:
+    """The baseline policy's run at ``rate`` in ``repeat``, if it was run."""
     base = summary["meta"]["baseline"]
     for run in summary["runs"]:
-        if run["policy"] == base and run["rate"] == rate:
+        if run["policy"] == base and run["rate"] == rate and run.get("repeat", 0) == repeat:
             return run
     return None
 
@@ -63,9 +65,16 @@ def traffic_text(run: Mapping[str, Any]) -> str:
 
 
 def _rows_in_order(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Runs by rate, then in the order the policies were given."""
+    """Runs by rate, then in the order the policies were given, then by repeat."""
     order = {p["label"]: i for i, p in enumerate(summary["meta"]["policies"])}
-    return sorted(summary["runs"], key=lambda r: (r["rate"], order.get(r["policy"], 1 << 30)))
+    return sorted(summary["runs"], key=lambda r: (r["rate"], order.get(r["policy"], 1 << 30),
+                                                  r.get("repeat", 0)))
+
+
+def _label(run: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    """The policy, with the repeat when there are several."""
+    repeats = summary["meta"].get("repeats", 1)
+    return run["policy"] + (f" #{run.get('repeat', 0) + 1}" if repeats > 1 else "")
 
 
 def markdown_tables(summary: Mapping[str, Any]) -> str:
@@ -77,7 +86,8 @@ def markdown_tables(summary: Mapping[str, Any]) -> str:
     for run in runs:
         s = run["summary"]
         cells = [_num(_scaled(s, c)) for c in COLUMNS]
-        lines.append(_md_row([run["policy"], f"{run['rate']:g}", *cells, traffic_text(run),
+        lines.append(_md_row([_label(run, summary), f"{run['rate']:g}", *cells,
+                              traffic_text(run),
                               str(s["errors"]), _downs_text(run)]))
     base = summary["meta"]["baseline"]
     cols = [c for c in COLUMNS if c.in_ratios]
@@ -87,12 +97,12 @@ def markdown_tables(summary: Mapping[str, Any]) -> str:
     head = ["policy", "rate/s", *(c.name for c in cols)]
     ratio_lines = [_md_row(head), _md_row(["---"] * len(head))]
     for run in runs:
-        b = baseline_run(summary, run["rate"])
+        b = baseline_run(summary, run["rate"], run.get("repeat", 0))
         if b is None:
             continue
         cells = [_ratio_text(lookup(run["summary"], c.key), lookup(b["summary"], c.key))
                  for c in cols]
-        ratio_lines.append(_md_row([run["policy"], f"{run['rate']:g}", *cells]))
+        ratio_lines.append(_md_row([_label(run, summary), f"{run['rate']:g}", *cells]))
     return (out + f"\n\nRatios against `{base}` at the same rate (lower is better for "
             "latencies, higher for score and solved):\n\n" + "\n".join(ratio_lines))
 
@@ -121,8 +131,9 @@ def flat_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One CSV row per run: metrics in stored units, ratios, traffic shares."""
     rows = []
     for run in _rows_in_order(summary):
-        s, b = run["summary"], baseline_run(summary, run["rate"])
+        s, b = run["summary"], baseline_run(summary, run["rate"], run.get("repeat", 0))
         row: dict[str, Any] = {"policy": run["policy"], "rate": run["rate"],
+                               "repeat": run.get("repeat", 0),
                                "workflows": s["workflows"], "errors": s["errors"],
                                "engine_down_events": s.get("engine_down_events", 0)}
         for c in COLUMNS:
@@ -138,11 +149,6 @@ def flat_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _pct_change(value: float | None, base: float | None) -> str | None:
-    r = ratio(value, base)
-    return None if r is None else f"{100 * (r - 1):+.0f}%"
-
-
 PAIRS = (
     ("chimera:stjf", "chimera:fcfs", "STJF against FCFS engines, both routed by Chimera"),
     ("oracle", "chimera:stjf", "true remaining lengths (oracle) against predicted ones"),
@@ -151,35 +157,68 @@ PAIRS = (
 """Comparisons the results page spells out when both policies were run."""
 
 
+def interval_tables(summary: Mapping[str, Any]) -> str:
+    """Every (policy, rate) with its 95% intervals, and every comparison with its interval
+    and verdict (``intervals``: repeats and workflows resampled, paired)."""
+    iv = summary.get("intervals")
+    if not iv or not iv["values"]:
+        return "(no intervals: no workflow records)"
+    head = ["policy", "rate/s", "repeats", *(m.name for m in intervals.METRICS)]
+    lines = [_md_row(head), _md_row(["---"] * len(head))]
+    for row in iv["values"]:
+        lines.append(_md_row([row["policy"], f"{row['rate']:g}", str(row["repeats"]),
+                              *(_interval_text(row[m.key]) for m in intervals.METRICS)]))
+    head = ["policy", "against", "rate/s", *(_compared_name(m) for m in intervals.METRICS)]
+    comp = [_md_row(head), _md_row(["---"] * len(head))]
+    for row in iv["comparisons"]:
+        comp.append(_md_row([row["policy"], row["against"], f"{row['rate']:g}",
+                             *(_comparison_text(row[m.key], m) for m in intervals.METRICS)]))
+    return ("\n".join(lines) + "\n\nComparisons (ratio A / B for latencies, A - B in points "
+            f"for score; 95% intervals, {iv['draws']} paired bootstrap draws over repeats "
+            "and workflows; **finding** when the interval excludes no-difference, else "
+            "unresolved):\n\n" + "\n".join(comp))
+
+
+def _compared_name(m: intervals.Metric) -> str:
+    return m.name.split(" (")[0] + (" difference" if m.difference else " ratio")
+
+
+def _interval_text(i: Mapping[str, float] | None) -> str:
+    return "-" if i is None else f"{_num(i['value'])} [{_num(i['low'])}, {_num(i['high'])}]"
+
+
+def _comparison_text(c: Mapping[str, Any] | None, m: intervals.Metric) -> str:
+    if c is None:
+        return "-"
+    if m.difference:
+        text = f"{c['value']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
+    else:
+        text = f"{c['value']:.2f}x [{c['low']:.2f}, {c['high']:.2f}]"
+    return f"**{text}**" if c["verdict"] == "finding" else f"{text} unresolved"
+
+
 def observations(summary: Mapping[str, Any]) -> list[str]:
-    """Measured differences of the policy pairs in ``PAIRS`` and the fastest policy,
-    per rate (facts only)."""
-    by = {(r["policy"], r["rate"]): r["summary"] for r in summary["runs"]}
+    """The comparisons of ``PAIRS`` with their intervals and verdicts, per rate."""
+    iv = summary.get("intervals") or {"comparisons": []}
+    found = {(c["policy"], c["against"], c["rate"]): c for c in iv["comparisons"]}
     out = []
     for rate in summary["meta"]["rates"]:
         for a, b, what in PAIRS:
-            sa, sb = by.get((a, rate)), by.get((b, rate))
-            if sa is None or sb is None:
+            c = found.get((a, b, rate))
+            if c is None:
                 continue
             parts = []
-            for key, name in (("queue_s.mean", "mean queueing"), ("e2e_s.mean", "mean E2E"),
-                              ("e2e_s.p95", "p95 E2E"),
-                              ("e2e_per_token_s.mean", "E2E per token"),
-                              ("score", "score")):
-                change = _pct_change(lookup(sa, key), lookup(sb, key))
-                if change is not None:
-                    parts.append(f"{name} {change}")
-            if parts:
-                out.append(f"At {rate:g} workflows/s, `{a}` vs `{b}` ({what}): "
-                           + ", ".join(parts) + ".")
-        runs = [(p, s) for (p, r), s in by.items() if r == rate and s["e2e_s"]["mean"]]
-        if runs:
-            best = min(runs, key=lambda ps: ps[1]["e2e_s"]["mean"])
-            top = max(s["score"] or 0.0 for _, s in runs)
-            tied = [p for p, s in runs if (s["score"] or 0.0) == top]
-            scored = (f"every policy scored {top:.3g}" if len(tied) == len(runs) else
-                      "the highest score is " + ", ".join(f"`{p}`" for p in tied)
-                      + f" ({top:.3g})")
-            out.append(f"At {rate:g} workflows/s the lowest mean E2E is `{best[0]}` "
-                       f"({best[1]['e2e_s']['mean']:.3g} s); {scored}.")
+            for m in intervals.METRICS:
+                if c[m.key] is not None:
+                    parts.append(f"{_compared_name(m)} {_plain(c[m.key], m)}")
+            out.append(f"At {rate:g} workflows/s, `{a}` vs `{b}` ({what}): "
+                       + "; ".join(parts) + ".")
     return out
+
+
+def _plain(c: Mapping[str, Any], m: intervals.Metric) -> str:
+    if m.difference:
+        text = f"{c['value']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}]"
+    else:
+        text = f"{c['value']:.2f}x [{c['low']:.2f}, {c['high']:.2f}]"
+    return text + (" (finding)" if c["verdict"] == "finding" else " (unresolved)")

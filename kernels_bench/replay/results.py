@@ -18,7 +18,7 @@ from typing import Any
 from kernels_bench.replay.cli import RESULTS_ROOT
 from kernels_bench.replay.output import SUMMARY, load_summary
 from kernels_bench.replay.plots import PLOTS
-from kernels_bench.replay.report import markdown_tables, observations
+from kernels_bench.replay.report import interval_tables, markdown_tables, observations
 
 NOTES = "notes.md"
 
@@ -56,7 +56,8 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
         f"- cluster: `{m['cluster']}`; machine: {m['machine']['processor']}, "
         f"{m['machine']['cpus']} CPUs, {m['machine']['platform']}",
         f"- trace: `{m['trace']}` (suite {m['suite']}); {m['workflows']} workflows per run, "
-        f"seed {m['seed']}, {arrival} arrivals at {rates} "
+        f"seed {m['seed']}, {m.get('repeats', 1)} repeat(s) interleaved, {arrival} "
+        f"arrivals at {rates} "
         f"workflows/s, up to {m['max_attempts']} attempt(s) per workflow; a run in which "
         f"the router marked an engine down was run again, up to {m['run_attempts']} times",
         f"- policies: {policies}; baseline "
@@ -66,7 +67,11 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
         "|---|---|---|---|---|---|",
         engines,
         "",
-        "## Summary",
+        "## Summary with 95% intervals",
+        "",
+        interval_tables(summary),
+        "",
+        "## Every run",
         "",
         markdown_tables(summary),
         "",

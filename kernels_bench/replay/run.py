@@ -1,8 +1,9 @@
 """One replay: every policy at every rate on the same workload, results written as it goes.
 
 The workload (trace runs and, per rate, arrival times) is drawn once from the seed, so
-every policy replays exactly the same workflows at the same times. Runs are ordered so
-that policies sharing engine settings run back to back on the same engines.
+every policy replays exactly the same workflows at the same times. Every (policy, rate) runs
+``repeats`` times, interleaved (``schedule``): repeat after repeat, policies sharing engine
+settings back to back on the same engines, the order rotated every repeat.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class ReplayOptions:
     """Runs of a policy and rate, in all, while the router marks an engine down in them."""
     priors_from_trace: bool
     baseline: str
+    repeats: int
+    """Runs of every (policy, rate), interleaved; intervals need at least 2."""
     out: Path
     run_dir: Path
     """Where the engines' and routers' logs and sockets go."""
@@ -103,8 +106,8 @@ def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions
     return out
 
 
-def ordered(specs: Sequence[PolicySpec], engines: Callable[[PolicySpec], list[EngineConfig]]
-            ) -> list[PolicySpec]:
+def grouped(specs: Sequence[PolicySpec], engines: Callable[[PolicySpec], list[EngineConfig]]
+            ) -> list[list[PolicySpec]]:
     """Specs grouped by engine settings (groups in order of first appearance)."""
     groups: list[tuple[list[EngineConfig], list[PolicySpec]]] = []
     for s in specs:
@@ -115,7 +118,23 @@ def ordered(specs: Sequence[PolicySpec], engines: Callable[[PolicySpec], list[En
                 break
         else:
             groups.append((e, [s]))
-    return [s for _, members in groups for s in members]
+    return [members for _, members in groups]
+
+
+def schedule(specs: Sequence[PolicySpec], rates: Sequence[float], repeats: int,
+             engines: Callable[[PolicySpec], list[EngineConfig]]
+             ) -> list[tuple[int, PolicySpec, float]]:
+    """(repeat, spec, rate) in run order: repeat after repeat; in repeat k the engine
+    groups and the specs within each group are rotated by k, so that no policy always runs
+    first, or first after an engine restart."""
+    groups = grouped(specs, engines)
+    return [(k, s, r) for k in range(repeats) for g in _rotated(groups, k)
+            for s in _rotated(g, k) for r in rates]
+
+
+def _rotated(items: Sequence[Any], k: int) -> list[Any]:
+    k %= len(items)
+    return [*items[k:], *items[:k]]
 
 
 def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
@@ -132,12 +151,12 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
         "meta": _meta(cfg, trace, trace_name, opts, model_map, priors, command),
         "runs": []}
     opts.out.mkdir(parents=True, exist_ok=True)
-    plan = [(s, r) for s in ordered(opts.policies, lambda s: engines[s.label])
-            for r in opts.rates]
+    plan = schedule(opts.policies, opts.rates, opts.repeats, lambda s: engines[s.label])
     cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)
     try:
-        for i, (spec, rate) in enumerate(plan, 1):
-            desc = f"[{i}/{len(plan)}] {spec.label} @ {rate:g}/s"
+        for i, (repeat, spec, rate) in enumerate(plan, 1):
+            desc = (f"[{i}/{len(plan)}] {spec.label} @ {rate:g}/s"
+                    + (f" (repeat {repeat + 1})" if opts.repeats > 1 else ""))
             for attempt in range(1, opts.run_attempts + 1):
                 cluster.prepare(engines[spec.label])
                 url = cluster.start_router(routers[spec.label], desc)
@@ -150,7 +169,7 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
                 tqdm.write(f"{desc}: the router marked an engine down during the run; "
                            f"running it again ({attempt + 1} of {opts.run_attempts})")
             run.update(policy=spec.label, router=spec.router, sched=spec.sched,
-                       oracle=spec.oracle, rate=rate, run_attempts=attempt)
+                       oracle=spec.oracle, rate=rate, repeat=repeat, run_attempts=attempt)
             summary["runs"].append({k: v for k, v in run.items()
                                     if k not in ("requests", "workflows")})
             write_run(opts.out, run)
@@ -229,6 +248,7 @@ def _meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions
         "rates": opts.rates, "arrival": opts.arrival,
         "cv": opts.cv if opts.arrival == "gamma" else 1.0,
         "workflows": opts.workflows, "seed": opts.seed, "max_attempts": opts.max_attempts,
+        "repeats": opts.repeats,
         "run_attempts": opts.run_attempts,
         "baseline": opts.baseline, "priors_from_trace": priors,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),

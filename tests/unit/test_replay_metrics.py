@@ -12,7 +12,7 @@ from kernels_bench.replay import engine_metrics as em
 from kernels_bench.replay.metrics import distribution, summarize, tpot, ttft
 from kernels_bench.replay.output import write_run, write_summary
 from kernels_bench.replay.records import RequestRecord, WorkflowRecord
-from kernels_bench.replay.report import flat_rows, markdown_tables, observations
+from kernels_bench.replay.report import flat_rows, markdown_tables
 
 
 def call(job: str, stage: int, model: str, send: float, first: float | None, end: float,
@@ -104,14 +104,14 @@ def test_engine_counters_parse_and_difference() -> None:
 
 def summary_of(runs: list[tuple[str, float, float, float]]) -> dict[str, Any]:
     """(policy, rate, mean E2E, score) -> a summary with those values."""
-    out: dict[str, Any] = {"meta": {"baseline": "vllm:fcfs", "rates": [1.0],
+    out: dict[str, Any] = {"meta": {"baseline": "vllm:fcfs", "rates": [1.0], "seed": 0,
                                     "policies": [{"label": p} for p, *_ in runs]},
                            "runs": []}
     for policy, rate, e2e, score in runs:
         s = summarize(REQUESTS, WORKFLOWS, ENGINES)
         s["e2e_s"]["mean"], s["score"] = e2e, score
         s["queue_s"]["mean"] = e2e / 4
-        out["runs"].append({"policy": policy, "rate": rate, "summary": s})
+        out["runs"].append({"policy": policy, "rate": rate, "repeat": 0, "summary": s})
     return out
 
 
@@ -122,13 +122,6 @@ def test_tables_show_ratios_against_the_baseline() -> None:
     assert "| chimera:stjf | 1 | 0.75x |" in text and "| vllm:fcfs | 1 | 1.00x |" in text
     row = flat_rows(summary)[0]
     assert row["e2e_s.mean/baseline"] == 0.75 and row["score/baseline"] == pytest.approx(1.2)
-    facts = observations(summary)
-    assert any("`chimera:stjf` vs `vllm:fcfs`" in f and "mean E2E -25%" in f
-               and "score +20%" in f for f in facts)
-    assert any("the highest score is `chimera:stjf` (0.6)" in f for f in facts)
-    tied = observations(summary_of([("chimera:stjf", 1.0, 3.0, 0.5), ("vllm:fcfs", 1.0, 4.0, 0.5)]))
-    assert any("lowest mean E2E is `chimera:stjf` (3 s); every policy scored 0.5." in f
-               for f in tied)
 
 
 def test_tables_without_the_baseline_say_so() -> None:
@@ -144,7 +137,9 @@ def test_output_files(tmp_path: Path) -> None:
     lines = (tmp_path / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 10 and json.loads(lines[0])["policy"] == "chimera:stjf"
     csv_lines = (tmp_path / "workflows.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("policy,rate,job_id") and len(csv_lines) == 7
+    assert csv_lines[0].startswith("policy,rate,repeat,job_id") and len(csv_lines) == 7
+    stored = json.loads((tmp_path / "summary.json").read_text())
+    assert [c["policy"] for c in stored["intervals"]["comparisons"]] == ["chimera:stjf"]
     for name in ("summary.json", "summary.csv", "summary.md", "frontier.png", "cdf.png",
                  "traffic.png"):
         assert (tmp_path / name).stat().st_size > 0

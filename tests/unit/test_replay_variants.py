@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kernels_bench.replay.cluster import ClusterError, engine_variant
-from kernels_bench.replay.run import check_variant, ordered, router_variant
+from kernels_bench.replay.run import check_variant, grouped, router_variant, schedule
 from kernels_bench.replay.spec import parse_policies
 from router.config import SCHED_POLICIES, ClusterConfig, load_cluster_config
 from router.policies import POLICIES
@@ -59,9 +59,21 @@ def test_router_variant(cfg: ClusterConfig) -> None:
 
 def test_runs_grouped_by_engine_settings(cfg: ClusterConfig) -> None:
     given = specs("chimera:stjf", "vllm:fcfs", "lmetric", "chimera:fcfs", "oracle")
-    got = ordered(given, lambda s: engine_variant(cfg, s.sched))
-    assert [s.label for s in got] == ["chimera:stjf", "lmetric", "oracle", "vllm:fcfs",
-                                      "chimera:fcfs"]
+    got = grouped(given, lambda s: engine_variant(cfg, s.sched))
+    assert [[s.label for s in g] for g in got] == [["chimera:stjf", "lmetric", "oracle"],
+                                                   ["vllm:fcfs", "chimera:fcfs"]]
+
+
+def test_repeats_are_interleaved_and_rotated(cfg: ClusterConfig) -> None:
+    given = specs("chimera:stjf", "lmetric", "vllm:fcfs")
+    plan = schedule(given, [1.0, 2.0], 3, lambda s: engine_variant(cfg, s.sched))
+    assert len(plan) == 3 * 3 * 2
+    order = [[s.label for k, s, r in plan if k == rep and r == 1.0] for rep in range(3)]
+    assert order == [["chimera:stjf", "lmetric", "vllm:fcfs"],
+                     ["vllm:fcfs", "lmetric", "chimera:stjf"],
+                     ["chimera:stjf", "lmetric", "vllm:fcfs"]]
+    # every repeat runs every (policy, rate) once, before the next repeat starts
+    assert [k for k, _, _ in plan] == sorted(k for k, _, _ in plan)
 
 
 def test_results_name_no_path_of_this_machine(tmp_path: Path,
