@@ -32,4 +32,4 @@ REPLAY_POLICIES ?= chimera:stjf lmetric vllm:fcfs oracle
 replay: setup
 	$(PY) -m kernels_bench replay --cluster examples/replay.toml --trace $(REPLAY_TRACE) \
 		--model-map $(REPLAY_MODEL_MAP) --policies $(REPLAY_POLICIES) \
-		--rates 3 --arrival poisson --workflows 40 --seed 0 --priors-from-trace
+		--rates 3 --arrival poisson --workflows 40 --seed 0 --priors-from-trace --repeats 3

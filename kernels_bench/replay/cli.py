@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every policy and rate N times, interleaved (policy order "
                    "rotated every repeat); 95%% intervals come from the repeats and the "
                    "workflows (default 1)")
+    p.add_argument("--include-trained", action="store_true",
+                   help="also replay problems the cluster's predictor artifacts were trained "
+                   "on (default: only problems every artifact's split held out)")
     p.add_argument("--run-attempts", type=int, default=3, metavar="N",
                    help="run a policy and rate again, up to N times in all, while the "
                    "router marks an engine down during it (default 3)")
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         opts = ReplayOptions(
             policies=specs, rates=a.rates, arrival=a.arrival, cv=a.cv, workflows=a.workflows,
             seed=a.seed, model_map=parse_model_map(a.model_map), max_attempts=a.retries + 1,
-            run_attempts=a.run_attempts, repeats=a.repeats,
+            run_attempts=a.run_attempts, repeats=a.repeats, include_trained=a.include_trained,
             priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
             run_dir=a.run_dir or out / "cluster")
         cfg = load_cluster_config(a.cluster)

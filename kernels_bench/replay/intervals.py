@@ -147,8 +147,9 @@ def verdict(c: Interval, difference: bool) -> str:
 
 def pairs_to_compare(policies: Sequence[str], baseline: str,
                      named: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Every policy against the baseline, then the ``named`` pairs, each once."""
-    out = [(p, baseline) for p in policies if p != baseline]
+    """Every policy against the baseline (if it ran), then the ``named`` pairs of policies
+    that ran, each once."""
+    out = [(p, baseline) for p in policies if p != baseline and baseline in policies]
     out += [(a, b) for a, b in named if a in policies and b in policies]
     return list(dict.fromkeys(out))
 

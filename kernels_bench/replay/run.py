@@ -32,6 +32,7 @@ from kernels_bench.replay.spec import PolicySpec, resolve_model_map
 from kernels_bench.replay.workload import Job, select_runs
 from router.config import ClusterConfig, EngineConfig, RouterConfig, parse_cluster_config
 from router.policies.registry import build_policy
+from router.predictors.artifact import split_of
 from router.predictors.base import PredictorSet
 from router.trace_format import Trace
 from router.types import ClusterInfo
@@ -54,6 +55,8 @@ class ReplayOptions:
     baseline: str
     repeats: int
     """Runs of every (policy, rate), interleaved; intervals need at least 2."""
+    include_trained: bool
+    """Also replay problems the cluster's predictor artifacts were trained on."""
     out: Path
     run_dir: Path
     """Where the engines' and routers' logs and sockets go."""
@@ -95,10 +98,22 @@ def check_variant(cfg: ClusterConfig, router: RouterConfig, label: str) -> None:
         raise ValueError(f"policy {label!r}: {e}{hint}") from None
 
 
-def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions
-              ) -> dict[float, list[Job]]:
-    """Per rate, the jobs: the same seeded runs, arrivals drawn with the seed."""
-    runs = select_runs(trace, traced_models, opts.workflows, opts.seed)
+def trained_splits(cfg: ClusterConfig) -> list[tuple[int, float]]:
+    """(seed, held-out fraction) of every problem-trained predictor artifact of the
+    cluster file (telemetry-trained ``tpot`` ones split engine samples, not problems)."""
+    out = []
+    for folder in cfg.router.predictors.values():
+        kind, seed, fraction = split_of(folder)
+        if kind != "tpot":
+            out.append((seed, fraction))
+    return sorted(set(out))
+
+
+def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions,
+              splits: Sequence[tuple[int, float]] = ()) -> dict[float, list[Job]]:
+    """Per rate, the jobs: the same seeded runs (of problems every split held out),
+    arrivals drawn with the seed."""
+    runs = select_runs(trace, traced_models, opts.workflows, opts.seed, splits)
     out = {}
     for rate in opts.rates:
         times = arrival_times(len(runs), rate, opts.arrival, opts.cv, opts.seed)
@@ -146,10 +161,12 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
     for s in opts.policies:
         check_variant(cfg, routers[s.label], s.label)
     engines = {s.label: engine_variant(cfg, s.sched) for s in opts.policies}
-    jobs = make_jobs(trace, list(model_map.values()), opts)
+    splits = [] if opts.include_trained else trained_splits(cfg)
+    jobs = make_jobs(trace, list(model_map.values()), opts, splits)
     summary: dict[str, Any] = {
         "meta": _meta(cfg, trace, trace_name, opts, model_map, priors, command),
         "runs": []}
+    summary["meta"]["held_out_splits"] = [{"seed": s, "fraction": f} for s, f in splits]
     opts.out.mkdir(parents=True, exist_ok=True)
     plan = schedule(opts.policies, opts.rates, opts.repeats, lambda s: engines[s.label])
     cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)

@@ -22,6 +22,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from router.predictors.records import held_out
 from router.trace_format import Trace, WorkflowRun
 
 
@@ -43,15 +44,22 @@ class Job:
         return len(self.run.roles)
 
 
-def select_runs(trace: Trace, models: Sequence[str], n: int, seed: int) -> list[WorkflowRun]:
-    """``n`` runs that every one of ``models`` completed, in a seeded order; when the trace
-    has fewer, the shuffled list repeats (repeated problems share KV prefixes)."""
+def select_runs(trace: Trace, models: Sequence[str], n: int, seed: int,
+                splits: Sequence[tuple[int, float]] = ()) -> list[WorkflowRun]:
+    """``n`` runs that every one of ``models`` completed, of problems held out by every
+    one of ``splits`` ((seed, fraction) of ``held_out``), in a seeded order; when there
+    are fewer, the shuffled list repeats (repeated problems share KV prefixes)."""
     runs = trace.complete_runs(models)
     if not runs:
         counts = {m: sum(1 for r in trace.runs if m in r.models) for m in models}
         raise WorkloadError(
             "no workflow run of the trace has every model of the replay ("
             + ", ".join(f"{m}: {c} runs" for m, c in counts.items()) + ")")
+    runs = [r for r in runs if all(held_out(r.problem_id, s, f) for s, f in splits)]
+    if not runs:
+        raise WorkloadError("no problem of the trace is held out by every predictor "
+                            "artifact's split; train with --holdout > 0, or replay trained "
+                            "problems with --include-trained")
     order = list(runs)
     random.Random(seed).shuffle(order)
     return [order[i % len(order)] for i in range(n)]

@@ -101,6 +101,18 @@ def read_metadata(folder: str | os.PathLike[str], kind: str,
     return meta
 
 
+def split_of(folder: str | os.PathLike[str]) -> tuple[str, int, float]:
+    """(kind, seed, held-out fraction) of the problems split the artifact was trained on
+    (``records.held_out``); ArtifactError when its metadata cannot say."""
+    path = Path(folder) / METADATA_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return str(raw["kind"]), int(raw["data"]["seed"]), float(raw["data"]["holdout"])
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ArtifactError(f"predictor artifact {str(folder)!r}: cannot read its train / "
+                            f"held-out split from {METADATA_FILE} ({e})") from None
+
+
 def check_covers(meta: Metadata, folder: str | os.PathLike[str], what: str,
                  known: Sequence[str], needed: Sequence[str]) -> None:
     """ArtifactError when the cluster has ``needed`` names the artifact does not know."""

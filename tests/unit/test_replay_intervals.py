@@ -82,3 +82,11 @@ def test_results_text_marks_findings_and_unresolved() -> None:
     (fact,) = observations(summary)
     assert "E2E mean ratio 0.60x [0.60, 0.60] (finding)" in fact
     assert "score difference +0.0 points [+0.0, +0.0] (unresolved)" in fact
+
+
+def test_comparisons_wait_for_both_sides() -> None:
+    """A replay writes its summary after every run: before the baseline ran, there is
+    nothing to compare with it."""
+    out = iv.summarize(records("chimera:stjf", BASE, SCORES), baseline="vllm:fcfs",
+                       named=[("chimera:stjf", "chimera:fcfs")])
+    assert out["comparisons"] == [] and len(out["values"]) == 1

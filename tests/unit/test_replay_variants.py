@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,22 @@ def test_results_name_no_path_of_this_machine(tmp_path: Path,
     assert _portable(str(tmp_path / "runs" / "out")) == "runs/out"  # need not exist
     assert _portable("/elsewhere/trace.jsonl.gz") == "trace.jsonl.gz"
     assert _portable("chimera:stjf") == "chimera:stjf" and _portable("3") == "3"
+
+
+def test_trained_splits_come_from_the_artifacts(tmp_path: Path, cfg: ClusterConfig) -> None:
+    import json
+
+    from kernels_bench.replay.run import trained_splits
+    from router.predictors.artifact import ArtifactError
+
+    for name, kind, seed in (("len", "length", 3), ("tp", "tpot", 4),
+                             ("sr", "semantic_router", 3)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metadata.json").write_text(json.dumps(
+            {"kind": kind, "data": {"seed": seed, "holdout": 0.2}}))
+    router = dataclasses.replace(cfg.router, predictors={
+        k: str(tmp_path / k) for k in ("len", "tp", "sr")})
+    assert trained_splits(dataclasses.replace(cfg, router=router)) == [(3, 0.2)]
+    (tmp_path / "len" / "metadata.json").write_text("{}")
+    with pytest.raises(ArtifactError, match="train / held-out split"):
+        trained_splits(dataclasses.replace(cfg, router=router))

@@ -13,6 +13,7 @@ from kernels_bench.replay.client import ClientSettings, stage_body
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
 from kernels_bench.replay.workload import (Job, WorkloadError, forced_tokens, outcome,
                                            remaining_tokens, select_runs, stage_messages)
+from router.predictors.records import held_out
 from router.trace_format import Trace, WorkflowRun
 from tests.replay_fixture import output_text, output_tokens, tiny_trace
 
@@ -124,3 +125,16 @@ def test_trace_priors_fill_only_missing_static_tables(trace: Trace) -> None:
     assert filled["chimera"]["mean_output_tokens"] == priors["mean_output_tokens"]
     assert filled["laar"] == {"static_prior": False} and filled["lmetric"] == {}
     assert "mean_output_tokens" not in tables["chimera"]  # the input is not changed
+
+
+
+def test_only_held_out_problems_are_replayed(trace: Trace) -> None:
+    models = ["small", "large"]
+    every = {r.problem_id for r in trace.complete_runs(models)}
+    kept = {r.problem_id for r in select_runs(trace, models, 50, 0, [(1, 0.5)])}
+    assert kept == {p for p in every if held_out(p, 1, 0.5)}
+    assert kept and kept < every
+    both = {r.problem_id for r in select_runs(trace, models, 50, 0, [(1, 0.5), (2, 0.5)])}
+    assert both == {p for p in kept if held_out(p, 2, 0.5)}
+    with pytest.raises(WorkloadError, match="--include-trained"):
+        select_runs(trace, models, 5, 0, [(1, 0.0)])
