@@ -26,31 +26,42 @@ def _style(i: int) -> dict[str, Any]:
 
 def frontier(path: Path, summary: Mapping[str, Any]) -> None:
     """Score against mean E2E latency and E2E per token, one line per policy across
-    the rates (points labelled with the rate)."""
+    the rates (points labelled with the rate), with the 95% intervals as error bars
+    (pooled over repeats, ``intervals``)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    values = summary.get("intervals", {}).get("values", [])
     for i, policy in enumerate(_policies(summary)):
-        runs = sorted((r for r in summary["runs"] if r["policy"] == policy),
-                      key=lambda r: r["rate"])
-        runs = [r for r in runs if r["summary"]["score"] is not None]
-        if not runs:
+        rows = sorted((v for v in values if v["policy"] == policy and v["score"]),
+                      key=lambda v: v["rate"])
+        if not rows:
             continue
-        y = [r["summary"]["score"] for r in runs]
-        for ax, key, scale in ((axes[0], "e2e_s", 1.0), (axes[1], "e2e_per_token_s", 1e3)):
-            x = [r["summary"][key]["mean"] * scale for r in runs]
-            (line,) = ax.plot(x, y, marker="os^"[i // 10 % 3], label=policy, **_style(i))
-            for xi, yi, r in zip(x, y, runs):
-                ax.annotate(f"{r['rate']:g}/s", (xi, yi), fontsize=7, color=line.get_color(),
-                            xytext=(3, 3), textcoords="offset points")
+        y = np.array([[v["score"][k] for k in ("value", "low", "high")] for v in rows])
+        for ax, key, scale in ((axes[0], "e2e_s.mean", 1.0),
+                               (axes[1], "e2e_per_token_s.mean", 1e3)):
+            x = scale * np.array([[v[key][k] for k in ("value", "low", "high")]
+                                  for v in rows])
+            line = ax.errorbar(x[:, 0], y[:, 0], xerr=_spread(x), yerr=_spread(y), capsize=2,
+                               marker="os^"[i // 10 % 3], label=policy, **_style(i))
+            for xi, yi, v in zip(x[:, 0], y[:, 0], rows):
+                ax.annotate(f"{v['rate']:g}/s", (xi, yi), fontsize=7,
+                            color=line.lines[0].get_color(), xytext=(3, 3),
+                            textcoords="offset points")
     axes[0].set_xlabel("workflow E2E latency, mean (s)")
     axes[1].set_xlabel("E2E latency per output token, mean (ms)")
     for ax in axes:
-        ax.set_ylabel("task score")
+        ax.set_ylabel("task score (points)")
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8, loc="best")
-    fig.suptitle("Latency vs score per policy across arrival rates (up-left is better)")
+    fig.suptitle("Latency vs score per policy across arrival rates, 95% intervals "
+                 "(up-left is better)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _spread(v: np.ndarray) -> np.ndarray:
+    """Error bars (2 x n) from rows of (value, low, high)."""
+    return np.vstack([v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]])
 
 
 def cdf(path: Path, summary: Mapping[str, Any], workflows: Sequence[Mapping[str, Any]]) -> None:
@@ -77,7 +88,8 @@ def cdf(path: Path, summary: Mapping[str, Any], workflows: Sequence[Mapping[str,
 
 
 def traffic(path: Path, summary: Mapping[str, Any]) -> None:
-    """Share of calls per served model, per policy, one panel per rate."""
+    """Share of calls per served model, per policy (mean over repeats), one panel per
+    rate."""
     rates = summary["meta"]["rates"]
     policies = _policies(summary)
     models = sorted({m for r in summary["runs"] for m in r["summary"]["traffic"]})
@@ -85,9 +97,11 @@ def traffic(path: Path, summary: Mapping[str, Any]) -> None:
                              squeeze=False)
     for ax, rate in zip(axes[0], rates):
         shares: dict[str, dict[str, float]] = {p: {} for p in policies}
-        for r in summary["runs"]:
-            if r["rate"] == rate:
-                shares[r["policy"]] = {m: v["calls"] for m, v in r["summary"]["traffic"].items()}
+        runs = [r for r in summary["runs"] if r["rate"] == rate]
+        for p in policies:
+            mine = [r["summary"]["traffic"] for r in runs if r["policy"] == p]
+            shares[p] = {m: sum(t.get(m, {}).get("calls", 0.0) for t in mine) / len(mine)
+                         for m in models} if mine else {}
         left = np.zeros(len(policies))
         for m in models:
             width = np.array([shares[p].get(m, 0.0) for p in policies])
