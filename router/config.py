@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import os
 import re
+import tomllib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import field
 from pathlib import Path
@@ -30,7 +31,6 @@ from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import tomli_w
-import tomllib
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 

@@ -146,6 +146,9 @@ def _translate(cls: type, table: Mapping[str, Any], path: str,
         return SettingsError(key, f"must be {_BOUNDS[kind]} {bound}, got {e['input']!r}")
     if kind == "finite_number":
         return SettingsError(key, f"must be finite, got {value!r}")
+    if kind == "too_short":
+        return SettingsError(key, f"needs at least {e['ctx']['min_length']} entries, "
+                             f"got {len(value)}")
     if kind == "string_too_long":
         return SettingsError(key, f"at most {MAX_TEXT} characters, got {len(value)}")
     if kind == "literal_error" and isinstance(value, str):

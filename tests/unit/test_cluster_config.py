@@ -415,6 +415,11 @@ def test_hostile_values_get_one_short_error(tmp_path: Path, monkeypatch: pytest.
     assert words in _short(error(tmp_path, text, key))
 
 
+def test_no_engines(tmp_path: Path) -> None:
+    assert error(tmp_path, "engines = []\n" + ROUTER, "engines") == \
+        "needs at least 1 entries, got 0"
+
+
 def test_deeply_nested_arrays_are_a_syntax_error(tmp_path: Path) -> None:
     problem = error(tmp_path, ROUTER + "x = " + "[" * 100_000 + "]" * 100_000 + "\n" + ENGINE_A,
                     "(syntax)")
