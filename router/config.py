@@ -317,8 +317,9 @@ def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
         raise ConfigError(source, "(file)", f"cannot read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "(syntax)", str(e)) from None
-    except (RecursionError, MemoryError):
-        raise ConfigError(source, "(syntax)", "nested too deeply or too large") from None
+    except (RecursionError, MemoryError, ValueError) as e:  # ValueError: an int too long
+        raise ConfigError(source, "(syntax)", f"nested too deeply or too large "
+                          f"({type(e).__name__}: {str(e)[:100]})") from None
     return parse_cluster_config(data, source, Path(path).resolve().parent)
 
 

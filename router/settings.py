@@ -73,13 +73,17 @@ def describe_value(value: Any) -> str:
     """``a string ('x')``: the kind of a TOML value and its start."""
     kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
              list: "a list", dict: "a table"}
-    kind = kinds.get(type(value), type(value).__name__)
+    return f"{kinds.get(type(value), type(value).__name__)} ({_shown(value)})"
+
+
+def _shown(value: Any) -> str:
+    """At most 40 characters of ``value``'s repr (a list or table by its length)."""
     if isinstance(value, (list, dict)):
-        shown = f"of {len(value)}"
-    else:
-        shown = repr(value[:40] if isinstance(value, str) else value)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    return f"{kind} ({shown})"
+        return f"of {len(value)}"
+    if isinstance(value, int) and abs(value) >= 10**40:
+        return f"{'-' if value < 0 else ''}{len(str(abs(value)))} digits"
+    shown = repr(value[:40] if isinstance(value, str) else value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def describe_type(tp: Any) -> str:
@@ -143,14 +147,14 @@ def _translate(cls: type, table: Mapping[str, Any], path: str,
     key = _join(path, parts)
     if kind in _BOUNDS:
         bound = next(iter(e["ctx"].values()))
-        return SettingsError(key, f"must be {_BOUNDS[kind]} {bound}, got {e['input']!r}")
+        return SettingsError(key, f"must be {_BOUNDS[kind]} {bound}, got {_shown(value)}")
     if kind == "finite_number":
         return SettingsError(key, f"must be finite, got {value!r}")
     if kind == "too_short":
         return SettingsError(key, f"needs at least {e['ctx']['min_length']} entries, "
                              f"got {len(value)}")
     if kind == "string_too_long":
-        return SettingsError(key, f"at most {MAX_TEXT} characters, got {len(value)}")
+        return SettingsError(key, f"must be at most {MAX_TEXT} characters, got {len(value)}")
     if kind == "literal_error" and isinstance(value, str):
         choices = [str(a) for a in get_args(_strip(tp))]
         return SettingsError(key, f"unknown value {value[:40]!r}{suggest(value, choices)}; "

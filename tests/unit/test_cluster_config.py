@@ -401,11 +401,13 @@ def _short(problem: str) -> str:
     (ROUTER + "request_timeout_s = inf\n" + ENGINE_A, "router.request_timeout_s",
      "must be finite"),
     (ROUTER + ENGINE_A + 'dtype = "' + "x" * 50_000_000 + '"\n', "engines.a.dtype",
-     "at most 4096 characters, got 50000000"),
+     "must be at most 4096 characters, got 50000000"),
     (ROUTER + "[router.policies.chimera" + ".a" * 100 + "]\n" + ENGINE_A,
      "router.policies.chimera.a", "unknown key"),
     (ROUTER + ENGINE_A + "env = " + "{ a = " * 100 + "1" + " }" * 100 + "\n",
      "engines.a.env.a", "expected a string, got a table"),
+    (ROUTER + ENGINE_A + f"max_num_seqs = {10**4000}\n", "engines.a.max_num_seqs",
+     "got 4001 digits"),
     (ROUTER + ENGINE_A + "[launcher]\nmax_restarts = " + str(2**64) + "\n",
      "launcher.max_restarts", "must be <="),
 ])
@@ -420,10 +422,10 @@ def test_no_engines(tmp_path: Path) -> None:
         "needs at least 1 entries, got 0"
 
 
-def test_deeply_nested_arrays_are_a_syntax_error(tmp_path: Path) -> None:
-    problem = error(tmp_path, ROUTER + "x = " + "[" * 100_000 + "]" * 100_000 + "\n" + ENGINE_A,
-                    "(syntax)")
-    assert "nested too deeply" in _short(problem)
+@pytest.mark.parametrize("value", ["[" * 100_000 + "]" * 100_000, "9" * 5000])
+def test_values_tomllib_cannot_hold_are_a_syntax_error(tmp_path: Path, value: str) -> None:
+    problem = error(tmp_path, ROUTER + f"x = {value}\n" + ENGINE_A, "(syntax)")
+    assert "nested too deeply or too large" in _short(problem)
 
 
 _TABLES = {"router": (cc.RouterConfig, ROUTER, ENGINE_A),
