@@ -24,7 +24,7 @@ from typing import AsyncIterator, Awaitable, TypeVar
 
 import httpx
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -104,12 +104,15 @@ def _error(exc: RequestError) -> JSONResponse:
 
 async def _read_body(request: Request) -> bytes:
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise RequestError(413, f"request body exceeds {MAX_BODY_BYTES} bytes",
-                               code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise RequestError(413, f"request body exceeds {MAX_BODY_BYTES} bytes",
+                                   code="body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left while sending: nobody to answer
+        raise ClientDisconnected() from None
     return b"".join(chunks)
 
 
@@ -315,6 +318,11 @@ class Front:
                                code="no_engine_available") from None
         except ValueError as exc:
             raise RequestError(400, str(exc), code="invalid_value") from None
+        except Exception as exc:  # a policy or predictor bug: this request fails alone
+            log.exception("routing request %s failed", routing.request_id)
+            raise RequestError(500, f"the router could not route this request "
+                               f"({type(exc).__name__})", type_="server_error",
+                               code="routing_failed") from None
 
     def _upstream_failed(self, completion: _Completion, exc: UpstreamError,
                          output_tokens: int = 0) -> None:

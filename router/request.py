@@ -14,16 +14,28 @@ takes the body's value. See ``docs/router.md`` for the field table.
 from __future__ import annotations
 
 import json
-import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
-from router.vinelm.objective import (Objective, ObjectiveError, objective_from_header,
-                                     parse_objective)
+from router.vinelm.objective import (MAX_NUMBER, Objective, ObjectiveError,
+                                     objective_from_header, parse_objective)
 from scheduler_patches.contract import PRIORITY_MAX, PRIORITY_MIN
 
 Kind = Literal["chat", "completion"]
 AUTO_MODEL = "auto"
+MAX_TOKENS = 1 << 20
+"""Largest ``max_tokens`` (and ``per_model.max_tokens``) taken when no engine sets
+``max_model_len`` (then the context bounds it further)."""
+MAX_N = 128
+"""Largest ``n`` (completions per request)."""
+MAX_STAGES = 10_000
+"""Largest ``workflow.num_stages``, ``stage_index`` and ``attempt``."""
+MAX_TOKEN_ID = 2**31 - 1
+TEMPLATE_KWARGS = {"enable_thinking": bool, "thinking": bool, "reasoning_effort": str}
+"""The ``chat_template_kwargs`` a client may set, with their types: switches the shipped
+templates read. A client's own template (``chat_template``, top level or inside the kwargs)
+is refused: it would run client code in the router and the engine."""
 """``model`` value (or absent ``model``) that lets the policy choose the model."""
 
 
@@ -93,12 +105,18 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object (no NaN/Infinity, bounded nesting)."""
+    """The body as a JSON object (no NaN/Infinity, bounded nesting, no lone surrogate:
+    every string is valid Unicode, so it can be echoed and forwarded)."""
     try:
         obj = json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
-        detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)
+        if _SURROGATE_ESCAPE.search(raw):  # pairs are fine, a lone one is not text
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeError
+        detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise _bad(f"request body is not valid JSON: {detail}", None, "invalid_json") from None
     if not isinstance(obj, dict):
         raise _bad(f"request body must be a JSON object, got {_type(obj)}", None, "invalid_json")
@@ -113,21 +131,28 @@ def _type(value: Any) -> str:
 # ---------------------------------------------------------------- typed field checks
 
 
-def _int(value: Any, param: str, minimum: int, maximum: int | None = None) -> int:
+def _int(value: Any, param: str, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"'{param}' must be an integer, got {_type(value)}", param, "invalid_type")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-        raise _bad(f"'{param}' must be {bound}, got {value}", param)
+    if not minimum <= value <= maximum:
+        bound = f">= {minimum}" if value < minimum else f"<= {maximum}"
+        raise _bad(f"'{param}' must be {bound}, got {_shown(value)}", param)
     return value
 
 
-def _number(value: Any, param: str, minimum: float) -> float:
+def _number(value: Any, param: str, minimum: float, maximum: float = MAX_NUMBER) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(f"'{param}' must be a number, got {_type(value)}", param, "invalid_type")
-    if not math.isfinite(value) or value < minimum:
-        raise _bad(f"'{param}' must be a finite number >= {minimum}, got {value}", param)
+    if not minimum <= value <= maximum:  # also false for NaN; no float() of a huge int
+        bound = f">= {minimum}" if value < minimum else f"<= {maximum:g}"
+        raise _bad(f"'{param}' must be a finite number {bound}, got {_shown(value)}", param)
     return float(value)
+
+
+def _shown(value: int | float) -> str:
+    """A number for an error message (a huge integer by its digit count)."""
+    text = str(value)
+    return text if len(text) <= 40 else f"an integer of {len(text)} digits"
 
 
 def _str(value: Any, param: str) -> str:
@@ -171,12 +196,12 @@ WORKFLOW_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "program_id": _str,
     "workflow": _str,
     "stage": _str,
-    "stage_index": lambda v, p: _int(v, p, 0),
-    "num_stages": lambda v, p: _int(v, p, 1),
+    "stage_index": lambda v, p: _int(v, p, 0, MAX_STAGES - 1),
+    "num_stages": lambda v, p: _int(v, p, 1, MAX_STAGES),
     "final": _bool,
     "budget": lambda v, p: _number(v, p, 0.0),
     "weights": _weights,
-    "attempt": lambda v, p: _int(v, p, 1),
+    "attempt": lambda v, p: _int(v, p, 1, MAX_STAGES),
     "tried_models": _str_list,
     "objective": _objective,
 }
@@ -274,7 +299,7 @@ def parse_per_model(value: Any) -> dict[str, dict[str, int]]:
         if not isinstance(table, dict):
             raise _bad(f"'{param}' must be an object of model -> integer, got "
                        f"{_type(table)}", param, "invalid_type")
-        low, high = (1, None) if key == "max_tokens" else (PRIORITY_MIN, PRIORITY_MAX)
+        low, high = (1, MAX_TOKENS) if key == "max_tokens" else (PRIORITY_MIN, PRIORITY_MAX)
         out[key] = {_str(m, param): _int(v, f"{param}.{m}", low, high)
                     for m, v in table.items()}
     return out
@@ -329,7 +354,7 @@ def _str_or_empty(value: Any, param: str) -> str:
 
 
 def _token_ids(value: list[Any], param: str) -> list[int]:
-    return [_int(t, f"{param}[{i}]", 0) for i, t in enumerate(value)]
+    return [_int(t, f"{param}[{i}]", 0, MAX_TOKEN_ID) for i, t in enumerate(value)]
 
 
 def _prompt(value: Any) -> str | list[int]:
@@ -356,6 +381,28 @@ def _prompt(value: Any) -> str | list[int]:
                "prompt", "invalid_type")
 
 
+def _template_kwargs(body: dict[str, Any]) -> None:
+    """No client template; only the ``TEMPLATE_KWARGS`` switches, with their types."""
+    if body.get("chat_template") is not None:
+        raise _bad("'chat_template' is not accepted: the router renders the model's own "
+                   "template", "chat_template", "unsupported_field")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise _bad(f"'chat_template_kwargs' must be an object, got {_type(kwargs)}",
+                   "chat_template_kwargs", "invalid_type")
+    for key, value in kwargs.items():
+        param = f"chat_template_kwargs.{key}"
+        expected = TEMPLATE_KWARGS.get(key)
+        if expected is None:
+            raise _bad(f"'{param[:100]}' is not accepted; allowed: "
+                       + ", ".join(TEMPLATE_KWARGS), param[:100], "unsupported_field")
+        if not isinstance(value, expected) or (expected is str and len(value) > 64):
+            raise _bad(f"'{param}' must be a {'boolean' if expected is bool else 'short string'}"
+                       f", got {_type(value)}", param, "invalid_type")
+
+
 def _optional(body: dict[str, Any], key: str, check: Callable[[Any, str], Any]) -> Any:
     value = body.get(key)
     return None if value is None else check(value, key)
@@ -377,11 +424,13 @@ def parse_request(
         raise _bad(f"'stream_options' must be an object, got {_type(options)}",
                    "stream_options", "invalid_type")
     include_usage = bool(_optional(options or {}, "include_usage", _bool))
-    _optional(body, "n", lambda v, p: _int(v, p, 1))
+    _optional(body, "n", lambda v, p: _int(v, p, 1, MAX_N))
     param = "max_tokens"
     if kind == "chat" and body.get("max_completion_tokens") is not None:
         param = "max_completion_tokens"
-    max_tokens = _optional(body, param, lambda v, p: _int(v, p, 1))
+    max_tokens = _optional(body, param, lambda v, p: _int(v, p, 1, MAX_TOKENS))
+    if kind == "chat":
+        _template_kwargs(body)
     priority = None
     if allow_client_priority:
         priority = _optional(body, "priority",

@@ -42,6 +42,13 @@ EXPIRY_INTERVAL_S = 1.0
 """How often abandoned programs are looked for (on the request path)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Failed:
+    """A request's failed prediction, in its slot of a batch."""
+
+    error: Exception
+
+
 class RouterCore:
     def __init__(self, config: Any, predictors: PredictorSet | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -133,24 +140,54 @@ class RouterCore:
         return dec
 
     async def _run_batch(self, reqs: Sequence[RoutingRequest]) -> list[Decision | Exception]:
+        """Decide a batch; a request whose prediction, candidates or decision fails gets
+        its own exception and the others are decided as if it were not there."""
         assert self.policy is not None
-        preds = await self._predict(reqs)
+        preds = await self._predict_each(reqs)
         now = self.clock()
         view = self._view()
         out: dict[int, Decision | Exception] = {}
         ok: list[int] = []
         cands: list[Candidates] = []
         for i, req in enumerate(reqs):
+            if isinstance(preds[i], _Failed):
+                out[i] = preds[i].error
+                continue
             try:
                 cands.append(self._candidates(req, now))
                 ok.append(i)
             except (ValueError, NoEngineAvailable) as exc:
                 out[i] = exc
-        results = self.policy.decide_batch([reqs[i] for i in ok], cands, view,
-                                           [preds[i] for i in ok])
+        results = self._decide_each([reqs[i] for i in ok], cands, view, [preds[i] for i in ok])
         for i, res in zip(ok, results):
             out[i] = self._commit(reqs[i], res, view, now) if isinstance(res, Decision) else res
         return [out[i] for i in range(len(reqs))]
+
+    async def _predict_each(self, reqs: Sequence[RoutingRequest]) -> list[Any]:
+        """Batched predictions; if the batch raises, one request at a time, a failure
+        in its slot as ``_Failed``."""
+        try:
+            return await self._predict(reqs)
+        except Exception as exc:
+            if len(reqs) == 1:
+                return [_Failed(exc)]
+        out: list[Any] = []
+        for req in reqs:
+            out += await self._predict_each([req])
+        return out
+
+    def _decide_each(self, reqs: Sequence[RoutingRequest], cands: Sequence[Candidates],
+                     view: StateView, preds: Sequence[Any]) -> list[Decision | Exception]:
+        """The policy's batch decision; if it raises, each request decided alone, so
+        the one that makes it raise gets the exception."""
+        assert self.policy is not None
+        try:
+            return list(self.policy.decide_batch(reqs, cands, view, preds))
+        except Exception as exc:
+            if len(reqs) == 1:
+                return [exc]
+        return [res for r, c, p in zip(reqs, cands, preds)
+                for res in self._decide_each([r], [c], view, [p])]
 
     async def _predict(self, reqs: Sequence[RoutingRequest]) -> list[Any]:
         assert self.policy is not None

@@ -10,12 +10,15 @@ Header form (``X-Hetserve-Objective``): ``max_accuracy,max_cost=2,max_latency_s=
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("min_cost", "max_accuracy")
 _FIELDS = ("kind", "min_accuracy", "max_cost", "max_latency_s")
+
+
+MAX_NUMBER = 1e15
+"""Largest number a client's objective, budget or weight may hold."""
 
 
 class ObjectiveError(ValueError):
@@ -87,6 +90,8 @@ def objective_from_header(raw: str) -> dict[str, Any]:
 def _number(v: Any, param: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ObjectiveError(param, f"'{param}' must be a number, got {type(v).__name__}")
-    if not math.isfinite(v) or v < 0:
-        raise ObjectiveError(param, f"'{param}' must be a finite number >= 0, got {v}")
+    if not 0 <= v <= MAX_NUMBER:  # also false for NaN; no float() of a huge int
+        bound = ">= 0" if v < 0 else f"<= {MAX_NUMBER:g}"
+        raise ObjectiveError(param, f"'{param}' must be a finite number {bound}, got "
+                             f"{v if abs(v) < 1e40 else 'a huge number'}")
     return float(v)

@@ -98,6 +98,35 @@ def test_a_predictor_failure_reaches_every_request_of_the_batch() -> None:
     assert all(isinstance(r, RuntimeError) for r in results) and len(core.ledger) == 0
 
 
+class Picky(Estimator):
+    """Raises for a batch holding ``boom``; gives ``bad`` a prediction for no model (the
+    policy's batch decision then raises KeyError)."""
+
+    async def estimate(self, reqs: Sequence[RoutingRequest]) -> Any:
+        self.calls.append(len(reqs))
+        if any(r.request_id == "boom" for r in reqs):
+            raise RuntimeError("estimator crashed on boom")
+        return [{} if r.request_id == "bad" else {"a": QualityLength(0.5, 10.0)}
+                for r in reqs]
+
+
+def test_a_bad_request_in_a_batch_fails_alone() -> None:
+    est = Picky()
+    core = core_for("routebalance", {**RB, "max_batch": 32}, PredictorSet(knn=est))
+    core.build_policy()
+
+    async def scenario() -> list[Any]:
+        ids = [f"r{i}" for i in range(10)] + ["boom", "bad"] + [f"s{i}" for i in range(10)]
+        return await asyncio.gather(*(core.route(rr(i)) for i in ids), return_exceptions=True)
+
+    results = asyncio.run(scenario())
+    assert est.calls[0] == 22  # one batch, then one request at a time
+    assert isinstance(results[10], RuntimeError) and isinstance(results[11], KeyError)
+    good = results[:10] + results[12:]
+    assert all(not isinstance(r, BaseException) for r in good), good
+    assert len(core.ledger) == 20
+
+
 def test_a_caller_that_leaves_during_the_window_is_not_accounted() -> None:
     est = Estimator()
     core = core_for("routebalance", RB, PredictorSet(knn=est))

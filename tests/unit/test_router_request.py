@@ -342,3 +342,83 @@ def test_relay_counts_events_without_usage() -> None:
 def test_completion_tokens() -> None:
     assert completion_tokens(b'{"usage": {"completion_tokens": 4}}') == 4
     assert completion_tokens(b"not json") == 0 and completion_tokens(b"[]") == 0
+
+
+# ---------------------------------------------------------------- hostile input
+
+HUGE = 10**400
+
+
+def _body(**extra: Any) -> bytes:
+    return json.dumps({**CHAT, **extra}).encode()
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"max_tokens": HUGE}, "max_tokens"),
+    ({"max_tokens": 2**21}, "max_tokens"),
+    ({"n": 1000}, "n"),
+    ({"workflow": {"budget": HUGE}}, "workflow.budget"),
+    ({"workflow": {"budget": 1e300}}, "workflow.budget"),
+    ({"workflow": {"weights": {"quality": HUGE}}}, "workflow.weights.quality"),
+    ({"workflow": {"num_stages": HUGE}}, "workflow.num_stages"),
+    ({"workflow": {"stage_index": HUGE}}, "workflow.stage_index"),
+    ({"workflow": {"attempt": HUGE}}, "workflow.attempt"),
+    ({"workflow": {"objective": {"kind": "min_cost", "min_accuracy": HUGE}}},
+     "workflow.objective.min_accuracy"),
+    ({"workflow": {"objective": {"kind": "max_accuracy", "max_cost": -HUGE}}},
+     "workflow.objective.max_cost"),
+    ({"per_model": {"max_tokens": {"tiny-a": HUGE}}}, "per_model.max_tokens.tiny-a"),
+])
+def test_huge_numbers_are_a_400_naming_the_field(extra: dict[str, Any], param: str) -> None:
+    err = rejected("chat", _body(**extra))
+    assert (err.status, err.param) == (400, param), err.message
+    assert len(err.message) < 200
+
+
+@pytest.mark.parametrize("header, value", [
+    ("X-Hetserve-Budget", "1e400"), ("X-Hetserve-Num-Stages", "9" * 5000),
+    ("X-Hetserve-Weights", "quality=1e999"),
+    ("X-Hetserve-Objective", "min_cost,min_accuracy=1e400"),
+])
+def test_huge_numbers_in_headers_are_a_400(header: str, value: str) -> None:
+    assert rejected("chat", _body(), {header: value}).status == 400
+
+
+def test_a_prompt_token_id_beyond_any_vocabulary_is_a_400() -> None:
+    assert rejected("completion", b'{"prompt": [1, 4294967296]}').param == "prompt[1]"
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+    b'{"messages": [{"role": "user", "content": "a\\udfffb"}]}',
+])
+def test_lone_surrogates_are_a_400(raw: bytes) -> None:
+    err = rejected("chat", raw)
+    assert err.code == "invalid_json"
+    json.dumps(err.body(), ensure_ascii=False).encode("utf-8")  # the answer itself encodes
+
+
+def test_surrogate_pairs_are_text() -> None:
+    raw = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    assert parse_request("chat", raw, {}).messages == [{"role": "user", "content": "\U0001f600"}]
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"chat_template": "{{ 'x' * 10**9 }}"}, "chat_template"),
+    ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
+     "chat_template_kwargs.chat_template"),
+    ({"chat_template_kwargs": {"tools_blob": "x"}}, "chat_template_kwargs.tools_blob"),
+    ({"chat_template_kwargs": {"enable_thinking": {"a": 1}}},
+     "chat_template_kwargs.enable_thinking"),
+    ({"chat_template_kwargs": {"reasoning_effort": "x" * 1000}},
+     "chat_template_kwargs.reasoning_effort"),
+    ({"chat_template_kwargs": []}, "chat_template_kwargs"),
+])
+def test_no_client_template(extra: dict[str, Any], param: str) -> None:
+    err = rejected("chat", _body(**extra))
+    assert (err.status, err.param) == (400, param), err.message
+
+
+def test_allowed_template_switches_pass() -> None:
+    kwargs = {"enable_thinking": False, "reasoning_effort": "low"}
+    assert chat({**CHAT, "chat_template_kwargs": kwargs}).body["chat_template_kwargs"] == kwargs
