@@ -56,27 +56,24 @@ class Metric:
     stat: Stat = mean
     difference: bool = False
     """Compared as a difference (scores) rather than a ratio (latencies)."""
-    higher_is_better: bool = False
 
 
 METRICS = (
     Metric("e2e_s.mean", "E2E mean (s)", e2e),
     Metric("e2e_s.p95", "E2E p95 (s)", e2e, p95),
     Metric("e2e_per_token_s.mean", "E2E/token (s)", e2e_per_token),
-    Metric("score", "score (points)", lambda w: 100.0 * w.score, difference=True,
-           higher_is_better=True),
+    Metric("score", "score (points)", lambda w: 100.0 * w.score, difference=True),
 )
 """The formulas are ``metrics``'; scores in points (100 x the trace's score)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
+    """A statistic and its 95% bootstrap interval."""
+
     value: float
     low: float
     high: float
-
-    def text(self, digits: int = 3) -> str:
-        return f"{self.value:.{digits}g} [{self.low:.{digits}g}, {self.high:.{digits}g}]"
 
 
 def matrix(workflows: Iterable[tuple[int, WorkflowRecord]], metric: Metric,
