@@ -41,6 +41,9 @@ from router.upstream import (StreamResult, Upstream, UpstreamError, completion_t
                              relay_events)
 
 MAX_BODY_BYTES = 32 * 2**20
+MAX_PROMPT_TOKENS = 1 << 20
+"""Longest prompt taken for a model whose engines set no ``max_model_len`` (with one, the
+context bounds it)."""
 MAX_ROUTE_ATTEMPTS = 3
 """Routing attempts per request when the chosen engine cannot be reached."""
 
@@ -288,6 +291,11 @@ class Front:
         self.metrics.tokenize_latency.observe(time.perf_counter() - start)
         checked = [(length, context_error(parsed, n, length, len(prompt.token_ids)))
                    for n in names if (length := self.models[n].max_model_len) is not None]
+        if not checked and len(prompt.token_ids) > MAX_PROMPT_TOKENS:
+            raise RequestError(400, f"the prompt is {len(prompt.token_ids)} tokens; without a "
+                               f"max_model_len the router takes at most {MAX_PROMPT_TOKENS}",
+                               param="messages" if parsed.kind == "chat" else "prompt",
+                               code="context_length_exceeded")
         if len(checked) == len(names) and all(error for _, error in checked):
             error = max(checked, key=lambda c: c[0])[1]  # report the longest context's
             assert error is not None

@@ -28,9 +28,7 @@ INLINE_CHARS = 8192
 ones in a worker thread (a long prompt would otherwise stall every stream for
 milliseconds). Chat prompts always go to the thread: a template renders client-shaped
 input (messages, tools) whose cost the size of the text does not bound."""
-MAX_PROMPT_TOKENS = 1 << 20
-"""Longest prompt taken for a model whose engines set no ``max_model_len`` (with one, the
-context bounds it)."""
+
 
 _TOKENIZER_FILE_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "added_tokens",
                             "chat_template")
@@ -142,13 +140,6 @@ class Tokenizers:
         """``model``'s view of the request's prompt."""
         tok = self._by_model[model]
         if parsed.kind == "completion" and len(parsed.prompt or "") <= INLINE_CHARS:
-            info = tok.prompt(parsed)
-        else:
-            info = await asyncio.to_thread(tok.prompt, parsed)
-        if len(info.token_ids) > MAX_PROMPT_TOKENS:
-            raise RequestError(400, f"the prompt is {len(info.token_ids)} tokens; the router "
-                               f"takes at most {MAX_PROMPT_TOKENS}",
-                               param="messages" if parsed.kind == "chat" else "prompt",
-                               code="context_length_exceeded")
-        return info
+            return tok.prompt(parsed)
+        return await asyncio.to_thread(tok.prompt, parsed)
 
