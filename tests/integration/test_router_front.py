@@ -494,3 +494,30 @@ def test_killed_engine_is_routed_around_and_released(cluster: Cluster) -> None:
     assert connect_errors == 1
     assert cluster.engine_metric("hetserve_engine_up", "b-0") == 0
     assert cluster.engine_metric("hetserve_engine_inflight_requests", "a-0") == 0
+
+
+# ---------------------------------------------------------------- vLLM's own load generator
+
+
+@pytest.mark.parametrize("model", ["tiny-a", "auto"])
+def test_vllm_bench_serve_through_the_router(cluster: Cluster, model: str,
+                                             tmp_path: Path) -> None:
+    """`vllm bench serve` (streamed completions, random prompts) from the project's .venv
+    runs through the router and every request succeeds."""
+    from engine_ext.builtin_models import resolve_model
+
+    vllm = Path(sys.executable).with_name("vllm")
+    proc = subprocess.run(
+        [str(vllm), "bench", "serve", "--backend", "vllm", "--base-url", cluster.url,
+         "--endpoint", "/v1/completions", "--model", model,
+         "--tokenizer", resolve_model("builtin:tiny-a"), "--dataset-name", "random",
+         "--random-input-len", "32", "--random-output-len", "8", "--ignore-eos",
+         "--num-prompts", "12", "--max-concurrency", "4", "--ready-check-timeout-sec", "0",
+         "--disable-tqdm", "--save-result", "--result-dir", str(tmp_path),
+         "--result-filename", "bench.json"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["completed"] == 12 and result.get("failed", 0) == 0, result
+    assert result["total_output_tokens"] == 12 * 8
