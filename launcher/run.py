@@ -25,6 +25,7 @@ import tomli_w
 from launcher.console import Console, table
 from launcher.plan import BASE_ENV, Plan
 from launcher.supervisor import Managed, State, Supervisor
+from router.auth import load_keys
 from router.config import LOOPBACK, http_url
 
 DEMO_CLIENT = Path(__file__).resolve().parent.parent / "examples" / "demo_client.py"
@@ -118,6 +119,9 @@ def _supervise(sup: Supervisor, plan: Plan, router: Managed | None, console: Con
     """Restart what dies until a stop request (exit 0), the router gives up (1), or the
     demo ``client`` ends (its exit code)."""
     router_url = plan.config.router_url() if router else None
+    r = plan.config.router
+    admin_key = min(load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"),
+                    default=None)
     while not stop.signum:
         for ev in sup.step(restart=True):
             name = ev.proc.spec.name
@@ -132,18 +136,21 @@ def _supervise(sup: Supervisor, plan: Plan, router: Managed | None, console: Con
                 console.line(f"{name} {ev.detail}" + ("; the other engines keep serving"
                                                       if ev.kind == "failed" else ""))
             if router_url:
-                _mark(console, router_url, name, "up" if ev.kind == "up" else "down")
+                _mark(console, router_url, name, "up" if ev.kind == "up" else "down",
+                      admin_key)
         if client is not None and client.poll() is not None:
             return client.returncode
         time.sleep(_TICK_S)
     return 0
 
 
-def _mark(console: Console, router_url: str, instance: str, state: str) -> None:
+def _mark(console: Console, router_url: str, instance: str, state: str,
+          admin_key: str | None) -> None:
     """Tell the router an engine is down or up (best effort: it also sees telemetry)."""
     url = f"{router_url}/admin/engines/{instance}/{state}"
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     try:
-        r = httpx.post(url, timeout=2.0)
+        r = httpx.post(url, timeout=2.0, headers=headers)
         console.log(f"POST {url}: {r.status_code}")
     except httpx.HTTPError as e:
         console.log(f"POST {url} failed: {e!r}")

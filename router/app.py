@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from router.auth import Keys, load_keys
 from router.config import ClusterConfig, ConfigError
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
@@ -166,6 +167,9 @@ class Front:
 
     def __init__(self, config: ClusterConfig, core: RouterCore | None = None) -> None:
         self.config = config
+        r = config.router
+        self.keys = Keys(load_keys(r.api_keys_file, r.api_keys_env, "router API keys"),
+                         load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"))
         self.core = core or RouterCore(config, load_configured_predictors(config))
         self.metrics = RouterMetrics(self.core, config.router.policy)
         self.instances = {i.name: i for i in config.instances()}
@@ -192,7 +196,11 @@ class Front:
 
     # ------------------------------------------------------------ plain endpoints
 
-    async def list_models(self, _request: Request) -> Response:
+    async def list_models(self, request: Request) -> Response:
+        try:
+            self.keys.check_api(request.headers)
+        except RequestError as exc:
+            return _error(exc)
         data = [{"id": m.name, "object": "model", "created": self.created,
                  "owned_by": "hetserve", "max_model_len": m.max_model_len}
                 for m in self.models.values()]
@@ -213,9 +221,11 @@ class Front:
 
     async def admin(self, request: Request) -> Response:
         """``POST /admin/engines/{instance}/down|up``: the launcher's health verdicts."""
-        if not self._local(request.scope):
-            return _error(RequestError(403, "admin endpoints answer only on loopback and "
-                                       "unix-socket listeners", type_="permission_error"))
+        if not self.keys.admin_allowed(request.headers, self._local(request.scope)):
+            return _error(RequestError(403, "admin endpoints need an admin key"
+                                       if self.keys.admin else "admin endpoints answer only "
+                                       "on loopback and unix-socket listeners",
+                                       type_="permission_error"))
         name, state = request.path_params["instance"], request.path_params["state"]
         if state not in ("up", "down") or name not in self.instances:
             return _error(RequestError(404, f"no engine instance '{name}' (known: "
@@ -254,6 +264,7 @@ class Front:
 
     async def _dispatch(self, request: Request, kind: Kind) -> Response:
         arrival = time.time()
+        self.keys.check_api(request.headers)
         parsed = parse_request(kind, await _read_body(request), request.headers,
                                allow_client_priority=self.config.router.allow_client_priority)
         self._check_per_model(parsed)

@@ -95,6 +95,15 @@ class RouterConfig:
     """Upstream (router to engine) request timeout."""
     program_ttl_s: Positive = 600.0
     """A workflow program with no request for this long leaves the program table."""
+    api_keys_file: str | None = None
+    """API keys of the OpenAI endpoints, one per line (``router.auth``); none: open."""
+    api_keys_env: str | None = None
+    """An environment variable holding API keys, comma-separated."""
+    admin_keys_file: str | None = None
+    """Keys of the admin endpoints; none: loopback and unix-socket callers only."""
+    admin_keys_env: str | None = None
+    insecure: bool = False
+    """Allow a listener beyond loopback without API keys."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -345,6 +354,8 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
     router = dataclasses.replace(
         router,
         uds=_abs(router.uds, base_dir),
+        api_keys_file=_abs(router.api_keys_file, base_dir),
+        admin_keys_file=_abs(router.admin_keys_file, base_dir),
         predictors={k: _abs(v, base_dir) for k, v in router.predictors.items()},
         policies={name: _abs_paths(table, base_dir) for name, table in router.policies.items()},
     )
@@ -352,6 +363,11 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
     cfg = ClusterConfig(source=source, router=router, engines=engines, launcher=launcher)
     if not router.policy.strip():
         raise ConfigError(source, "router.policy", "must not be empty")
+    if (not _is_loopback_host(router.host) and not router.insecure
+            and router.api_keys_file is None and router.api_keys_env is None):
+        raise ConfigError(source, "router.host", f"{router.host!r} listens beyond loopback "
+                          "without API keys: set api_keys_file or api_keys_env, or "
+                          "insecure = true")
     _check_names(cfg)
     _port_owners(cfg)
     _check_endpoints(cfg)
@@ -610,6 +626,10 @@ def _builtin_models() -> Collection[str] | None:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _is_loopback_host(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
 
 
 def http_url(host: str, port: int) -> str:

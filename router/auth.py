@@ -1,0 +1,83 @@
+"""API keys: who may call the router's OpenAI endpoints, and who its admin endpoints.
+
+Keys come from a file (one key per line; blank lines and ``#`` comments skipped) and/or an
+environment variable (comma-separated), as ``[router]`` names them (``api_keys_file``,
+``api_keys_env``, ``admin_keys_file``, ``admin_keys_env``); never inline in the cluster
+file. A client sends ``Authorization: Bearer <key>``, as OpenAI's clients do. Keys are
+compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from router.request import RequestError
+
+MAX_KEY_CHARS = 512
+
+
+class KeysError(ValueError):
+    """Keys that cannot be loaded (a missing file or variable, an empty set)."""
+
+
+def load_keys(file: str | None, env: str | None, what: str) -> frozenset[str]:
+    """The keys of ``file`` and the variable ``env``; empty if neither is given."""
+    keys: list[str] = []
+    if file is not None:
+        try:
+            lines = Path(file).read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise KeysError(f"{what}: cannot read {file}: {e.strerror or e}") from None
+        keys += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    if env is not None:
+        value = os.environ.get(env)
+        if value is None:
+            raise KeysError(f"{what}: environment variable {env} is not set")
+        keys += [k.strip() for k in value.split(",") if k.strip()]
+    if (file is not None or env is not None) and not keys:
+        raise KeysError(f"{what}: no key in {' or '.join(filter(None, (file, env)))}")
+    bad = [k for k in keys if len(k) > MAX_KEY_CHARS or not k.isprintable() or " " in k]
+    if bad:
+        raise KeysError(f"{what}: a key is longer than {MAX_KEY_CHARS} characters or holds "
+                        "spaces or control characters")
+    return frozenset(keys)
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header, if any."""
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+def _known(key: str | None, keys: frozenset[str]) -> bool:
+    given = (key or "").encode("utf-8", "replace")
+    found = False
+    for k in keys:  # every key compared, in constant time each
+        found |= hmac.compare_digest(given, k.encode())
+    return found
+
+
+@dataclass(frozen=True)
+class Keys:
+    api: frozenset[str]
+    """Keys of the OpenAI endpoints; empty: no key needed."""
+    admin: frozenset[str]
+    """Keys of the admin endpoints; empty: loopback callers only, no key."""
+
+    def check_api(self, headers: Mapping[str, str]) -> None:
+        """RequestError 401 (OpenAI's ``invalid_api_key``) unless the request may pass."""
+        if not self.api:
+            return
+        key = bearer(headers)
+        if not _known(key, self.api):
+            raise RequestError(401, "missing API key: send 'Authorization: Bearer <key>'"
+                               if key is None else "incorrect API key provided",
+                               code="invalid_api_key")
+
+    def admin_allowed(self, headers: Mapping[str, str], local: bool) -> bool:
+        """With admin keys, a caller with one; without, a loopback caller."""
+        return _known(bearer(headers), self.admin) if self.admin else local

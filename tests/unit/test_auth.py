@@ -1,0 +1,105 @@
+"""API keys (router.auth) and their use by the front, in process (no engine needed: every
+check runs before a request is parsed)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from router.app import create_app
+from router.auth import Keys, KeysError, bearer, load_keys
+from router.config import ConfigError, load_cluster_config
+
+ENGINE = ('[[engines]]\nname = "a"\nmodel = "builtin:tiny-a"\nport = 9301\n'
+          'telemetry_endpoint = "ipc:///tmp/hs-auth-a.t"\nkv_events_endpoint = '
+          '"ipc:///tmp/hs-auth-a.k"\n')
+
+
+def test_keys_from_file_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "keys").write_text("# clients\nk1\n\n  k2  \n")
+    monkeypatch.setenv("HS_KEYS", "k3, k4,")
+    assert load_keys(str(tmp_path / "keys"), "HS_KEYS", "x") == {"k1", "k2", "k3", "k4"}
+    assert load_keys(None, None, "x") == frozenset()
+
+
+@pytest.mark.parametrize("content, env, words", [
+    (None, "HS_UNSET", "HS_UNSET is not set"),
+    ("# none\n", None, "no key in"),
+    ("a b\n", None, "spaces or control characters"),
+    ("x" * 600 + "\n", None, "longer than 512"),
+])
+def test_unusable_keys_are_an_error(tmp_path: Path, content: str | None, env: str | None,
+                                    words: str) -> None:
+    file = None
+    if content is not None:
+        file = str(tmp_path / "keys")
+        Path(file).write_text(content)
+    with pytest.raises(KeysError, match=words):
+        load_keys(file, env, "router API keys")
+    with pytest.raises(KeysError, match="cannot read"):
+        load_keys(str(tmp_path / "missing"), None, "router API keys")
+
+
+def test_bearer_and_checks() -> None:
+    assert bearer({"authorization": "Bearer  k1 "}) == "k1"
+    assert bearer({"authorization": "Basic k1"}) is None and bearer({}) is None
+    keys = Keys(frozenset({"k1"}), frozenset({"adm"}))
+    keys.check_api({"authorization": "Bearer k1"})
+    for headers in ({}, {"authorization": "Bearer k2"}, {"authorization": "Bearer \udc80"}):
+        with pytest.raises(Exception) as info:
+            keys.check_api(headers)
+        assert info.value.status == 401 and info.value.code == "invalid_api_key"  # type: ignore
+    assert keys.admin_allowed({"authorization": "Bearer adm"}, local=False)
+    assert not keys.admin_allowed({"authorization": "Bearer k1"}, local=True)
+    open_keys = Keys(frozenset(), frozenset())
+    open_keys.check_api({})
+    assert open_keys.admin_allowed({}, local=True) and not open_keys.admin_allowed({}, False)
+
+
+def _load(tmp_path: Path, router_extra: str) -> Any:
+    path = tmp_path / "cluster.toml"
+    path.write_text('[router]\npolicy = "round_robin"\nport = 9300\n' + router_extra + ENGINE)
+    return load_cluster_config(path)
+
+
+def test_a_listener_beyond_loopback_needs_keys_or_insecure(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="router.host: '10.0.0.2' listens beyond loopback"):
+        _load(tmp_path, 'host = "10.0.0.2"\n')
+    assert _load(tmp_path, 'host = "10.0.0.2"\ninsecure = true\n').router.insecure
+    cfg = _load(tmp_path, 'host = "0.0.0.0"\napi_keys_file = "keys.txt"\n')
+    assert cfg.router.api_keys_file == str(tmp_path / "keys.txt")
+
+
+def _call(app: Any, method: str, path: str, headers: dict[str, str] | None = None,
+          body: dict[str, Any] | None = None) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.request(method, path, headers=headers, json=body)
+    return asyncio.run(go())
+
+
+def test_the_front_asks_for_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "admin.txt").write_text("adm\n")
+    monkeypatch.setenv("HS_API_KEYS", "k1")
+    app = create_app(_load(tmp_path, 'api_keys_env = "HS_API_KEYS"\n'
+                                     'admin_keys_file = "admin.txt"\n'))
+    chat = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
+    r = _call(app, "POST", "/v1/chat/completions", body=chat)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = _call(app, "POST", "/v1/chat/completions", {"Authorization": "Bearer nope"}, chat)
+    assert r.status_code == 401 and "incorrect" in r.json()["error"]["message"]
+    assert _call(app, "GET", "/v1/models").status_code == 401
+    assert _call(app, "GET", "/v1/models", {"Authorization": "Bearer k1"}).status_code == 200
+    assert _call(app, "POST", "/admin/engines/a-0/down").status_code == 403  # loopback too
+    r = _call(app, "POST", "/admin/engines/a-0/down", {"Authorization": "Bearer adm"})
+    assert r.status_code == 200 and r.json()["up"] is False
+
+
+def test_a_router_with_an_unset_key_variable_does_not_start(tmp_path: Path) -> None:
+    with pytest.raises(KeysError, match="HS_NOT_SET is not set"):
+        create_app(_load(tmp_path, 'api_keys_env = "HS_NOT_SET"\n'))
