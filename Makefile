@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-unit bench-scheduler replay
+.PHONY: setup demo test test-unit bench-scheduler replay peers bench-front
 
 setup:
 	@scripts/setup_venv.sh
@@ -19,6 +19,15 @@ test-unit: setup
 
 bench-scheduler: setup
 	$(PY) -m kernels_bench scheduler
+
+# vLLM's and SGLang's routers (Rust, from PyPI) beside ours in the front benchmark.
+peers: setup
+	$(PY) -m pip --disable-pip-version-check -q install -e ".[peers]"
+
+# The router's HTTP front under wrk load (apt-get install wrk), each router on one core,
+# beside vllm-router, smg and a Python pass-through: docs/performance.md.
+bench-front: peers
+	$(PY) -m kernels_bench front --repeats 2
 
 # The serving replay on this machine: two built-in engines of different speed
 # (examples/replay.toml), the shipped math trace, Poisson arrivals at a rate that queues,

@@ -19,6 +19,8 @@ COMMANDS = {
                "sparse-profiling experiments"),
     "results": ("kernels_bench.replay.results", "docs/results.md from the latest replay"),
     "predictors": ("kernels_bench.predictor_bench", "predictor latency alone and batched, batch 1/16/64"),
+    "front": ("kernels_bench.front.cli", "the router's HTTP front under wrk load, beside "
+              "vllm-router, smg and a Python pass-through (one core each)"),
     "fuzz-telemetry": ("kernels_bench.telemetry_fuzz", "the router's telemetry and KV-event "
                        "subscribers against garbage frames (loopback)"),
 }

@@ -1,24 +1,27 @@
 """``python -m router --config cluster.toml [--host H] [--port P] [--uds PATH]``.
 
-Serves the router's app (``router.app``) with uvicorn on a TCP listener and, if a unix
-socket path is configured, on that socket too. Command-line values override the
+Serves the router's app (``router.app``, aiohttp on uvloop) on a TCP listener and, if a
+unix socket path is configured, on that socket too. Command-line values override the
 ``[router]`` table; the TCP port must come from one of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import stat
 import sys
 
-import uvicorn
+import uvloop
+from aiohttp import web
 
-from router.app import create_app
+from router.app import RUNNER_OPTIONS, create_app
 from router.config import ClusterConfig, ConfigError, load_cluster_config
 
 
@@ -27,6 +30,7 @@ def _tcp_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(BACKLOG)
     return sock
 
 
@@ -40,7 +44,27 @@ def _unix_socket(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
     os.chmod(path, 0o600)
+    sock.listen(BACKLOG)
     return sock
+
+
+BACKLOG = 4096
+
+
+async def serve(app: web.Application, sockets: list[socket.socket]) -> None:
+    """Serve ``app`` on ``sockets`` until SIGINT or SIGTERM (startup errors propagate)."""
+    runner = web.AppRunner(app, **RUNNER_OPTIONS)
+    await runner.setup()
+    try:
+        for sock in sockets:
+            await web.SockSite(runner, sock, backlog=BACKLOG).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def _config(args: argparse.Namespace) -> ClusterConfig:
@@ -64,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore"):  # one line per proxied request otherwise
+    for noisy in ("httpx", "httpcore", "aiohttp.access"):  # a line per request otherwise
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         config = _config(args)
@@ -80,15 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"router: cannot listen: {exc}", file=sys.stderr)
         return 2
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
-                                           timeout_graceful_shutdown=5))
     try:
-        server.run(sockets=sockets)
+        uvloop.run(serve(app, sockets))
+    except Exception:  # a startup failure (tokenizers, predictors, sockets): logged
+        logging.getLogger("router").exception("router failed")
+        return 1
     finally:
         if config.router.uds:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(config.router.uds)
-    return 0 if server.started else 1
+    return 0
 
 
 if __name__ == "__main__":

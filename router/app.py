@@ -1,33 +1,34 @@
-"""The router's HTTP front: an OpenAI-compatible ASGI app over ``RouterCore``.
+"""The router's HTTP front: an OpenAI-compatible aiohttp app over ``RouterCore``.
 
 ``create_app(config)`` serves ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/models``, ``/health``, ``/metrics`` and, to loopback or unix-socket clients only,
-``POST /admin/engines/{instance}/down|up``. Per request: parse and validate
-(``router.request``), tokenize with the model's tokenizer (``router.tokenize``), ask the
-core for a decision, forward to the chosen engine (``router.upstream``) with the chosen
-``model``, ``priority`` and ``max_tokens``, and report the completion to the core exactly
-once (success, engine error, client disconnect or abort).
+``/v1/models``, ``/health``, ``/metrics`` and, to loopback or unix-socket clients only (or
+with an admin key), ``POST /admin/engines/{instance}/down|up``. Per request: parse and
+validate (``router.request``), tokenize with the model's tokenizer (``router.tokenize``),
+ask the core for a decision, forward to the chosen engine (``router.upstream``) with the
+chosen ``model``, ``priority`` and ``max_tokens``, and report the completion to the core
+exactly once (success, engine error, client disconnect or abort).
+
+Serve it with ``RUNNER_OPTIONS`` (``router.__main__``): a client that disconnects
+cancels its handler, which is how an abandoned request is noticed and reported.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import gc
 import ipaddress
-import json
+import itertools
 import logging
 import math
+import os
+import socket
 import time
-import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, TypeVar
+from typing import Any
 
-import httpx
-from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+import aiohttp
+import msgspec
+from aiohttp import web
 
 from router.auth import Keys, load_keys
 from router.config import ClusterConfig, ConfigError
@@ -47,9 +48,22 @@ MAX_PROMPT_TOKENS = 1 << 20
 context bounds it)."""
 MAX_ROUTE_ATTEMPTS = 3
 """Routing attempts per request when the chosen engine cannot be reached."""
+RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True, "access_log": None,
+                                  "shutdown_timeout": 5.0}
+"""``web.AppRunner`` options the front needs (the tests' servers use them too)."""
+CLIENT_CLOSED = 499
+"""Status counted for a request whose client left before the answer (never sent)."""
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
+_encode = msgspec.json.encode
+_ids = itertools.count(1)
+_ID_PREFIX = os.urandom(8).hex()
+
+
+def request_id() -> str:
+    """A new request id, unique across router processes and restarts: a random prefix
+    per process and a counter (``uuid4`` reads the OS's random source per call)."""
+    return f"{_ID_PREFIX}{next(_ids):x}"
 
 
 class ClientDisconnected(Exception):
@@ -102,45 +116,30 @@ def close_configured_predictors(predictors: PredictorSet) -> None:
         close_predictors(predictors)
 
 
-def _error(exc: RequestError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _json(body: Any, status: int = 200,
+          headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=_encode(body), status=status, headers=headers,
+                        content_type="application/json")
 
 
-async def _read_body(request: Request) -> bytes:
+def _error(exc: RequestError) -> web.Response:
+    return _json(exc.body(), exc.status)
+
+
+async def read_body(content: aiohttp.StreamReader) -> bytes:
+    """The request body, at most ``MAX_BODY_BYTES`` (413 beyond); ClientDisconnected if
+    the client leaves while sending."""
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
+        async for chunk in content.iter_any():
             size += len(chunk)
             if size > MAX_BODY_BYTES:
                 raise RequestError(413, f"request body exceeds {MAX_BODY_BYTES} bytes",
                                    code="body_too_large")
             chunks.append(chunk)
-    except ClientDisconnect:  # the client left while sending: nobody to answer
+    except (aiohttp.ClientPayloadError, ConnectionError):  # nobody left to answer
         raise ClientDisconnected() from None
     return b"".join(chunks)
-
-
-async def _disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """Await ``work``; cancel it and raise ``ClientDisconnected`` if the client leaves."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnect(receive))
-    try:
-        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # we are cancelled: so is the work
-        task.cancel()
-        watch.cancel()
-        raise
-    watch.cancel()
-    if task not in done:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise ClientDisconnected()
-    return task.result()
 
 
 def _is_loopback(host: str) -> bool:
@@ -163,7 +162,7 @@ class _Completion:
 
 
 class Front:
-    """Request handling state shared by the endpoints."""
+    """Request handling state shared by the endpoints (``app[FRONT]``)."""
 
     def __init__(self, config: ClusterConfig, core: RouterCore | None = None) -> None:
         self.config = config
@@ -178,8 +177,7 @@ class Front:
         self.upstream: Upstream | None = None
         self.created = int(time.time())
 
-    @contextlib.asynccontextmanager
-    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+    async def startup(self, _app: web.Application) -> None:
         await asyncio.to_thread(self.tokenizers.load)
         if not self.tokenizers.same_tokenizer(list(self.models)):
             log.warning("served models use different tokenizers: 'auto' requests are "
@@ -187,16 +185,18 @@ class Front:
                         "approximate", next(iter(self.models)))
         await self.core.start()
         self.upstream = Upstream(self.config.router.request_timeout_s)
-        try:
-            yield
-        finally:
+        gc.collect()
+        gc.freeze()  # tokenizers, templates, predictors: never garbage, never scanned again
+
+    async def cleanup(self, _app: web.Application) -> None:
+        if self.upstream is not None:
             await self.upstream.aclose()
-            await self.core.stop()
-            close_configured_predictors(self.core.predictors)
+        await self.core.stop()
+        close_configured_predictors(self.core.predictors)
 
     # ------------------------------------------------------------ plain endpoints
 
-    async def list_models(self, request: Request) -> Response:
+    async def list_models(self, request: web.Request) -> web.Response:
         try:
             self.keys.check_api(request.headers)
         except RequestError as exc:
@@ -206,66 +206,72 @@ class Front:
                 for m in self.models.values()]
         data.append({"id": AUTO_MODEL, "object": "model", "created": self.created,
                      "owned_by": "hetserve", "max_model_len": None})
-        return JSONResponse({"object": "list", "data": data})
+        return _json({"object": "list", "data": data})
 
-    async def health(self, _request: Request) -> Response:
+    async def health(self, _request: web.Request) -> web.Response:
         engines = self.core.engines()
         up = sum(1 for e in engines if e.up)
         body = {"status": "ok" if up else "no engine up", "engines_up": up,
                 "engines": len(engines)}
-        return JSONResponse(body, status_code=200 if up else 503)
+        return _json(body, 200 if up else 503)
 
-    async def metrics_endpoint(self, _request: Request) -> Response:
-        return Response(self.metrics.render(),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics_endpoint(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={
+            "content-type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    async def admin(self, request: Request) -> Response:
+    async def admin(self, request: web.Request) -> web.Response:
         """``POST /admin/engines/{instance}/down|up``: the launcher's health verdicts."""
-        if not self.keys.admin_allowed(request.headers, self._local(request.scope)):
+        if not self.keys.admin_allowed(request.headers, self._local(request)):
             return _error(RequestError(403, "admin endpoints need an admin key"
                                        if self.keys.admin else "admin endpoints answer only "
                                        "on loopback and unix-socket listeners",
                                        type_="permission_error"))
-        name, state = request.path_params["instance"], request.path_params["state"]
+        name, state = request.match_info["instance"], request.match_info["state"]
         if state not in ("up", "down") or name not in self.instances:
             return _error(RequestError(404, f"no engine instance '{name}' (known: "
                                        f"{', '.join(self.instances)}) or action '{state}' "
                                        "(up, down)", code="not_found"))
-        reason = request.query_params.get("reason", "admin")
+        reason = request.query.get("reason", "admin")
         self.core.mark_engine(name, state == "up", reason)
-        return JSONResponse({"instance": name, "up": state == "up", "reason": reason})
+        return _json({"instance": name, "up": state == "up", "reason": reason})
 
-    def _local(self, scope: Scope) -> bool:
-        server = scope.get("server")
-        if server is not None and server[1] is None:
-            return True  # unix socket
-        client = scope.get("client")
-        return (_is_loopback(self.config.router.host) and client is not None
-                and _is_loopback(client[0]))
+    def _local(self, request: web.Request) -> bool:
+        transport = request.transport
+        if transport is None:
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family == socket.AF_UNIX:
+            return True
+        peer = transport.get_extra_info("peername")
+        return (_is_loopback(self.config.router.host) and isinstance(peer, tuple)
+                and _is_loopback(peer[0]))
 
     # ------------------------------------------------------------ generation
 
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
 
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completion")
 
-    async def _generate(self, request: Request, kind: Kind) -> Response:
-        endpoint = request.url.path
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        status = CLIENT_CLOSED
         try:
             response = await self._dispatch(request, kind)
+            status = response.status
+            return response
         except RequestError as exc:
-            response = _error(exc)
-        except ClientDisconnected:
-            response = Response(status_code=499)
-        self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        return response
+            status = exc.status
+            return _error(exc)
+        except ClientDisconnected:  # nobody to answer: counted, never sent
+            return web.Response(status=CLIENT_CLOSED)
+        finally:  # also when the client's leaving cancelled us
+            self.metrics.requests.labels(request.path, str(status)).inc()
 
-    async def _dispatch(self, request: Request, kind: Kind) -> Response:
+    async def _dispatch(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         arrival = time.time()
         self.keys.check_api(request.headers)
-        parsed = parse_request(kind, await _read_body(request), request.headers,
+        parsed = parse_request(kind, await read_body(request.content), request.headers,
                                allow_client_priority=self.config.router.allow_client_priority)
         self._check_per_model(parsed)
         routing = self._routing_request(parsed, await self._prompt(parsed), arrival)
@@ -317,7 +323,7 @@ class Front:
     def _routing_request(parsed: ParsedRequest, prompt: PromptInfo,
                          arrival: float) -> RoutingRequest:
         return RoutingRequest(
-            request_id=uuid.uuid4().hex,
+            request_id=request_id(),
             requested_model=parsed.model,
             prompt_text=prompt.text,
             system_text=prompt.system_text,
@@ -352,8 +358,8 @@ class Front:
             log.warning("marking engine %s down: %s", instance, exc)
             self.core.mark_engine(instance, False, str(exc), probe=True)
 
-    async def _forward(self, request: Request, parsed: ParsedRequest, request_id: str,
-                       completion: _Completion) -> Response:
+    async def _forward(self, request: web.Request, parsed: ParsedRequest, request_id: str,
+                       completion: _Completion) -> web.StreamResponse:
         decision = completion.decision
         priority = parsed.client_priority
         if priority is None:
@@ -368,27 +374,61 @@ class Front:
         response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}
         assert self.upstream is not None
         try:
-            resp = await _unless_disconnected(request.receive, self.upstream.open(
-                decision.instance, decision.url.rstrip("/") + path, body, headers))
-            if not (parsed.stream and resp.status_code == 200):
-                content = await _unless_disconnected(
-                    request.receive, self.upstream.read(decision.instance, resp))
+            resp = await self.upstream.open(decision.instance, decision.url.rstrip("/") + path,
+                                            body, headers)
+            if parsed.stream and resp.status == 200:
+                return await self._relay(request, completion, resp, parsed.include_usage,
+                                         response_headers)
+            content = await self.upstream.read(decision.instance, resp)
         except UpstreamError as exc:
             self._upstream_failed(completion, exc)
             raise
-        except ClientDisconnected:
+        except asyncio.CancelledError:  # the client left (or the router stops)
             completion.finish(0, "client disconnected")
             raise
         except BaseException:
             completion.finish(0, "aborted")
             raise
-        if parsed.stream and resp.status_code == 200:
-            return _StreamResponse(self, completion, resp, parsed.include_usage,
-                                   response_headers)
-        error = None if resp.status_code < 400 else f"engine answered {resp.status_code}"
+        error = None if resp.status < 400 else f"engine answered {resp.status}"
         completion.finish(completion_tokens(content) if error is None else 0, error)
-        return Response(content, status_code=resp.status_code, headers=response_headers,
-                        media_type=resp.headers.get("content-type", "application/json"))
+        response_headers["content-type"] = resp.headers.get("content-type", "application/json")
+        return web.Response(body=content, status=resp.status, headers=response_headers)
+
+    async def _relay(self, request: web.Request, completion: _Completion,
+                     resp: aiohttp.ClientResponse, keep_usage: bool,
+                     headers: dict[str, str]) -> web.StreamResponse:
+        """Relay an engine's SSE stream; report its end exactly once. A failure after
+        the first byte ends the stream with an OpenAI error event and no ``[DONE]``."""
+        result = StreamResult()
+        instance = completion.decision.instance
+        out = web.StreamResponse(status=200, headers={**headers,
+                                                      "content-type": "text/event-stream"})
+        error: str | None = "aborted"
+        try:
+            await out.prepare(request)
+            async for event in relay_events(instance, resp.content.iter_any(), result,
+                                            keep_usage):
+                await out.write(event)
+            await out.write_eof()
+            error = None
+        except UpstreamError as exc:
+            self._upstream_failed(completion, exc, result.output_tokens)
+            try:
+                await out.write(b"data: " + _encode(exc.error().body()) + b"\n\n")
+                await out.write_eof()
+            except (ConnectionError, RuntimeError):
+                pass
+        except (ConnectionError, asyncio.CancelledError) as exc:
+            error = "client disconnected"
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            completion.finish(result.output_tokens, error)
+            resp.release()
+        return out
+
+
+FRONT = web.AppKey("front", Front)
 
 
 def _decision_headers(decision: Decision, priority: int | None) -> dict[str, str]:
@@ -402,55 +442,18 @@ def _decision_headers(decision: Decision, priority: int | None) -> dict[str, str
             "x-hetserve-priority": "none" if priority is None else str(priority)}
 
 
-class _StreamResponse(Response):
-    """Relays an engine's SSE stream and reports its end exactly once."""
-
-    def __init__(self, front: Front, completion: _Completion, resp: httpx.Response,
-                 keep_usage: bool, headers: dict[str, str]) -> None:
-        self.status_code, self.media_type, self.background = 200, "text/event-stream", None
-        self.init_headers(headers)  # no ``body``: no content-length
-        self._front, self._completion, self._resp = front, completion, resp
-        self._keep_usage = keep_usage
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        result = StreamResult()
-        instance = self._completion.decision.instance
-
-        async def pump() -> None:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": self.raw_headers})
-            async for event in relay_events(instance, self._resp, result, self._keep_usage):
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-        error: str | None = "aborted"
-        try:
-            await _unless_disconnected(receive, pump())
-            error = None
-        except UpstreamError as exc:
-            self._front._upstream_failed(self._completion, exc, result.output_tokens)
-            with contextlib.suppress(OSError):
-                event = json.dumps(exc.error().body()).encode()
-                await send({"type": "http.response.body", "body": b"data: " + event + b"\n\n",
-                            "more_body": False})
-        except (ClientDisconnected, OSError):
-            error = "client disconnected"
-        finally:
-            self._completion.finish(result.output_tokens, error)
-            await self._resp.aclose()
-
-
-def create_app(config: ClusterConfig, core: RouterCore | None = None) -> Starlette:
-    """The router's ASGI app (``core`` defaults to ``RouterCore(config)``)."""
+def create_app(config: ClusterConfig, core: RouterCore | None = None) -> web.Application:
+    """The router's aiohttp app (``core`` defaults to ``RouterCore(config)``); serve it
+    with ``RUNNER_OPTIONS``."""
     front = Front(config, core)
-    routes = [
-        Route("/v1/chat/completions", front.chat, methods=["POST"]),
-        Route("/v1/completions", front.completions, methods=["POST"]),
-        Route("/v1/models", front.list_models, methods=["GET"]),
-        Route("/health", front.health, methods=["GET"]),
-        Route("/metrics", front.metrics_endpoint, methods=["GET"]),
-        Route("/admin/engines/{instance}/{state}", front.admin, methods=["POST"]),
-    ]
-    app = Starlette(routes=routes, lifespan=front.lifespan)
-    app.state.front = front
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/v1/chat/completions", front.chat)
+    app.router.add_post("/v1/completions", front.completions)
+    app.router.add_get("/v1/models", front.list_models, allow_head=False)
+    app.router.add_get("/health", front.health, allow_head=False)
+    app.router.add_get("/metrics", front.metrics_endpoint, allow_head=False)
+    app.router.add_post("/admin/engines/{instance}/{state}", front.admin)
+    app.on_startup.append(front.startup)
+    app.on_cleanup.append(front.cleanup)
+    app[FRONT] = front
     return app

@@ -13,10 +13,11 @@ takes the body's value. See ``docs/router.md`` for the field table.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
+
+import msgspec
 
 from router.vinelm.objective import (MAX_NUMBER, Objective, ObjectiveError,
                                      objective_from_header, parse_objective)
@@ -96,27 +97,34 @@ class ParsedRequest:
     """``per_model.priority`` when the config allows client priorities, else empty."""
     workflow: dict[str, Any] = field(default_factory=dict)
     """Validated workflow fields that were given (keys of ``WORKFLOW_FIELDS``)."""
+    body_bytes: int = 0
+    """Size of the raw body: bounds the work of rendering and tokenizing it."""
 
 
 # ---------------------------------------------------------------- JSON
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_CONSTANT = re.compile(rb"(?<![\w\"])(?:NaN|-?Infinity)(?![\w\"])")
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object (no NaN/Infinity, bounded nesting, no lone surrogate:
-    every string is valid Unicode, so it can be echoed and forwarded)."""
+    """The body as a JSON object (msgspec: no NaN/Infinity, no number beyond a double,
+    bounded nesting, UTF-8 only, no lone surrogate: every string is valid Unicode, so it
+    can be echoed and forwarded)."""
     try:
-        obj = json.loads(raw, parse_constant=_reject_constant)
-        if _SURROGATE_ESCAPE.search(raw):  # pairs are fine, a lone one is not text
-            json.dumps(obj, ensure_ascii=False).encode("utf-8")
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeError
-        detail = "nesting too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
+        obj = msgspec.json.decode(raw)
+    except (msgspec.MsgspecError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            detail = "nesting too deep"
+        elif _LONE_SURROGATE.search(raw):
+            detail = "a string holds a lone UTF-16 surrogate"
+        elif (constant := _CONSTANT.search(raw)) is not None:
+            detail = f"{constant.group().decode()} is not a JSON value"
+        else:
+            detail = str(exc)[:200]
         raise _bad(f"request body is not valid JSON: {detail}", None, "invalid_json") from None
     if not isinstance(obj, dict):
         raise _bad(f"request body must be a JSON object, got {_type(obj)}", None, "invalid_json")
@@ -451,6 +459,7 @@ def parse_request(
         model_max_tokens=per_model.get("max_tokens", {}),
         model_priority=per_model.get("priority", {}) if allow_client_priority else {},
         workflow=parse_workflow(body.get("workflow"), headers),
+        body_bytes=len(raw),
     )
 
 
@@ -489,4 +498,4 @@ def upstream_body(
         body[parsed.max_tokens_param] = max_tokens
     if parsed.stream:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    return json.dumps(body).encode("ascii")
+    return msgspec.json.encode(body)

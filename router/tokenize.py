@@ -23,11 +23,12 @@ from typing import Mapping
 from engine_ext.builtin_models import resolve_model
 from router.request import ParsedRequest, RequestError
 
-INLINE_CHARS = 8192
-"""Completion prompts up to this many characters are tokenized on the event loop, longer
-ones in a worker thread (a long prompt would otherwise stall every stream for
-milliseconds). Chat prompts always go to the thread: a template renders client-shaped
-input (messages, tools) whose cost the size of the text does not bound."""
+INLINE_BYTES = 8192
+"""Requests whose body is at most this many bytes are rendered and tokenized on the event
+loop (tens of microseconds: a thread hop would cost more), larger ones in a worker thread
+(a long prompt would otherwise stall every stream for milliseconds). The body bounds the
+work: clients cannot send a template of their own (``router.request.TEMPLATE_KWARGS``),
+so the model's template renders only what the body holds."""
 
 
 _TOKENIZER_FILE_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "added_tokens",
@@ -55,6 +56,16 @@ class ModelTokenizer:
 
         self.path = path
         self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self._fast = getattr(self._tok, "_tokenizer", None)
+        """The Rust tokenizer behind a fast tokenizer: the same ids without the wrapper's
+        per-call overhead (tests/unit/test_tokenize.py checks they agree)."""
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """``text``'s token ids, as ``tokenizer.encode`` gives them."""
+        if self._fast is not None:  # the batch call skips offsets and word ids
+            return list(self._fast.encode_batch_fast(
+                [text], add_special_tokens=add_special_tokens)[0].ids)
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
     def prompt(self, parsed: ParsedRequest) -> PromptInfo:
         """Token ids and text parts of a validated request (400 if the template fails)."""
@@ -74,8 +85,7 @@ class ModelTokenizer:
                 continue_final_message=body.get("continue_final_message", False),
                 **(extra if isinstance(extra, dict) else {}),
             )
-            ids = self._tok.encode(text, add_special_tokens=bool(
-                body.get("add_special_tokens", False)))
+            ids = self.encode(text, bool(body.get("add_special_tokens", False)))
         except Exception as exc:  # templates raise anything on bad user input
             raise RequestError(400, f"the chat template of this model rejected the "
                                f"messages: {exc}", param="messages",
@@ -90,8 +100,7 @@ class ModelTokenizer:
         prompt = parsed.prompt
         try:
             if isinstance(prompt, str):
-                ids = self._tok.encode(prompt, add_special_tokens=bool(
-                    parsed.body.get("add_special_tokens", True)))
+                ids = self.encode(prompt, bool(parsed.body.get("add_special_tokens", True)))
                 text = prompt
             else:
                 ids = list(prompt or [])
@@ -139,7 +148,7 @@ class Tokenizers:
     async def prompt(self, model: str, parsed: ParsedRequest) -> PromptInfo:
         """``model``'s view of the request's prompt."""
         tok = self._by_model[model]
-        if parsed.kind == "completion" and len(parsed.prompt or "") <= INLINE_CHARS:
+        if parsed.body_bytes <= INLINE_BYTES:
             return tok.prompt(parsed)
         return await asyncio.to_thread(tok.prompt, parsed)
 

@@ -1,5 +1,7 @@
-"""Proxying to engines: one pooled ``httpx.AsyncClient``, SSE relayed event by event.
+"""Proxying to engines: one pooled aiohttp client session, SSE relayed event by event.
 
+aiohttp's connector hands out pooled connections at a cost that does not grow with the
+number of open ones (httpx's pool checked every pooled socket per request: docs/performance.md).
 Transport failures become ``UpstreamError`` with the status the client gets:
 503 when the engine cannot be reached (the request never left the router, so the caller
 may route it elsewhere), 504 on a timeout, 502 when the connection broke mid-request.
@@ -7,12 +9,13 @@ may route it elsewhere), 504 on a timeout, 502 when the connection broke mid-req
 
 from __future__ import annotations
 
-import json
+import asyncio
 import re
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Literal
+from typing import AsyncIterator, Literal, Mapping
 
-import httpx
+import aiohttp
+import msgspec
 
 from router.request import RequestError
 
@@ -20,6 +23,8 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 600.0
 """Longest silence from an engine (a long non-streamed generation sends nothing until the
 end)."""
+MAX_CONNECTIONS = 4096
+"""Open connections to all engines together; a request beyond them waits for one."""
 
 ErrorKind = Literal["connect", "timeout", "protocol", "status"]
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
@@ -40,14 +45,15 @@ class UpstreamError(Exception):
         return RequestError(self.status, str(self), type_=type_, code=f"upstream_{self.kind}")
 
 
-def _map(exc: httpx.HTTPError, engine: str) -> UpstreamError:
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+def _map(exc: BaseException, engine: str) -> UpstreamError:
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
         return UpstreamError("connect", 503, f"engine '{engine}' is unreachable: {exc!r}")
-    if isinstance(exc, httpx.PoolTimeout):
-        return UpstreamError("timeout", 503, "the router's connection pool is exhausted")
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, asyncio.TimeoutError):  # aiohttp.SocketTimeoutError among them
         return UpstreamError("timeout", 504, f"engine '{engine}' timed out: {exc!r}")
     return UpstreamError("protocol", 502, f"engine '{engine}' broke the connection: {exc!r}")
+
+
+_FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 @dataclass
@@ -60,76 +66,97 @@ class StreamResult:
 
 
 class Upstream:
-    """Pooled HTTP client for every engine."""
+    """Pooled HTTP client for every engine (create it inside the running event loop)."""
 
     def __init__(self, read_timeout_s: float = READ_TIMEOUT_S) -> None:
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0,
+                                           keepalive_timeout=30.0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
+                                          sock_read=read_timeout_s),
+            auto_decompress=False,  # bytes pass through as the engine sent them
             trust_env=False,  # never send engine traffic through an HTTP(S)_PROXY
+            skip_auto_headers=("User-Agent",),
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._session.close()
 
     async def open(self, engine: str, url: str, body: bytes,
-                   headers: dict[str, str]) -> httpx.Response:
+                   headers: Mapping[str, str]) -> aiohttp.ClientResponse:
         """POST ``body`` to ``url`` and return the response with its body unread.
 
         A 5xx answer is read, closed and raised as ``UpstreamError`` (kind ``status``);
-        other statuses are returned (the caller closes them).
+        other statuses are returned (the caller releases them).
         """
-        request = self._client.build_request("POST", url, content=body, headers=headers)
         try:
-            resp = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            resp = await self._session.post(url, data=body, headers=headers)
+        except _FAILURES as exc:
             raise _map(exc, engine) from None
-        if resp.status_code >= 500:
+        if resp.status >= 500:
             detail = (await self.read(engine, resp)).decode("utf-8", "replace")[:500]
             raise UpstreamError("status", 502,
-                                f"engine '{engine}' answered {resp.status_code}: {detail}")
+                                f"engine '{engine}' answered {resp.status}: {detail}")
         return resp
 
     @staticmethod
-    async def read(engine: str, resp: httpx.Response) -> bytes:
-        """The whole body of ``resp``, which is then closed."""
+    async def read(engine: str, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole body of ``resp``, which is then released."""
         try:
-            return await resp.aread()
-        except httpx.HTTPError as exc:
+            return await resp.read()
+        except _FAILURES as exc:
             raise _map(exc, engine) from None
         finally:
-            await resp.aclose()
+            resp.release()
+
+
+class _Usage(msgspec.Struct):
+    completion_tokens: int = 0
+
+
+class _Counted(msgspec.Struct):
+    """The fields of a completion or stream chunk the router reads; the rest is skipped."""
+
+    usage: _Usage | None = None
+    choices: list[msgspec.Raw] | None = None
+
+
+_decode_counted = msgspec.json.Decoder(_Counted).decode
 
 
 def completion_tokens(body: bytes) -> int:
     """``usage.completion_tokens`` of a JSON response body, 0 if absent."""
     try:
-        return int(json.loads(body)["usage"]["completion_tokens"])
-    except (ValueError, TypeError, KeyError, IndexError):
+        usage = _decode_counted(body).usage
+    except (msgspec.MsgspecError, RecursionError):
         return 0
+    return 0 if usage is None else usage.completion_tokens
 
 
-async def relay_events(engine: str, resp: httpx.Response, result: StreamResult,
+async def relay_events(engine: str, chunks: AsyncIterator[bytes], result: StreamResult,
                        keep_usage: bool) -> AsyncIterator[bytes]:
-    """Yield each server-sent event of ``resp`` as soon as it is complete.
+    """Yield the server-sent events of a response body (``chunks``) as soon as they are
+    complete: all those one read completed, joined (one write to the client).
 
     Records the output tokens from usage chunks into ``result``; the usage-only chunk
-    (empty ``choices``) is dropped unless ``keep_usage``. The caller closes ``resp``.
+    (empty ``choices``) is dropped unless ``keep_usage``. The caller releases the response.
     """
     buffer = b""
     events = 0
     try:
-        async for data in resp.aiter_raw():
+        async for data in chunks:
             buffer += data
             *complete, buffer = _EVENT_END.split(buffer)
+            out = []
             for event in complete:
                 events += 1
                 if not result.usage_seen:
                     result.output_tokens = events
-                if _usage(event, result) and not keep_usage:
-                    continue
-                yield event + b"\n\n"
-    except httpx.HTTPError as exc:
+                if not (_usage(event, result) and not keep_usage):
+                    out.append(event + b"\n\n")
+            if out:
+                yield b"".join(out)
+    except _FAILURES as exc:
         raise _map(exc, engine) from None
     if buffer.strip():
         yield buffer
@@ -140,10 +167,11 @@ def _usage(event: bytes, result: StreamResult) -> bool:
     if b'"usage"' not in event or not event.startswith(b"data:"):
         return False
     try:
-        chunk: Any = json.loads(event[5:])
-        tokens = int(chunk["usage"]["completion_tokens"])
-    except (ValueError, TypeError, KeyError, IndexError):
+        chunk = _decode_counted(event[5:])
+    except (msgspec.MsgspecError, RecursionError):
         return False
-    result.output_tokens = tokens
+    if chunk.usage is None:
+        return False
+    result.output_tokens = chunk.usage.completion_tokens
     result.usage_seen = True
-    return chunk.get("choices") == []
+    return chunk.choices == []

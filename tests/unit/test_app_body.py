@@ -1,44 +1,49 @@
-"""Reading a request body in the router's front (``router.app._read_body``)."""
+"""Reading a request body in the router's front (``router.app.read_body``) from an aiohttp
+stream reader fed as the server's protocol feeds it."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Callable
 
+import aiohttp
 import pytest
-from starlette.requests import Request
+from aiohttp.base_protocol import BaseProtocol
 
-from router.app import MAX_BODY_BYTES, ClientDisconnected, _read_body
+from router.app import MAX_BODY_BYTES, ClientDisconnected, read_body
 from router.request import RequestError
 
 
-def request(messages: list[dict[str, Any]]) -> Request:
-    queue = list(messages)
-
-    async def receive() -> dict[str, Any]:
-        return queue.pop(0)
-
-    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
-                    "headers": []}, receive)
+def read(feed: Callable[[aiohttp.StreamReader], None]) -> bytes:
+    async def go() -> bytes:
+        loop = asyncio.get_running_loop()
+        reader = aiohttp.StreamReader(BaseProtocol(loop), 2**26, loop=loop)  # never pauses
+        feed(reader)
+        return await read_body(reader)
+    return asyncio.run(go())
 
 
 def test_a_client_that_leaves_while_sending_is_a_disconnect_not_a_crash() -> None:
-    req = request([{"type": "http.request", "body": b'{"messa', "more_body": True},
-                   {"type": "http.disconnect"}])
+    def feed(reader: aiohttp.StreamReader) -> None:
+        reader.feed_data(b'{"messa')
+        reader.set_exception(ConnectionResetError("Connection lost"))  # what aiohttp sets
     with pytest.raises(ClientDisconnected):
-        asyncio.run(_read_body(req))
+        read(feed)
 
 
 def test_a_body_over_the_limit_is_a_413() -> None:
-    chunk = b"x" * (1 << 20)
-    parts = [{"type": "http.request", "body": chunk, "more_body": True}
-             for _ in range(MAX_BODY_BYTES // len(chunk) + 1)]
+    def feed(reader: aiohttp.StreamReader) -> None:
+        for _ in range(MAX_BODY_BYTES // (1 << 20) + 1):
+            reader.feed_data(b"x" * (1 << 20))
+        reader.feed_eof()
     with pytest.raises(RequestError) as info:
-        asyncio.run(_read_body(request(parts)))
+        read(feed)
     assert info.value.status == 413
 
 
 def test_a_whole_body_is_read() -> None:
-    req = request([{"type": "http.request", "body": b"ab", "more_body": True},
-                   {"type": "http.request", "body": b"c", "more_body": False}])
-    assert asyncio.run(_read_body(req)) == b"abc"
+    def feed(reader: aiohttp.StreamReader) -> None:
+        reader.feed_data(b"ab")
+        reader.feed_data(b"c")
+        reader.feed_eof()
+    assert read(feed) == b"abc"

@@ -1,5 +1,5 @@
-"""API keys (router.auth) and their use by the front, in process (no engine needed: every
-check runs before a request is parsed)."""
+"""API keys (router.auth) and their use by the front, served on loopback in process (no
+engine needed: every check runs before a request is parsed)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from router.app import create_app
 from router.auth import Keys, KeysError, bearer, load_keys
 from router.config import ConfigError, load_cluster_config
+from tests.front_server import served
 
 ENGINE = ('[[engines]]\nname = "a"\nmodel = "builtin:tiny-a"\nport = 9301\n'
           'telemetry_endpoint = "ipc:///tmp/hs-auth-a.t"\nkv_events_endpoint = '
@@ -74,12 +74,18 @@ def test_a_listener_beyond_loopback_needs_keys_or_insecure(tmp_path: Path) -> No
     assert cfg.router.api_keys_file == str(tmp_path / "keys.txt")
 
 
-def _call(app: Any, method: str, path: str, headers: dict[str, str] | None = None,
-          body: dict[str, Any] | None = None) -> httpx.Response:
-    async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            return await client.request(method, path, headers=headers, json=body)
+Call = tuple[str, str, "dict[str, str] | None", "dict[str, Any] | None"]
+
+
+def _calls(app: Any, calls: list[Call]) -> list[tuple[int, dict[str, Any]]]:
+    """Each call's status and JSON body, through one served instance of ``app``."""
+    async def go() -> list[tuple[int, dict[str, Any]]]:
+        out = []
+        async with served(app) as client:
+            for method, path, headers, body in calls:
+                async with client.request(method, path, headers=headers, json=body) as r:
+                    out.append((r.status, await r.json()))
+        return out
     return asyncio.run(go())
 
 
@@ -89,15 +95,17 @@ def test_the_front_asks_for_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     app = create_app(_load(tmp_path, 'api_keys_env = "HS_API_KEYS"\n'
                                      'admin_keys_file = "admin.txt"\n'))
     chat = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
-    r = _call(app, "POST", "/v1/chat/completions", body=chat)
-    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    r = _call(app, "POST", "/v1/chat/completions", {"Authorization": "Bearer nope"}, chat)
-    assert r.status_code == 401 and "incorrect" in r.json()["error"]["message"]
-    assert _call(app, "GET", "/v1/models").status_code == 401
-    assert _call(app, "GET", "/v1/models", {"Authorization": "Bearer k1"}).status_code == 200
-    assert _call(app, "POST", "/admin/engines/a-0/down").status_code == 403  # loopback too
-    r = _call(app, "POST", "/admin/engines/a-0/down", {"Authorization": "Bearer adm"})
-    assert r.status_code == 200 and r.json()["up"] is False
+    (s1, b1), (s2, b2), (s3, _), (s4, _), (s5, _), (s6, b6) = _calls(app, [
+        ("POST", "/v1/chat/completions", None, chat),
+        ("POST", "/v1/chat/completions", {"Authorization": "Bearer nope"}, chat),
+        ("GET", "/v1/models", None, None),
+        ("GET", "/v1/models", {"Authorization": "Bearer k1"}, None),
+        ("POST", "/admin/engines/a-0/down", None, None),  # loopback too
+        ("POST", "/admin/engines/a-0/down", {"Authorization": "Bearer adm"}, None)])
+    assert s1 == 401 and b1["error"]["code"] == "invalid_api_key"
+    assert s2 == 401 and "incorrect" in b2["error"]["message"]
+    assert (s3, s4, s5) == (401, 200, 403)
+    assert s6 == 200 and b6["up"] is False
 
 
 def test_a_router_with_an_unset_key_variable_does_not_start(tmp_path: Path) -> None:

@@ -76,20 +76,20 @@ def test_front_answers_bad_per_model_with_a_400(tmp_path: Path, per_model: Any, 
                                                 code: str, param: str, words: str) -> None:
     """The router answers before tokenizing or routing: an OpenAI error object, no
     traceback (no engine needed: the request never gets that far)."""
-    import httpx
-
     from router.app import create_app
+    from tests.front_server import served
 
     app = create_app(front_config(tmp_path))
 
-    async def post() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://router") as client:
-            return await client.post("/v1/chat/completions", json={
-                "model": "auto", "messages": [{"role": "user", "content": "hi"}],
-                "per_model": per_model})
+    async def post() -> tuple[int, dict[str, Any], str]:
+        async with served(app) as client:
+            async with client.post("/v1/chat/completions", json={
+                    "model": "auto", "messages": [{"role": "user", "content": "hi"}],
+                    "per_model": per_model}) as r:
+                text = await r.text()
+                return r.status, json.loads(text), text
 
-    resp = asyncio.run(post())
-    error = resp.json()["error"]
-    assert (resp.status_code, error["code"], error["param"]) == (status, code, param), error
-    assert words in error["message"] and "Traceback" not in resp.text
+    got_status, got, text = asyncio.run(post())
+    error = got["error"]
+    assert (got_status, error["code"], error["param"]) == (status, code, param), error
+    assert words in error["message"] and "Traceback" not in text
