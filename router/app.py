@@ -38,7 +38,7 @@ from router.predictors.base import PredictorSet
 from router.request import (AUTO_MODEL, Kind, ParsedRequest, RequestError, context_error,
                             parse_request, upstream_body)
 from router.tokenize import PromptInfo, Tokenizers
-from router.types import Decision, NoEngineAvailable, RoutingRequest, WorkflowMeta
+from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest, WorkflowMeta
 from router.upstream import (StreamResult, Upstream, UpstreamError, completion_tokens,
                              relay_events)
 
@@ -123,7 +123,14 @@ def _json(body: Any, status: int = 200,
 
 
 def _error(exc: RequestError) -> web.Response:
-    return _json(exc.body(), exc.status)
+    headers = None if exc.retry_after_s is None else {"retry-after": str(exc.retry_after_s)}
+    return _json(exc.body(), exc.status, headers)
+
+
+def overloaded(why: str) -> RequestError:
+    """The 503 of a request the router sheds; the client should retry a second later."""
+    return RequestError(503, f"the router is overloaded: {why}; retry later",
+                        type_="service_unavailable", code="overloaded", retry_after_s=1)
 
 
 async def read_body(content: aiohttp.StreamReader) -> bytes:
@@ -176,6 +183,8 @@ class Front:
         self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
         self.upstream: Upstream | None = None
         self.created = int(time.time())
+        self.inflight = 0
+        """Generation requests being handled (``[router] max_inflight`` bounds it)."""
 
     async def startup(self, _app: web.Application) -> None:
         await asyncio.to_thread(self.tokenizers.load)
@@ -184,7 +193,8 @@ class Front:
                         "tokenized with %s's, KV prefix estimates for the others are "
                         "approximate", next(iter(self.models)))
         await self.core.start()
-        self.upstream = Upstream(self.config.router.request_timeout_s)
+        self.upstream = Upstream(self.config.router.request_timeout_s,
+                                 self.config.router.max_inflight)
         gc.collect()
         gc.freeze()  # tokenizers, templates, predictors: never garbage, never scanned again
 
@@ -255,6 +265,11 @@ class Front:
         return await self._generate(request, "completion")
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        limit = self.config.router.max_inflight
+        if self.inflight >= limit:
+            self.metrics.requests.labels(request.path, "503").inc()
+            return _error(overloaded(f"{limit} requests in flight (router.max_inflight)"))
+        self.inflight += 1
         status = CLIENT_CLOSED
         try:
             response = await self._dispatch(request, kind)
@@ -266,6 +281,7 @@ class Front:
         except ClientDisconnected:  # nobody to answer: counted, never sent
             return web.Response(status=CLIENT_CLOSED)
         finally:  # also when the client's leaving cancelled us
+            self.inflight -= 1
             self.metrics.requests.labels(request.path, str(status)).inc()
 
     async def _dispatch(self, request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -341,6 +357,8 @@ class Front:
         except NoEngineAvailable as exc:
             raise RequestError(503, f"no engine available: {exc}", type_="service_unavailable",
                                code="no_engine_available") from None
+        except Overloaded as exc:
+            raise overloaded(str(exc)) from None
         except ValueError as exc:
             raise RequestError(400, str(exc), code="invalid_value") from None
         except Exception as exc:  # a policy or predictor bug: this request fails alone

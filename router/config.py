@@ -93,6 +93,9 @@ class RouterConfig:
     """Engines' minimum time between two scheduler snapshots while busy."""
     request_timeout_s: Positive = 600.0
     """Upstream (router to engine) request timeout."""
+    max_inflight: PositiveInt = 4096
+    """Generation requests the router handles at once (also its connections to engines);
+    one more is answered 503 with ``retry-after`` at once instead of queueing."""
     program_ttl_s: Positive = 600.0
     """A workflow program with no request for this long leaves the program table."""
     api_keys_file: str | None = None

@@ -51,6 +51,7 @@ class RequestError(Exception):
         param: str | None = None,
         code: str | None = None,
         type_: str = "invalid_request_error",
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -58,6 +59,8 @@ class RequestError(Exception):
         self.param = param
         self.code = code
         self.type = type_
+        self.retry_after_s = retry_after_s
+        """Sent as the ``retry-after`` header: the client may try again that much later."""
 
     def body(self) -> dict[str, Any]:
         """``{"error": {"message", "type", "param", "code"}}``."""

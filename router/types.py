@@ -17,6 +17,10 @@ class NoEngineAvailable(Exception):
     """No engine that could serve the request is up (HTTP 503)."""
 
 
+class Overloaded(Exception):
+    """The router sheds this request: a queue it needs is full (HTTP 503, retry later)."""
+
+
 @dataclass(frozen=True)
 class WorkflowMeta:
     """Workflow metadata of one LLM call (all optional)."""

@@ -23,8 +23,6 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 600.0
 """Longest silence from an engine (a long non-streamed generation sends nothing until the
 end)."""
-MAX_CONNECTIONS = 4096
-"""Open connections to all engines together; a request beyond them waits for one."""
 
 ErrorKind = Literal["connect", "timeout", "protocol", "status"]
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
@@ -40,9 +38,11 @@ class UpstreamError(Exception):
         self.status = status
 
     def error(self) -> RequestError:
-        """The OpenAI error object the client receives."""
+        """The OpenAI error object the client receives (with ``retry-after``: another
+        engine, or this one back, may answer a second later)."""
         type_ = {503: "service_unavailable", 504: "timeout"}.get(self.status, "upstream_error")
-        return RequestError(self.status, str(self), type_=type_, code=f"upstream_{self.kind}")
+        return RequestError(self.status, str(self), type_=type_, code=f"upstream_{self.kind}",
+                            retry_after_s=1)
 
 
 def _map(exc: BaseException, engine: str) -> UpstreamError:
@@ -68,9 +68,12 @@ class StreamResult:
 class Upstream:
     """Pooled HTTP client for every engine (create it inside the running event loop)."""
 
-    def __init__(self, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+    def __init__(self, read_timeout_s: float = READ_TIMEOUT_S,
+                 max_connections: int = 4096) -> None:
+        """``max_connections``: to all engines together; the router admits no more
+        requests than that (``[router] max_inflight``), so none waits for the pool."""
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0,
+            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
                                            keepalive_timeout=30.0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
                                           sock_read=read_timeout_s),

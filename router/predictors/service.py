@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 from router.predictors.artifact import ArtifactError
 from router.predictors.base import QualityLength
 from router.predictors.features import RequestFeatures, from_request
+from router.types import Overloaded
 
 if TYPE_CHECKING:
     from router.types import RoutingRequest
@@ -33,6 +34,9 @@ class ServiceSettings:
     """Worker processes (each holds every artifact; batches run in parallel up to this)."""
     threads_per_worker: int = 1
     """torch threads per worker."""
+    max_queue: int = 512
+    """Requests waiting for one predictor beyond which new ones are shed (``Overloaded``,
+    a 503 to the client): a queue that only grows would make every answer late."""
 
 
 # ---- worker process ----
@@ -72,34 +76,49 @@ class Collector:
     """Forms batches of one predictor's requests and hands each to ``run_batch``."""
 
     def __init__(self, run_batch: Callable[[list[RequestFeatures]], Awaitable[list[Any]]],
-                 max_batch: int, max_wait_s: float, parallel: int) -> None:
+                 max_batch: int, max_wait_s: float, parallel: int,
+                 max_queue: int = ServiceSettings.max_queue) -> None:
         self.run_batch, self.max_batch, self.max_wait_s = run_batch, max_batch, max_wait_s
         self.queue: asyncio.Queue[tuple[RequestFeatures, asyncio.Future[Any]]] = \
-            asyncio.Queue()
+            asyncio.Queue(max_queue)
         self.slots = asyncio.Semaphore(parallel)
         self.batches: set[asyncio.Task[None]] = set()
         self.task = asyncio.get_running_loop().create_task(self._collect())
 
     def put(self, feat: RequestFeatures) -> asyncio.Future[Any]:
+        """The future of ``feat``'s prediction; ``Overloaded`` when the queue is full."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait((feat, fut))
+        try:
+            self.queue.put_nowait((feat, fut))
+        except asyncio.QueueFull:
+            raise Overloaded(f"{self.queue.maxsize} requests already wait for a "
+                             "predictor") from None
         return fut
 
     async def _next_batch(self) -> list[tuple[RequestFeatures, asyncio.Future[Any]]]:
+        """The next batch of requests still waiting (a cancelled one, whose client left,
+        costs no inference)."""
         loop = asyncio.get_running_loop()
-        batch = [await self.queue.get()]
-        deadline = loop.time() + self.max_wait_s
+        batch: list[tuple[RequestFeatures, asyncio.Future[Any]]] = []
+        deadline = None
         while len(batch) < self.max_batch:
             if not self.queue.empty():
-                batch.append(self.queue.get_nowait())
+                item = self.queue.get_nowait()
+            elif deadline is None:
+                item = await self.queue.get()
+            else:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), left)
+                except TimeoutError:
+                    break
+            if item[1].done():
                 continue
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            try:
-                batch.append(await asyncio.wait_for(self.queue.get(), left))
-            except TimeoutError:
-                break
+            batch.append(item)
+            if deadline is None:
+                deadline = loop.time() + self.max_wait_s
         return batch
 
     async def _collect(self) -> None:
@@ -162,12 +181,20 @@ class PredictorService:
                 return await loop.run_in_executor(self.pool, _predict, name, feats)
 
             self._collectors[name] = Collector(run, s.max_batch, s.max_wait_ms / 1e3,
-                                               s.workers)
+                                               s.workers, s.max_queue)
         return self._collectors[name]
 
     async def submit(self, name: str, feats: Sequence[RequestFeatures]) -> list[Any]:
         collector = self._collector(name)
-        return list(await asyncio.gather(*(collector.put(f) for f in feats)))
+        futures = []
+        try:
+            for f in feats:
+                futures.append(collector.put(f))
+        except Overloaded:
+            for fut in futures:  # all or none of a call's requests are queued
+                fut.cancel()
+            raise
+        return list(await asyncio.gather(*futures))
 
     def _stop_collectors(self) -> None:
         for c in self._collectors.values():

@@ -18,6 +18,7 @@ from router.predictors.length import LengthPredictor, LengthSettings
 from router.predictors.loader import close_predictors, load_predictors
 from router.predictors.service import Collector, ServedLength, ServiceSettings
 from router.predictors.table import prompt_table
+from router.types import Overloaded
 from tests.fixtures.predictors import request, split
 
 MODELS = ["synthetic-large", "synthetic-small"]
@@ -135,3 +136,33 @@ def test_collector_closes_batches_at_timeout() -> None:
 def test_collector_hands_failures_to_every_waiter() -> None:
     _, results = collect(3, max_batch=8, max_wait_s=0.001, fail=True)
     assert all(isinstance(r, RuntimeError) for r in results)
+
+
+def test_a_full_queue_sheds_and_a_cancelled_request_costs_no_inference() -> None:
+    """Overload: beyond ``max_queue`` waiting requests ``put`` raises Overloaded (the
+    front's 503); a request whose client left (its future cancelled) is not predicted."""
+    sizes: list[int] = []
+    release = asyncio.Event()
+
+    async def run_batch(feats: list[RequestFeatures]) -> list[int]:
+        sizes.append(len(feats))
+        await release.wait()
+        return list(range(len(feats)))
+
+    async def go() -> list[Any]:
+        c = Collector(run_batch, max_batch=4, max_wait_s=0.001, parallel=1, max_queue=6)
+        try:
+            first = [c.put(FEAT) for _ in range(4)]
+            await asyncio.sleep(0.05)  # the first batch runs (and holds the only slot)
+            queued = [c.put(FEAT) for _ in range(6)]
+            with pytest.raises(Overloaded, match="6 requests already wait"):
+                c.put(FEAT)
+            for fut in queued[:5]:  # their clients left
+                fut.cancel()
+            release.set()
+            return list(await asyncio.gather(*first, queued[5]))
+        finally:
+            c.stop()
+
+    assert asyncio.run(go()) == [0, 1, 2, 3, 0]
+    assert sizes == [4, 1]
