@@ -31,6 +31,7 @@ work: clients cannot send a template of their own (``router.request.TEMPLATE_KWA
 so the model's template renders only what the body holds."""
 
 
+_PROBES = (" Hello world", "<|im_start|>user\nhi<|im_end|>\n", "a  b\t\n  c", "héllo 你好")
 _TOKENIZER_FILE_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "added_tokens",
                             "chat_template")
 
@@ -58,7 +59,13 @@ class ModelTokenizer:
         self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self._fast = getattr(self._tok, "_tokenizer", None)
         """The Rust tokenizer behind a fast tokenizer: the same ids without the wrapper's
-        per-call overhead (tests/unit/test_tokenize.py checks they agree)."""
+        per-call overhead; dropped if it disagrees with the wrapper on ``_PROBES`` (a
+        wrapper that edits text in Python), tests/unit/test_tokenize.py checks more."""
+        if self._fast is not None and any(
+                self.encode(text, special) != list(self._tok.encode(
+                    text, add_special_tokens=special))
+                for text in _PROBES for special in (True, False)):
+            self._fast = None
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """``text``'s token ids, as ``tokenizer.encode`` gives them."""

@@ -31,3 +31,22 @@ def test_fast_path_matches_the_tokenizer(tok: ModelTokenizer, text: str, special
 @given(text=st.text(max_size=300), special=st.booleans())
 def test_fast_path_matches_on_any_text(tok: ModelTokenizer, text: str, special: bool) -> None:
     assert tok.encode(text, special) == tok._tok.encode(text, add_special_tokens=special)
+
+
+def test_a_fast_path_that_disagrees_is_not_used(tok: ModelTokenizer,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrapper that edits text in Python (here: lower-cases it) makes the router keep
+    calling the wrapper."""
+    from transformers import AutoTokenizer
+
+    original = AutoTokenizer.from_pretrained
+
+    def lowering(*args: object, **kwargs: object) -> object:
+        wrapped = original(*args, **kwargs)
+        encode = wrapped.encode
+        monkeypatch.setattr(wrapped, "encode", lambda text, **kw: encode(text.lower(), **kw))
+        return wrapped
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lowering)
+    edited = ModelTokenizer(tok.path)
+    assert edited._fast is None and edited.encode("Hi", False) == tok.encode("hi", False)
