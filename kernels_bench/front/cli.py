@@ -117,8 +117,10 @@ def _process(cmd: list[str], env: dict[str, str] | None = None,
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        if proc.returncode not in (0, -signal.SIGTERM, 143, 1) and log.seek(0) == 0:
-            sys.stderr.write(log.read().decode(errors="replace")[-2000:])
+        if proc.returncode not in (0, -signal.SIGTERM, 128 + signal.SIGTERM):
+            log.seek(0)
+            sys.stderr.write(f"{cmd[0]} ... exited with {proc.returncode}:\n"
+                             + log.read().decode(errors="replace")[-2000:])
         log.close()
 
 

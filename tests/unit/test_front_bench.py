@@ -1,0 +1,71 @@
+"""The front benchmark's own parts: the wrk report parser and the stand-in engine (served
+on loopback in process, asked as the routers ask it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import aiohttp
+import pytest
+
+from kernels_bench.front import standin, wrk
+
+REPORT = """Running 5s test @ http://127.0.0.1:8000/v1/chat/completions
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    15.20ms    3.10ms  60.00ms   90.00%
+    Req/Sec     2.00k   100.00     2.20k    70.00%
+  Latency Distribution
+     50%   14.50ms
+     75%   16.00ms
+     90%   18.00ms
+     99%    1.20s
+  10000 requests in 5.00s, 3.00MB read
+  Socket errors: connect 0, read 2, write 0, timeout 3
+  Non-2xx or 3xx responses: 100
+Requests/sec:   2000.00
+Transfer/sec:    600.00KB
+"""
+
+
+def test_wrk_report_parsed() -> None:
+    r = wrk.parse(REPORT)
+    assert (r.requests, r.seconds, r.ok_per_s) == (10000, 5.0, 1980.0)
+    assert (r.p50_ms, r.p99_ms) == (14.5, 1200.0)
+    assert (r.non_2xx, r.socket_errors, r.timeouts, r.errors) == (100, 2, 3, 105)
+    with pytest.raises(ValueError, match="not a wrk --latency report"):
+        wrk.parse("wrk: connection refused")
+
+
+def test_standin_answers_chat_stream_and_models() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def go() -> None:
+        server = asyncio.ensure_future(standin.serve([port], chunks=3))
+        try:
+            url = f"http://127.0.0.1:{port}"
+            async with aiohttp.ClientSession() as session:
+                for _ in range(100):
+                    with contextlib.suppress(aiohttp.ClientConnectorError):
+                        async with session.get(url + "/v1/models") as r:
+                            models = [m["id"] for m in (await r.json())["data"]]
+                            break
+                    await asyncio.sleep(0.05)
+                assert models == list(standin.SERVED)
+                for _ in range(2):  # keep-alive: the same connection answers again
+                    async with session.post(url + "/v1/chat/completions",
+                                            json={"model": "tiny-a"}) as r:
+                        assert (await r.json())["usage"]["completion_tokens"] == 8
+                async with session.post(url + "/v1/chat/completions",
+                                        json={"stream": True}) as r:
+                    events = (await r.read()).split(b"\n\n")
+                    assert r.headers["content-type"] == "text/event-stream"
+                    assert events[-2] == b"data: [DONE]" and len(events) == 3 + 1 + 1 + 1
+        finally:
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+    asyncio.run(go())
