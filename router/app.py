@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import ipaddress
 import itertools
 import logging
 import math
@@ -31,7 +30,7 @@ import msgspec
 from aiohttp import web
 
 from router.auth import Keys, load_keys
-from router.config import ClusterConfig, ConfigError
+from router.config import ClusterConfig, ConfigError, is_loopback
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
 from router.predictors.base import PredictorSet
@@ -149,13 +148,6 @@ async def read_body(content: aiohttp.StreamReader) -> bytes:
     return b"".join(chunks)
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 class _Completion:
     """Reports one routed request's end to the core, exactly once."""
 
@@ -253,8 +245,8 @@ class Front:
         if sock is not None and sock.family == socket.AF_UNIX:
             return True
         peer = transport.get_extra_info("peername")
-        return (_is_loopback(self.config.router.host) and isinstance(peer, tuple)
-                and _is_loopback(peer[0]))
+        return (is_loopback(self.config.router.host) and isinstance(peer, tuple)
+                and is_loopback(peer[0]))
 
     # ------------------------------------------------------------ generation
 

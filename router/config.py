@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import ipaddress
 import os
 import re
 import tomllib
@@ -366,7 +367,7 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
     cfg = ClusterConfig(source=source, router=router, engines=engines, launcher=launcher)
     if not router.policy.strip():
         raise ConfigError(source, "router.policy", "must not be empty")
-    if (not _is_loopback_host(router.host) and not router.insecure
+    if (not is_loopback(router.host) and not router.insecure
             and router.api_keys_file is None and router.api_keys_env is None):
         raise ConfigError(source, "router.host", f"{router.host!r} listens beyond loopback "
                           "without API keys: set api_keys_file or api_keys_env, or "
@@ -631,8 +632,12 @@ def _builtin_models() -> Collection[str] | None:
 # ---------------------------------------------------------------- helpers
 
 
-def _is_loopback_host(host: str) -> bool:
-    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is a loopback address."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def http_url(host: str, port: int) -> str:

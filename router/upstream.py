@@ -20,9 +20,6 @@ import msgspec
 from router.request import RequestError
 
 CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 600.0
-"""Longest silence from an engine (a long non-streamed generation sends nothing until the
-end)."""
 
 ErrorKind = Literal["connect", "timeout", "protocol", "status"]
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
@@ -68,10 +65,11 @@ class StreamResult:
 class Upstream:
     """Pooled HTTP client for every engine (create it inside the running event loop)."""
 
-    def __init__(self, read_timeout_s: float = READ_TIMEOUT_S,
-                 max_connections: int = 4096) -> None:
-        """``max_connections``: to all engines together; the router admits no more
-        requests than that (``[router] max_inflight``), so none waits for the pool."""
+    def __init__(self, read_timeout_s: float, max_connections: int) -> None:
+        """``read_timeout_s``: the longest silence from an engine (``[router]
+        request_timeout_s``; a long non-streamed generation sends nothing until the end).
+        ``max_connections``: to all engines together; the router admits no more requests
+        than that (``[router] max_inflight``), so none waits for the pool."""
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
                                            keepalive_timeout=30.0),
