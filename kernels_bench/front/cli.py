@@ -49,6 +49,7 @@ from kernels_bench.front import wrk
 TARGETS = ("direct", "hetserve:round_robin", "hetserve:vllm", "hetserve:chimera",
            "hetserve:chimera-trained", "vllm-router:round_robin", "smg:round_robin",
            "passthrough")
+KINDS = ("direct", "hetserve", "hetserve@base", "vllm-router", "smg", "passthrough")
 BASELINE = "vllm-router:round_robin"
 PROMPT = "A farmer has 17 sheep and buys 23 more. How many legs do the sheep have in all?"
 CHIMERA = """
@@ -348,9 +349,17 @@ def main(argv: list[str] | None = None) -> None:
     for mode in args.modes:
         if mode not in ("plain", "stream"):
             parser.error(f"--modes: unknown {mode!r} (plain, stream)")
+    for target in args.targets:
+        kind, _, policy = target.partition(":")
+        if kind not in KINDS or bool(policy) != (kind not in ("direct", "passthrough")):
+            parser.error(f"--targets: unknown {target!r}; give direct, passthrough, or "
+                         "<hetserve|hetserve@base|vllm-router|smg>:<policy>")
     if args.repeats < 1 or args.seconds <= 0:
         parser.error("--repeats must be >= 1 and --seconds > 0")
-    cells = run(args)
+    try:
+        cells = run(args)
+    except RuntimeError as exc:  # a target that did not start (its log tail is printed)
+        sys.exit(f"front: {exc}")
     rows = summarize(cells)
     print()
     print(table(rows))
