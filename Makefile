@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-unit bench-scheduler replay peers bench-front
+.PHONY: setup demo test test-unit bench-scheduler artifacts replay peers bench-front
 
 setup:
 	@scripts/setup_venv.sh
@@ -29,16 +29,27 @@ peers: setup
 bench-front: peers
 	$(PY) -m kernels_bench front --repeats 2
 
-# The serving replay on this machine: two built-in engines of different speed
-# (examples/replay.toml), the shipped math trace, Poisson arrivals at a rate that queues,
-# our policies against vLLM's balancer with FCFS engines (docs/replay.md). The fast engine
-# replays Qwen2.5-Coder-0.5B's runs and the slow one the 1.5B's (more accurate), so
-# policies trade latency against score as on a real heterogeneous cluster.
-REPLAY_TRACE ?= data/traces/math.jsonl.gz
-REPLAY_MODEL_MAP ?= tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct
-REPLAY_POLICIES ?= chimera:stjf lmetric vllm:fcfs oracle
+# Every predictor the replay's policies route on (semantic router, length forest, KNN,
+# capability), trained on the training split of the math and code traces together for the
+# replay cluster's engines, under artifacts/; kept while the data and settings are unchanged
+# (docs/replay.md).
+artifacts: setup
+	$(PY) -m kernels_bench artifacts
 
-replay: setup
+# The serving replay on this machine: two built-in engines of different speed
+# (examples/replay.toml), the shipped math and code traces mixed, Poisson arrivals at a rate
+# that queues, only problems the artifacts held out; Chimera on its trained predictors with
+# STJF engines, its static-prior ablation, the oracle (true lengths), against vLLM's
+# balancer with FCFS engines, interleaved repeats with 95% intervals (docs/replay.md). The
+# fast engine replays Qwen2.5-Coder-0.5B's runs and the slow one the 1.5B's (more accurate),
+# so policies trade latency against score as on a real heterogeneous cluster.
+REPLAY_TRACE ?= data/traces/math.jsonl.gz data/traces/code.jsonl.gz
+REPLAY_MODEL_MAP ?= tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct
+REPLAY_POLICIES ?= chimera:stjf chimera-static:stjf vllm:fcfs oracle
+REPLAY_REPEATS ?= 3
+
+replay: artifacts
 	$(PY) -m kernels_bench replay --cluster examples/replay.toml --trace $(REPLAY_TRACE) \
-		--model-map $(REPLAY_MODEL_MAP) --policies $(REPLAY_POLICIES) \
-		--rates 3 --arrival poisson --workflows 40 --seed 0 --priors-from-trace --repeats 3
+		--model-map $(REPLAY_MODEL_MAP) --policies $(REPLAY_POLICIES) --artifacts artifacts \
+		--rates 3 --arrival poisson --workflows 60 --seed 0 --priors-from-trace \
+		--repeats $(REPLAY_REPEATS)

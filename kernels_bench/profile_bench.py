@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
             trace = load_trace(a.trace)
             served = list(dict.fromkeys(cfg.engine(n).served_model_name for n in names))
             model_map = resolve_model_map(served, parse_model_map(a.model_map), trace.models)
-            means = trace_priors(trace, model_map)["mean_output_tokens"]
+            means = trace_priors(trace.complete_runs(model_map.values()),
+                                 model_map)["mean_output_tokens"]
         run(cfg, names, a, means)
     except (ConfigError, SpecError, TraceFormatError, ClusterError, LaunchError, ValueError,
             OSError) as e:

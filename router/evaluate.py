@@ -27,13 +27,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", action="append", required=True)
     p.add_argument("--artifact", required=True, type=Path)
     p.add_argument("--all", action="store_true", help="evaluate on every row")
+    p.add_argument("--model-map", action="append", default=[], metavar="SERVED=TRACE,...",
+                   help="as given to router.train (default: the artifact's)")
     p.add_argument("--report", type=Path, help="JSON (default: ARTIFACT/evaluation.json)")
     p.add_argument("--plot", type=Path, help="PNG (default: ARTIFACT/evaluation.png)")
     args = p.parse_args(argv)
     k = kind(args.predictor)
     try:
         model = k.predictor.load(args.artifact)
-        rows = load_rows(k, args.data)
+        given = args.model_map or [f"{a}={b}" for a, b in
+                                   model.meta.data.get("model_map", {}).items()]
+        rows = load_rows(k, args.data, given)
     except ValueError as e:
         p.error(str(e))
     trained = model.meta.data

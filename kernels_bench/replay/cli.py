@@ -17,10 +17,12 @@ from kernels_bench.replay.output import SUMMARY
 from kernels_bench.replay.report import markdown_tables
 from kernels_bench.replay.run import ReplayOptions, replay
 from kernels_bench.replay.spec import SpecError, parse_model_map, parse_policies
-from kernels_bench.replay.workload import WorkloadError
+from kernels_bench.replay.workload import PROBLEMS, WorkloadError, merge_traces
 from launcher import LaunchError
 from router.config import SCHED_POLICIES, ConfigError, load_cluster_config
 from router.policies import POLICIES
+from router.predictors.artifact import METADATA_FILE
+from router.predictors.kinds import KINDS
 from router.trace_format import TraceFormatError, load_trace
 
 MAIN_POLICIES = ["chimera:stjf", "chimera:fcfs", "lmetric", "routebalance", "laar",
@@ -36,7 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
         "SCHED sets every engine's scheduler (stjf, fcfs, priority, mlfq); without it the "
         "cluster file's applies.")
     p.add_argument("--cluster", type=Path, required=True, help="cluster file (TOML)")
-    p.add_argument("--trace", type=Path, required=True, help="workflow trace (.jsonl[.gz])")
+    p.add_argument("--trace", type=Path, nargs="+", required=True, metavar="TRACE",
+                   help="workflow trace(s) (.jsonl[.gz]); several are replayed as one mixed "
+                   "workload (e.g. math and code)")
+    p.add_argument("--artifacts", type=Path, metavar="DIR",
+                   help="trained predictors (python -m kernels_bench artifacts, one folder "
+                   "per predictor) for every policy that routes on them; '-static' specs "
+                   "run on static priors instead")
     p.add_argument("--policies", nargs="+", default=MAIN_POLICIES, metavar="SPEC",
                    help=f"policies to compare (default: {' '.join(MAIN_POLICIES)})")
     p.add_argument("--rates", nargs="+", type=float, default=[1.0], metavar="R",
@@ -54,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every policy and rate N times, interleaved (policy order "
                    "rotated every repeat); 95%% intervals come from the repeats and the "
                    "workflows (default 1)")
-    p.add_argument("--include-trained", action="store_true",
-                   help="also replay problems the cluster's predictor artifacts were trained "
-                   "on (default: only problems every artifact's split held out)")
+    p.add_argument("--problems", choices=PROBLEMS, default="held-out",
+                   help="with predictor artifacts: replay the problems every artifact's split "
+                   "held out (default), those they trained on (to tune settings without "
+                   "touching the evaluated problems), or all")
     p.add_argument("--run-attempts", type=int, default=3, metavar="N",
                    help="run a policy and rate again, up to N times in all, while the "
                    "router marks an engine down during it (default 3)")
@@ -84,6 +93,16 @@ def _portable(arg: str) -> str:
         return path.name
 
 
+def artifact_folders(root: Path) -> dict[str, str]:
+    """Predictor name -> folder, for every artifact under ``root``; ValueError if none."""
+    found = {k: str((root / k).resolve()) for k in KINDS
+             if (root / k / METADATA_FILE).is_file()}
+    if not found:
+        raise ValueError(f"--artifacts {root}: no predictor artifact in it (expected "
+                         f"<predictor>/{METADATA_FILE}; python -m kernels_bench artifacts)")
+    return found
+
+
 def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     """SIGTERM stops a replay like Ctrl-C: the cluster is brought down, results kept."""
     raise KeyboardInterrupt
@@ -106,13 +125,14 @@ def main(argv: list[str] | None = None) -> None:
         opts = ReplayOptions(
             policies=specs, rates=a.rates, arrival=a.arrival, cv=a.cv, workflows=a.workflows,
             seed=a.seed, model_map=parse_model_map(a.model_map), max_attempts=a.retries + 1,
-            run_attempts=a.run_attempts, repeats=a.repeats, include_trained=a.include_trained,
+            run_attempts=a.run_attempts, repeats=a.repeats, problems=a.problems,
+            artifacts=artifact_folders(a.artifacts) if a.artifacts else {},
             priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
             run_dir=a.run_dir or out / "cluster")
         cfg = load_cluster_config(a.cluster)
-        trace = load_trace(a.trace)
+        trace = merge_traces([load_trace(t) for t in a.trace])
         command = "python -m kernels_bench replay " + shlex.join(map(_portable, argv))
-        summary = replay(cfg, trace, a.trace.name, opts, command)
+        summary = replay(cfg, trace, "+".join(t.name for t in a.trace), opts, command)
     except (ConfigError, SpecError, WorkloadError, TraceFormatError, ClusterError,
             LaunchError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")

@@ -1,23 +1,24 @@
 """Static priors from the trace (``--priors-from-trace``), for policies run on constants.
 
-Per served model, over the trace runs that every replayed model completed:
+Per served model, over the trace runs given (the problems the predictor artifacts trained
+on when there are artifacts, else every run that every replayed model completed):
   accuracy[m]           = share of its runs whose final answer is correct
   mean_output_tokens[m] = mean output tokens of its stages (as forced in the replay)
 They fill, in every ``[router.policies.<name>]`` table that sets ``static_prior = true``,
-the tables below that the file leaves out; nothing the file sets is replaced. These are
-in-sample constants (the replayed runs are among those averaged): a weak, explicit prior,
-not a trained predictor.
+the tables below that the file leaves out; nothing the file sets is replaced. Without
+artifacts these are in-sample constants (the replayed runs are among those averaged): a
+weak, explicit prior, not a trained predictor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from kernels_bench.replay.workload import forced_tokens
-from router.trace_format import Trace
+from router.trace_format import WorkflowRun
 
 FILLS = {
     "chimera": {"confidence": "accuracy", "mean_output_tokens": "mean_output_tokens"},
@@ -27,9 +28,9 @@ FILLS = {
 """Policy -> settings table -> trace statistic that fills it."""
 
 
-def trace_priors(trace: Trace, model_map: Mapping[str, str]) -> dict[str, dict[str, float]]:
-    """``{"accuracy": {served: ...}, "mean_output_tokens": {served: ...}}``."""
-    runs = trace.complete_runs(model_map.values())
+def trace_priors(runs: Sequence[WorkflowRun], model_map: Mapping[str, str]
+                 ) -> dict[str, dict[str, float]]:
+    """``{"accuracy": {served: ...}, "mean_output_tokens": {served: ...}}`` over ``runs``."""
     acc, length = {}, {}
     for served, traced in model_map.items():
         acc[served] = float(np.mean([r.models[traced].correct for r in runs]))

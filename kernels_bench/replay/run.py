@@ -13,7 +13,8 @@ import dataclasses
 import datetime
 import os
 import platform
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,16 @@ from kernels_bench.replay.cluster import ReplayCluster, engine_variant
 from kernels_bench.replay.metrics import summarize
 from kernels_bench.replay.output import write_run, write_summary
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
-from kernels_bench.replay.spec import PolicySpec, resolve_model_map
+from kernels_bench.replay.spec import STATIC, PolicySpec, resolve_model_map
 from kernels_bench.replay.workload import Job, select_runs
 from router.config import ClusterConfig, EngineConfig, RouterConfig, parse_cluster_config
 from router.policies.registry import build_policy
+from router.policies import POLICIES
 from router.predictors.artifact import split_of
 from router.predictors.base import PredictorSet
-from router.trace_format import Trace
+from router.predictors.loader import PROFILES
+from router.predictors.records import held_out
+from router.trace_format import Trace, WorkflowRun
 from router.types import ClusterInfo
 
 
@@ -55,8 +59,10 @@ class ReplayOptions:
     baseline: str
     repeats: int
     """Runs of every (policy, rate), interleaved; intervals need at least 2."""
-    include_trained: bool
-    """Also replay problems the cluster's predictor artifacts were trained on."""
+    problems: str
+    """Which problems to replay, given the artifacts' splits (``workload.PROBLEMS``)."""
+    artifacts: dict[str, str]
+    """Predictor name -> artifact folder (``--artifacts``) for the non-static specs."""
     out: Path
     run_dir: Path
     """Where the engines' and routers' logs and sockets go."""
@@ -67,21 +73,51 @@ def served_models(cfg: ClusterConfig) -> list[str]:
 
 
 def router_variant(cfg: ClusterConfig, spec: PolicySpec,
-                   priors: dict[str, dict[str, float]] | None) -> RouterConfig:
+                   priors: dict[str, dict[str, float]] | None,
+                   artifacts: Mapping[str, str] | None = None) -> RouterConfig:
     """The router of a run: the spec's policy, oracle priorities allowed, the file's
-    settings (with trace priors filled in when asked)."""
+    settings with the spec's over them, the predictors the policy routes on from ``artifacts`` (a ``-static`` spec:
+    none, ``static_prior = true`` instead), trace priors filled in when given."""
     tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in
                                          cfg.router.policies.items()}
+    predictors = dict(cfg.router.predictors)
+    used = POLICIES[spec.router].predictors_used
+    if spec.overrides:
+        tables[spec.router] = {**tables.get(spec.router, {}), **dict(spec.overrides)}
+    if spec.static:
+        tables[spec.router] = {**tables.get(spec.router, {}), "static_prior": True}
+        predictors = {k: v for k, v in predictors.items() if k not in used}
+    elif artifacts:
+        predictors.update({k: artifacts[k] for k in used if k in artifacts})
     if priors is not None:
         tables = fill_static_priors(tables, priors)
     return dataclasses.replace(
-        cfg.router, policy=spec.router, policies=tables,
+        cfg.router, policy=spec.router, policies=tables, predictors=predictors,
         allow_client_priority=cfg.router.allow_client_priority or spec.oracle)
 
 
-def check_variant(cfg: ClusterConfig, router: RouterConfig, label: str) -> None:
+def spec_inputs(router: RouterConfig) -> dict[str, Any]:
+    """What a run's policy routes on: its trained predictors, and whether static priors
+    fill in for the rest."""
+    used = POLICIES[router.policy].predictors_used
+    return {"predictors": sorted(k for k in router.predictors if k in used),
+            "static_prior": bool(router.policies.get(router.policy, {}).get("static_prior"))}
+
+
+def check_variant(cfg: ClusterConfig, router: RouterConfig, spec: PolicySpec) -> None:
     """Fail before any engine starts if the router could not start with ``router``: bad
-    settings, or (when no predictor artifacts are configured) a missing static table."""
+    settings, (when no predictor artifacts are configured) a missing static table, or a
+    spec whose name would misstate what it routes on."""
+    label, used = spec.label, POLICIES[spec.router].predictors_used
+    if spec.static and not used:
+        raise ValueError(f"policy {label!r}: {spec.router} routes on no trained predictor; "
+                         f"drop '-static'")
+    if not spec.static and used and not set(used) & set(router.predictors):
+        head = re.match(r"[^:+@]*", label).group()  # type: ignore[union-attr]
+        static = f"{head}{STATIC}{label[len(head):]}"
+        raise ValueError(f"policy {label!r} routes on trained predictors "
+                         f"({', '.join(used)}) and none is given: pass --artifacts DIR "
+                         f"(make artifacts), or compare the static-prior ablation {static!r}")
     draft = dataclasses.replace(cfg, router=router)
     parse_cluster_config(draft.to_dict(), cfg.source, Path(cfg.source).resolve().parent)
     if router.predictors:
@@ -98,22 +134,32 @@ def check_variant(cfg: ClusterConfig, router: RouterConfig, label: str) -> None:
         raise ValueError(f"policy {label!r}: {e}{hint}") from None
 
 
-def trained_splits(cfg: ClusterConfig) -> list[tuple[int, float]]:
-    """(seed, held-out fraction) of every problem-trained predictor artifact of the
-    cluster file (telemetry-trained ``tpot`` ones split engine samples, not problems)."""
+def trained_splits(routers: Iterable[RouterConfig]) -> list[tuple[int, float]]:
+    """(seed, held-out fraction) of every problem-trained predictor artifact the routers
+    load (telemetry-trained ``tpot`` ones split engine samples, not problems)."""
     out = []
-    for folder in cfg.router.predictors.values():
+    folders = {f for r in routers for k, f in r.predictors.items() if k != PROFILES}
+    for folder in sorted(folders):
         kind, seed, fraction = split_of(folder)
         if kind != "tpot":
             out.append((seed, fraction))
     return sorted(set(out))
 
 
+def prior_runs(trace: Trace, traced_models: Sequence[str],
+               splits: Sequence[tuple[int, float]]) -> list[WorkflowRun]:
+    """The runs static priors average over: those of the problems the artifacts trained
+    on when there are artifacts (priors then see no replayed problem), else every run."""
+    runs = trace.complete_runs(traced_models)
+    trained = [r for r in runs if not any(held_out(r.problem_id, s, f) for s, f in splits)]
+    return trained if splits and trained else runs
+
+
 def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions,
               splits: Sequence[tuple[int, float]] = ()) -> dict[float, list[Job]]:
     """Per rate, the jobs: the same seeded runs (of problems every split held out),
     arrivals drawn with the seed."""
-    runs = select_runs(trace, traced_models, opts.workflows, opts.seed, splits)
+    runs = select_runs(trace, traced_models, opts.workflows, opts.seed, splits, opts.problems)
     out = {}
     for rate in opts.rates:
         times = arrival_times(len(runs), rate, opts.arrival, opts.cv, opts.seed)
@@ -156,17 +202,23 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
            command: str) -> dict[str, Any]:
     """Run every policy at every rate; write outputs after each run; return the summary."""
     model_map = resolve_model_map(served_models(cfg), opts.model_map, trace.models)
-    priors = trace_priors(trace, model_map) if opts.priors_from_trace else None
-    routers = {s.label: router_variant(cfg, s, priors) for s in opts.policies}
+    routers = {s.label: router_variant(cfg, s, None, opts.artifacts) for s in opts.policies}
+    splits = trained_splits(routers.values())
+    priors = None
+    if opts.priors_from_trace:
+        priors = trace_priors(prior_runs(trace, list(model_map.values()), splits), model_map)
+        routers = {s.label: router_variant(cfg, s, priors, opts.artifacts)
+                   for s in opts.policies}
     for s in opts.policies:
-        check_variant(cfg, routers[s.label], s.label)
+        check_variant(cfg, routers[s.label], s)
     engines = {s.label: engine_variant(cfg, s.sched) for s in opts.policies}
-    splits = [] if opts.include_trained else trained_splits(cfg)
     jobs = make_jobs(trace, list(model_map.values()), opts, splits)
     summary: dict[str, Any] = {
         "meta": _meta(cfg, trace, trace_name, opts, model_map, priors, command),
         "runs": []}
+    summary["meta"]["problems"] = opts.problems
     summary["meta"]["held_out_splits"] = [{"seed": s, "fraction": f} for s, f in splits]
+    summary["meta"]["inputs"] = {label: spec_inputs(r) for label, r in routers.items()}
     opts.out.mkdir(parents=True, exist_ok=True)
     plan = schedule(opts.policies, opts.rates, opts.repeats, lambda s: engines[s.label])
     cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)

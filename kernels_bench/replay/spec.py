@@ -1,24 +1,35 @@
 """What a replay compares: policy specs (``chimera:stjf``, ``vllm:fcfs``, ``oracle``) and
 the map from the cluster's served models to the trace's models.
 
-Policy spec grammar: ``ROUTER[:SCHED][+oracle]``.
+Policy spec grammar: ``ROUTER[-static][:SCHED][+oracle][@KEY=VALUE,...]``.
 
 - ``ROUTER``: a router policy (``router.policies``), e.g. ``chimera``, ``vllm``;
+- ``-static``: the ablation of a predictor-backed policy on static priors (its
+  ``static_prior`` tables) instead of the trained predictors the replay gives the others;
 - ``SCHED``: the engines' scheduler (``stjf``, ``fcfs``, ``priority``, ``mlfq``); left out,
   the cluster file's ``sched_policy`` of each engine applies;
 - ``+oracle``: the client sends the true remaining output tokens of the workflow (from the
   trace, for each model) as the engine priority, which the router forwards for the model
-  it picks (``allow_client_priority`` is turned on for that run).
+  it picks (``allow_client_priority`` is turned on for that run);
+- ``@KEY=VALUE,...``: settings of the router policy for this spec only, over the cluster
+  file's ``[router.policies.ROUTER]`` (values in TOML syntax), e.g.
+  ``chimera:stjf@tau=0.5,delta_s=0.1``: a sweep on one engine start.
 
-``oracle`` alone is ``chimera:stjf+oracle``: Chimera's routing with STJF on true lengths.
+``oracle`` alone is ``chimera:stjf+oracle``: Chimera's routing with STJF on true lengths
+(``oracle-static``: on static priors).
 """
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from router.predictors import sources
 
 ORACLE = "oracle"
+STATIC = "-static"
 ORACLE_ROUTER = "chimera"
 ORACLE_SCHED = "stjf"
 
@@ -37,15 +48,24 @@ class PolicySpec:
     sched: str | None
     """Engine scheduler for every engine; ``None``: the cluster file's."""
     oracle: bool = False
+    static: bool = False
+    """Static priors instead of trained predictors (the ``-static`` ablation)."""
+    overrides: tuple[tuple[str, Any], ...] = ()
+    """Policy settings of this spec, over the cluster file's."""
 
 
 def parse_policy(text: str, routers: Iterable[str], scheds: Iterable[str]) -> PolicySpec:
-    """Parse ``ROUTER[:SCHED][+oracle]`` (or ``oracle[:SCHED]``) against the known names."""
+    """Parse ``ROUTER[-static][:SCHED][+oracle][@KEY=VALUE,...]`` (or
+    ``oracle[-static][:SCHED]...``) against the known names."""
     routers, scheds = list(routers), list(scheds)
-    body, plus, suffix = text.partition("+")
+    head, _, settings = text.partition("@")
+    overrides = parse_overrides(text, settings)
+    body, plus, suffix = head.partition("+")
     if plus and suffix != ORACLE:
         raise SpecError(f"policy {text!r}: the only suffix is '+{ORACLE}'")
     router, colon, sched = body.partition(":")
+    static = router.endswith(STATIC)
+    router = router.removesuffix(STATIC)
     oracle = bool(plus)
     if router == ORACLE:
         if oracle:
@@ -57,7 +77,26 @@ def parse_policy(text: str, routers: Iterable[str], scheds: Iterable[str]) -> Po
     if colon and sched not in scheds:
         raise SpecError(f"policy {text!r}: unknown engine scheduler {sched!r}; known: "
                         f"{', '.join(scheds)}")
-    return PolicySpec(text, router, sched or None, oracle)
+    return PolicySpec(text, router, sched or None, oracle, static, overrides)
+
+
+def parse_overrides(text: str, settings: str) -> tuple[tuple[str, Any], ...]:
+    """``tau=0.5,delta_s=0.1`` -> ``(("tau", 0.5), ("delta_s", 0.1))`` (TOML values; the
+    router checks names and ranges)."""
+    out: list[tuple[str, Any]] = []
+    for item in filter(None, (p.strip() for p in settings.split(","))):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"] if eq and key else None
+        except tomllib.TOMLDecodeError:
+            parsed = None
+        if parsed is None:
+            raise SpecError(f"policy {text!r}: setting {item!r} is not KEY=VALUE with a "
+                            f"TOML value (e.g. tau=0.5)")
+        if key in dict(out):
+            raise SpecError(f"policy {text!r}: setting {key!r} is given twice")
+        out.append((key, parsed))
+    return tuple(out)
 
 
 def parse_policies(texts: Sequence[str], routers: Iterable[str],
@@ -74,17 +113,10 @@ def parse_policies(texts: Sequence[str], routers: Iterable[str],
 
 def parse_model_map(items: Sequence[str]) -> dict[str, str]:
     """``["a=X,b=Y", "c=Z"]`` -> ``{"a": "X", "b": "Y", "c": "Z"}`` (served -> trace)."""
-    out: dict[str, str] = {}
-    for item in (p.strip() for text in items for p in text.split(",")):
-        if not item:
-            continue
-        served, eq, traced = (s.strip() for s in item.partition("="))
-        if not (eq and served and traced):
-            raise SpecError(f"--model-map {item!r}: expected SERVED=TRACE_MODEL")
-        if served in out:
-            raise SpecError(f"--model-map: {served!r} is mapped twice")
-        out[served] = traced
-    return out
+    try:
+        return sources.parse_model_map(items)
+    except ValueError as e:
+        raise SpecError(f"--model-map: {e}") from None
 
 
 def resolve_model_map(served: Sequence[str], given: Mapping[str, str],

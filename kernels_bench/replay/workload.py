@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.predictors.records import held_out
-from router.trace_format import Trace, WorkflowRun
+from router.trace_format import Header, Trace, WorkflowRun
 
 
 class WorkloadError(ValueError):
@@ -44,22 +44,58 @@ class Job:
         return len(self.run.roles)
 
 
+def merge_traces(traces: Sequence[Trace]) -> Trace:
+    """One workload of several traces (e.g. math and code: a router must tell the tasks
+    apart): runs concatenated, suites joined (``math+code``); WorkloadError when two traces
+    hold the same problem or name a workflow differently."""
+    if len(traces) == 1:
+        return traces[0]
+    workflows: dict[str, list[str]] = {}
+    problems: set[str] = set()
+    for t in traces:
+        for wf, roles in t.header.workflows.items():
+            if workflows.setdefault(wf, roles) != roles:
+                raise WorkloadError(f"workflow {wf!r} has different stages in two traces")
+        ids = {r.problem_id for r in t.runs}
+        if ids & problems:
+            raise WorkloadError(f"problem {sorted(ids & problems)[0]!r} is in two traces")
+        problems |= ids
+    first = traces[0].header
+    header = Header(format=first.format, version=first.version,
+                    suite="+".join(t.header.suite for t in traces), workflows=workflows,
+                    settings={t.header.suite: t.header.settings for t in traces},
+                    sources=[s for t in traces for s in t.header.sources])
+    return Trace(header, [r for t in traces for r in t.runs])
+
+
+PROBLEMS = ("held-out", "trained", "all")
+"""Which problems a replay draws, given the predictor artifacts' splits: those every split
+held out (evaluation), those no split held out (tuning settings on the training problems,
+never on the evaluated ones), or every problem."""
+
+
 def select_runs(trace: Trace, models: Sequence[str], n: int, seed: int,
-                splits: Sequence[tuple[int, float]] = ()) -> list[WorkflowRun]:
-    """``n`` runs that every one of ``models`` completed, of problems held out by every
-    one of ``splits`` ((seed, fraction) of ``held_out``), in a seeded order; when there
-    are fewer, the shuffled list repeats (repeated problems share KV prefixes)."""
+                splits: Sequence[tuple[int, float]] = (), problems: str = "held-out"
+                ) -> list[WorkflowRun]:
+    """``n`` runs that every one of ``models`` completed, of the ``problems`` (``PROBLEMS``)
+    of ``splits`` ((seed, fraction) of ``held_out``), in a seeded order; when there are
+    fewer, the shuffled list repeats (repeated problems share KV prefixes)."""
     runs = trace.complete_runs(models)
     if not runs:
         counts = {m: sum(1 for r in trace.runs if m in r.models) for m in models}
         raise WorkloadError(
             "no workflow run of the trace has every model of the replay ("
             + ", ".join(f"{m}: {c} runs" for m, c in counts.items()) + ")")
-    runs = [r for r in runs if all(held_out(r.problem_id, s, f) for s, f in splits)]
+    if problems not in PROBLEMS:
+        raise WorkloadError(f"--problems {problems!r}: expected one of {', '.join(PROBLEMS)}")
+    if problems == "held-out":
+        runs = [r for r in runs if all(held_out(r.problem_id, s, f) for s, f in splits)]
+    elif problems == "trained":
+        runs = [r for r in runs if not any(held_out(r.problem_id, s, f) for s, f in splits)]
     if not runs:
-        raise WorkloadError("no problem of the trace is held out by every predictor "
-                            "artifact's split; train with --holdout > 0, or replay trained "
-                            "problems with --include-trained")
+        raise WorkloadError(f"no problem of the trace is {problems} by every predictor "
+                            "artifact's split; train with another --holdout, or choose "
+                            "other --problems")
     order = list(runs)
     random.Random(seed).shuffle(order)
     return [order[i % len(order)] for i in range(n)]

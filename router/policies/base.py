@@ -48,6 +48,9 @@ class Policy(ABC, Generic[S]):
 
     name: ClassVar[str]
     Settings: ClassVar[type]
+    predictors_used: ClassVar[tuple[str, ...]] = ()
+    """The ``[router.predictors]`` artifacts the policy routes on when given (else its
+    static priors, when its settings select them)."""
     window: BatchWindow | None = None
     """Set by batched policies: they implement ``decide_batch`` and a collector feeds
     them batches closed by this window."""

@@ -76,6 +76,7 @@ def select_model(q: Mapping[str, float], lat: Mapping[str, float], tau: float,
 
 class Chimera(Policy[ChimeraSettings]):
     name = "chimera"
+    predictors_used = ("semantic_router", "length")
     Settings = ChimeraSettings
 
     def __init__(self, settings: ChimeraSettings, cluster: Any, predictors: Any,

@@ -59,6 +59,7 @@ def laar_cost(latency: float, quality: float) -> float:
 
 class Laar(Policy[LaarSettings]):
     name = "laar"
+    predictors_used = ("capability",)
     Settings = LaarSettings
 
     def __init__(self, settings: LaarSettings, cluster: Any, predictors: Any,

@@ -159,6 +159,7 @@ class AdaptiveWindow:
 
 class RouteBalance(Policy[RouteBalanceSettings]):
     name = "routebalance"
+    predictors_used = ("knn", "tpot")
     Settings = RouteBalanceSettings
 
     def __init__(self, settings: RouteBalanceSettings, cluster: Any, predictors: Any,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import dataclasses
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from router.predictors.encoder import MINILM, TokenCounter, load_tokenizer, resolve_encoder
 from router.predictors.records import StageRecord, read_jsonl
@@ -80,6 +81,38 @@ def load_records(specs: Sequence[str]) -> list[StageRecord]:
         out += trace_records(path) if _first_line(path).get("kind") == "header" \
             else list(read_jsonl(path))
     return out
+
+
+def parse_model_map(items: Sequence[str]) -> dict[str, str]:
+    """``["a=X,b=Y", "c=Z"]`` -> ``{"a": "X", "b": "Y", "c": "Z"}`` (served -> trace model);
+    ValueError naming a malformed or repeated item."""
+    out: dict[str, str] = {}
+    for item in (p.strip() for text in items for p in text.split(",")):
+        if not item:
+            continue
+        served, eq, traced = (s.strip() for s in item.partition("="))
+        if not (eq and served and traced):
+            raise ValueError(f"{item!r}: expected SERVED=TRACE_MODEL")
+        if served in out:
+            raise ValueError(f"{served!r} is mapped twice")
+        out[served] = traced
+    return out
+
+
+def serve_as(records: Sequence[StageRecord], model_map: Mapping[str, str]
+             ) -> list[StageRecord]:
+    """The records of the mapped trace models only, each renamed to the served model that
+    replays it (``model_map``: served -> trace model), so that an artifact knows the
+    cluster's model names; ValueError when a trace model has no record."""
+    by_trace = {traced: served for served, traced in model_map.items()}
+    if len(by_trace) != len(model_map):
+        raise ValueError("model map: two served models replay the same trace model")
+    missing = sorted(set(by_trace) - {r.model for r in records})
+    if missing:
+        raise ValueError(f"model map: no record of {', '.join(missing)} in the data")
+    return [dataclasses.replace(r, model=by_trace[r.model],
+                                run_id=f"{r.run_id.rpartition('|')[0]}|{by_trace[r.model]}")
+            for r in records if r.model in by_trace]
 
 
 def load_tpot_samples(specs: Sequence[str]) -> list[TpotSample]:

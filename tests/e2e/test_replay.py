@@ -1,7 +1,8 @@
 """The serving replay for real: examples/replay.toml's two built-in engines started
-through the launcher API, the tiny fixture trace, Chimera, vLLM's balancer and the oracle
-on the same STJF engines (one engine start keeps it short), a handful of workflows, one
-retry for wrong answers. Metric arithmetic on a hand-made schedule is in tests/unit.
+through the launcher API, the tiny fixture trace, Chimera on predictors trained on it
+(``kernels_bench artifacts``, small settings), vLLM's balancer and the oracle on the same
+STJF engines (one engine start keeps it short), a handful of held-out workflows, one retry
+for wrong answers. Metric arithmetic on a hand-made schedule is in tests/unit.
 
     .venv/bin/python -m pytest tests/e2e/test_replay.py -m engine -v
 """
@@ -14,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from kernels_bench import artifacts
 from kernels_bench.replay import cli, results
 from kernels_bench.replay.workload import remaining_tokens
+from router.predictors.records import held_out
 from router.trace_format import load_trace
 from tests.replay_fixture import write_trace
 
@@ -30,14 +33,23 @@ def rows(path: Path) -> list[dict[str, Any]]:
 
 
 def test_replay_end_to_end(tmp_path: Path) -> None:
-    trace_path = write_trace(tmp_path / "trace.jsonl", problems=3)
+    trace_path = write_trace(tmp_path / "trace.jsonl", problems=8)
+    trained = artifacts.build(
+        ["semantic_router", "length"], [str(trace_path)], ["tiny-a=small,tiny-b=large"],
+        tmp_path / "artifacts", seed=0, holdout=0.5, progress=False,
+        sets=["semantic_router.epochs=1", "length.svd_components=2", "length.n_estimators=10"])
+    assert trained == {"semantic_router": "trained", "length": "trained"}
     out = tmp_path / "out"
     cli.main(["--cluster", str(ROOT / "examples" / "replay.toml"), "--trace", str(trace_path),
               "--policies", "chimera:stjf", "vllm", "oracle", "--baseline", "vllm", "--rates", "4",
               "--workflows", "6", "--model-map", "tiny-a=small,tiny-b=large", "--retries", "1",
-              "--priors-from-trace", "--out", str(out)])
+              "--artifacts", str(tmp_path / "artifacts"), "--out", str(out)])
 
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["meta"]["held_out_splits"] == [{"seed": 0, "fraction": 0.5}]
+    for label in ("chimera:stjf", "oracle"):  # routed on the trained artifacts
+        assert summary["meta"]["inputs"][label]["predictors"] == ["length", "semantic_router"]
+    assert summary["meta"]["inputs"]["vllm"]["predictors"] == []
     assert [(r["policy"], r["rate"]) for r in summary["runs"]] == [
         ("chimera:stjf", 4.0), ("vllm", 4.0), ("oracle", 4.0)]  # one engine start: all STJF
     for run in summary["runs"]:
@@ -49,6 +61,7 @@ def test_replay_end_to_end(tmp_path: Path) -> None:
     trace = load_trace(trace_path)
     runs = {(r.problem_id, r.workflow): r for r in trace.runs}
     workflows = {(w["policy"], w["job_id"]): w for w in rows(out / "workflows.jsonl")}
+    assert all(held_out(w["problem_id"], 0, 0.5) for w in workflows.values())
     calls = rows(out / "requests.jsonl")
     assert len(calls) == sum(w["num_stages"] * w["attempts"] for w in workflows.values())
     for c in calls:

@@ -68,3 +68,14 @@ def test_model_map_resolution_errors() -> None:
         resolve_model_map(["a", "b"], {"a": "m"}, ["m"])
     with pytest.raises(SpecError, match="not a model of the trace"):  # ambiguous spelling
         resolve_model_map(["a"], {"a": "MM"}, ["Mm", "mM"])
+
+
+def test_spec_settings_override_the_files() -> None:
+    spec = parse_policies(["chimera-static:stjf@tau=0.5, delta_s=0.1,sticky=false"],
+                          ROUTERS, SCHEDS)[0]
+    assert (spec.router, spec.sched, spec.static) == ("chimera", "stjf", True)
+    assert spec.overrides == (("tau", 0.5), ("delta_s", 0.1), ("sticky", False))
+    for bad, fragment in (("chimera@tau", "not KEY=VALUE"), ("chimera@tau=x y", "TOML"),
+                          ("chimera@tau=1,tau=2", "given twice")):
+        with pytest.raises(SpecError, match=fragment):
+            parse_policies([bad], ROUTERS, SCHEDS)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kernels_bench.replay.cluster import ClusterError, engine_variant
-from kernels_bench.replay.run import check_variant, grouped, router_variant, schedule
+from kernels_bench.replay.run import (check_variant, grouped, router_variant, schedule,
+                                      spec_inputs)
 from kernels_bench.replay.spec import parse_policies
 from router.config import SCHED_POLICIES, ClusterConfig, load_cluster_config
 from router.policies import POLICIES
@@ -45,7 +46,7 @@ def test_engine_variant_refuses_to_set_a_remote_scheduler(tmp_path: Path) -> Non
 
 
 def test_router_variant(cfg: ClusterConfig) -> None:
-    oracle, lm = specs("oracle", "lmetric")
+    oracle, lm = specs("oracle-static", "lmetric")
     r = router_variant(cfg, oracle, PRIORS)
     assert r.policy == "chimera" and r.allow_client_priority
     assert r.policies["chimera"]["confidence"] == {"tiny-a": 0.3, "tiny-b": 0.6}
@@ -53,9 +54,37 @@ def test_router_variant(cfg: ClusterConfig) -> None:
     r = router_variant(cfg, lm, None)
     assert r.policy == "lmetric" and not r.allow_client_priority
     assert "confidence" not in r.policies["chimera"]
-    check_variant(cfg, router_variant(cfg, oracle, PRIORS), "oracle")
-    with pytest.raises(ValueError, match="policy 'oracle'.*--priors-from-trace"):
-        check_variant(cfg, router_variant(cfg, oracle, None), "oracle")
+    check_variant(cfg, router_variant(cfg, oracle, PRIORS), oracle)
+    with pytest.raises(ValueError, match="policy 'oracle-static'.*--priors-from-trace"):
+        check_variant(cfg, router_variant(cfg, oracle, None), oracle)
+
+
+ARTIFACTS = {"semantic_router": "/a/sr", "length": "/a/len", "knn": "/a/knn",
+             "capability": "/a/cap"}
+
+
+def test_artifacts_go_to_the_policies_that_route_on_them(cfg: ClusterConfig) -> None:
+    chimera, static, laar, vllm = specs("chimera:stjf", "chimera-static:fcfs", "laar",
+                                        "vllm:fcfs")
+    r = router_variant(cfg, chimera, PRIORS, ARTIFACTS)
+    assert r.predictors == {"semantic_router": "/a/sr", "length": "/a/len"}
+    assert spec_inputs(r) == {"predictors": ["length", "semantic_router"],
+                              "static_prior": True}  # the file's decode profile tables
+    r = router_variant(cfg, static, PRIORS, ARTIFACTS)
+    assert r.predictors == {} and r.policies["chimera"]["static_prior"] is True
+    assert r.policies["chimera"]["confidence"] == PRIORS["accuracy"]
+    assert router_variant(cfg, laar, None, ARTIFACTS).predictors == {"capability": "/a/cap"}
+    assert router_variant(cfg, vllm, None, ARTIFACTS).predictors == {}
+
+
+def test_a_spec_name_never_misstates_its_inputs(cfg: ClusterConfig) -> None:
+    chimera, oracle, vllm_static = specs("chimera:stjf", "oracle", "vllm-static:fcfs")
+    for spec, fix in ((chimera, "'chimera-static:stjf'"), (oracle, "'oracle-static'")):
+        with pytest.raises(ValueError, match=f"none is given: pass --artifacts.*{fix}"):
+            check_variant(cfg, router_variant(cfg, spec, PRIORS), spec)
+    with pytest.raises(ValueError, match="routes on no trained predictor; drop '-static'"):
+        check_variant(cfg, router_variant(cfg, vllm_static, None), vllm_static)
+    assert chimera.static is False and specs("chimera-static")[0].static is True
 
 
 def test_runs_grouped_by_engine_settings(cfg: ClusterConfig) -> None:
@@ -100,7 +129,16 @@ def test_trained_splits_come_from_the_artifacts(tmp_path: Path, cfg: ClusterConf
             {"kind": kind, "data": {"seed": seed, "holdout": 0.2}}))
     router = dataclasses.replace(cfg.router, predictors={
         k: str(tmp_path / k) for k in ("len", "tp", "sr")})
-    assert trained_splits(dataclasses.replace(cfg, router=router)) == [(3, 0.2)]
+    assert trained_splits([router, cfg.router]) == [(3, 0.2)]
     (tmp_path / "len" / "metadata.json").write_text("{}")
     with pytest.raises(ArtifactError, match="train / held-out split"):
-        trained_splits(dataclasses.replace(cfg, router=router))
+        trained_splits([router])
+
+
+def test_spec_settings_reach_its_router_only(cfg: ClusterConfig) -> None:
+    swept, plain = specs("chimera-static:stjf@tau=0.7", "chimera-static:stjf")
+    assert router_variant(cfg, swept, PRIORS).policies["chimera"]["tau"] == 0.7
+    assert "tau" not in router_variant(cfg, plain, PRIORS).policies["chimera"]
+    bad = specs("chimera-static@tau=-1")[0]
+    with pytest.raises(ValueError, match="router.policies.chimera.tau"):
+        check_variant(cfg, router_variant(cfg, bad, PRIORS), bad)

@@ -5,14 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
 from kernels_bench.replay.arrivals import arrival_times, gamma_shape_scale
 from kernels_bench.replay.client import ClientSettings, stage_body
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
-from kernels_bench.replay.workload import (Job, WorkloadError, forced_tokens, outcome,
-                                           remaining_tokens, select_runs, stage_messages)
+from kernels_bench.replay.run import prior_runs
+from kernels_bench.replay.workload import (Job, WorkloadError, forced_tokens, merge_traces,
+                                           outcome, remaining_tokens, select_runs,
+                                           stage_messages)
 from router.predictors.records import held_out
 from router.trace_format import Trace, WorkflowRun
 from tests.replay_fixture import output_text, output_tokens, tiny_trace
@@ -112,7 +115,7 @@ def test_arrival_errors(args: tuple, fragment: str) -> None:  # type: ignore[typ
 
 
 def test_trace_priors_fill_only_missing_static_tables(trace: Trace) -> None:
-    priors = trace_priors(trace, MAP)
+    priors = trace_priors(trace.complete_runs(MAP.values()), MAP)
     assert priors["accuracy"] == {"a": 0.5, "b": 1.0}
     # stages: per problem p, plan_solve (2 stages) + solve (1 stage)
     small = [10 + 2 * p + s for p in range(4) for s in (0, 1)] + [10 + 2 * p for p in range(4)]
@@ -136,5 +139,32 @@ def test_only_held_out_problems_are_replayed(trace: Trace) -> None:
     assert kept and kept < every
     both = {r.problem_id for r in select_runs(trace, models, 50, 0, [(1, 0.5), (2, 0.5)])}
     assert both == {p for p in kept if held_out(p, 2, 0.5)}
-    with pytest.raises(WorkloadError, match="--include-trained"):
+    with pytest.raises(WorkloadError, match="other --problems"):
         select_runs(trace, models, 5, 0, [(1, 0.0)])
+    trained = {r.problem_id for r in select_runs(trace, models, 50, 0, [(1, 0.5)], "trained")}
+    assert trained == every - kept
+    assert len(select_runs(trace, models, 50, 0, [(1, 0.5)], "all")) == 50
+    with pytest.raises(WorkloadError, match="expected one of"):
+        select_runs(trace, models, 5, 0, [], "some")
+
+
+def test_static_priors_average_only_trained_problems(trace: Trace) -> None:
+    models = ["small", "large"]
+    split = [(1, 0.5)]
+    runs = prior_runs(trace, models, split)
+    assert runs and not any(held_out(r.problem_id, 1, 0.5) for r in runs)
+    assert prior_runs(trace, models, []) == trace.complete_runs(models)
+
+
+def test_traces_merge_into_one_workload(trace: Trace) -> None:
+    renamed = [msgspec.structs.replace(r, problem_id="code-" + r.problem_id) for r in trace.runs]
+    other = Trace(msgspec.structs.replace(trace.header, suite="code"), renamed)
+    mixed = merge_traces([trace, other])
+    assert mixed.header.suite == f"{trace.header.suite}+code"
+    assert len(mixed.runs) == 2 * len(trace.runs) and mixed.models == trace.models
+    assert merge_traces([trace]) is trace
+    with pytest.raises(WorkloadError, match="is in two traces"):
+        merge_traces([trace, trace])
+    bad = Trace(msgspec.structs.replace(other.header, workflows={"solve": ["x", "y"]}), renamed)
+    with pytest.raises(WorkloadError, match="'solve' has different stages"):
+        merge_traces([trace, bad])
