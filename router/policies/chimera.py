@@ -11,8 +11,10 @@ profile (decode_ms_per_token[m], max_batch_size[m], from kernels_bench).
          L[m] <= (1 + tau) x L[m_fast]   (latency slack)
      and q[m] >= q* + delta_s            (confidence margin over the fastest model);
   none qualifies -> m_fast.
-A program's later stages reuse the model its first stage got (stickiness). The engine
-within the model is chosen by ``lmetric``; the request's priority is P-hat[m].
+A program's later stages reuse the model its first stage got (stickiness), so the
+semantic router runs on a program's first call only (a later stage whose model is gone is
+routed with equal confidences: to m_fast). The engine within the model is chosen by
+``lmetric``; the request's priority is P-hat[m].
 Ties: m_fast prefers higher q, then the name; the walk prefers lower L, then the name.
 """
 
@@ -53,7 +55,8 @@ class ChimeraSettings:
 
 @dataclass(frozen=True)
 class ChimeraPrediction:
-    q: Mapping[str, float]
+    q: Mapping[str, float] | None
+    """None for a later stage of a sticky program (no semantic routing needed)."""
     remaining: Mapping[str, float]
 
 
@@ -113,10 +116,19 @@ class Chimera(Policy[ChimeraSettings]):
             self.decode_ms, self.max_batch = dict(s.decode_ms_per_token), dict(s.max_batch_size)
         self.replicas = LMetric.built_by(build)
 
+    def _sticky_later(self, req: RoutingRequest) -> bool:
+        """A later stage of a program whose model its first stage chose."""
+        w = req.workflow
+        return self.settings.sticky and w.program_id is not None and (w.stage_index or 0) > 0
+
     async def predict(self, reqs: Sequence[RoutingRequest]) -> list[ChimeraPrediction]:
-        qs, lens = await asyncio.gather(self.q_source.confidence(reqs),
-                                        self.len_source.remaining_tokens(reqs))
-        return [ChimeraPrediction(q, n) for q, n in zip(qs, lens)]
+        first = [r for r in reqs if not self._sticky_later(r)]
+        got, lens = await asyncio.gather(
+            self.q_source.confidence(first) if first else _none(),
+            self.len_source.remaining_tokens(reqs))
+        qs = iter(got)
+        return [ChimeraPrediction(None if self._sticky_later(r) else next(qs), n)
+                for r, n in zip(reqs, lens)]
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
                pred: ChimeraPrediction) -> Decision:
@@ -128,10 +140,15 @@ class Chimera(Policy[ChimeraSettings]):
         if assigned is not None and assigned in lat:
             model, sticky = assigned, True
         else:
-            model, sticky = select_model(pred.q, lat, s.tau, s.delta_s), False
+            q = pred.q if pred.q is not None else dict.fromkeys(lat, 0.0)
+            model, sticky = select_model(q, lat, s.tau, s.delta_s), False
         engine, hot = self.replicas.choose(req, [e for e in cands if e.model == model], view)
         remaining = pred.remaining[model]
         return decision(req, engine, self.name, priority=priority_for(remaining),
                         predicted_remaining_tokens=remaining,
-                        info={"q": pred.q[model], "L_ms": lat[model], "sticky": sticky,
-                              "hotspot": hot})
+                        info={"q": None if pred.q is None else pred.q[model],
+                              "L_ms": lat[model], "sticky": sticky, "hotspot": hot})
+
+
+async def _none() -> list[Mapping[str, float]]:
+    return []

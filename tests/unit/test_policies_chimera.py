@@ -137,3 +137,35 @@ def test_missing_profile_says_what_to_profile() -> None:
                        r"max_batch_size\) of b: profile the engines \(python -m "
                        r"kernels_bench profile\)"):
         world().build("chimera", predictors=preds)
+
+
+class CountingRouter(Router):
+    def __init__(self) -> None:
+        self.seen: list[int | None] = []
+
+    async def confidence(self, reqs: Any) -> Any:
+        self.seen += [r.workflow.stage_index for r in reqs]
+        return await super().confidence(reqs)
+
+
+def test_semantic_router_runs_on_a_programs_first_call_only() -> None:
+    w = world()
+    router = CountingRouter()
+    preds = PredictorSet(semantic_router=router, length=Length(),
+                         profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
+    p = w.build("chimera", predictors=preds)
+    first, later = (req(tokens=PROMPT, program_id="prog", stage_index=i, num_stages=2)
+                    for i in (0, 1))
+    alone = req(tokens=PROMPT, stage_index=1)  # no program: nothing to stick to
+    got = asyncio.run(p.predict([first, later, alone]))
+    assert router.seen == [0, 1] and got[1].q is None and got[0].q == got[2].q
+    w.programs.routed("prog", "b", now=0)
+    d = p.decide(later, w.cands(), w.view(), got[1])
+    assert (d.model, d.info["sticky"], d.info["q"]) == ("b", True, None)
+    # the program's model is gone: equal confidences, so the fastest model (idle: the name)
+    d = p.decide(later, w.cands("a"), w.view(), got[1])
+    assert (d.model, d.info["sticky"]) == ("a", False)
+    off = w.build("chimera", {"sticky": False}, predictors=preds)
+    router.seen.clear()
+    asyncio.run(off.predict([later]))
+    assert router.seen == [1]
