@@ -38,8 +38,8 @@ from router.request import (AUTO_MODEL, Kind, ParsedRequest, RequestError, conte
                             parse_request, upstream_body)
 from router.tokenize import PromptInfo, Tokenizers
 from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest, WorkflowMeta
-from router.upstream import (StreamResult, Upstream, UpstreamError, completion_tokens,
-                             relay_events)
+from router.upstream import (StreamResult, StreamTimeouts, Upstream, UpstreamError,
+                             completion_tokens, relay_events)
 
 MAX_BODY_BYTES = 32 * 2**20
 MAX_PROMPT_TOKENS = 1 << 20
@@ -174,6 +174,8 @@ class Front:
         self.models = served_models(config)
         self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
         self.upstream: Upstream | None = None
+        self.stream_timeouts = StreamTimeouts(r.stream_first_byte_timeout_s,
+                                              r.stream_stall_timeout_s)
         self.created = int(time.time())
         self.inflight = 0
         """Generation requests being handled (``[router] max_inflight`` bounds it)."""
@@ -364,7 +366,7 @@ class Front:
         instance = completion.decision.instance
         self.metrics.upstream_errors.labels(instance, exc.kind).inc()
         completion.finish(output_tokens, str(exc))
-        if exc.kind in ("connect", "protocol"):
+        if exc.kind in ("connect", "protocol", "timeout"):
             log.warning("marking engine %s down: %s", instance, exc)
             self.core.mark_engine(instance, False, str(exc), probe=True)
 
@@ -417,7 +419,7 @@ class Front:
         try:
             await out.prepare(request)
             async for event in relay_events(instance, resp.content.iter_any(), result,
-                                            keep_usage):
+                                            keep_usage, self.stream_timeouts):
                 await out.write(event)
             await out.write_eof()
             error = None

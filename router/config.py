@@ -93,7 +93,15 @@ class RouterConfig:
     telemetry_interval_ms: Positive = 20.0
     """Engines' minimum time between two scheduler snapshots while busy."""
     request_timeout_s: Positive = 600.0
-    """Upstream (router to engine) request timeout."""
+    """Longest silence from an engine on any request (a non-streamed one sends nothing
+    until its generation ends)."""
+    stream_first_byte_timeout_s: Positive = 300.0
+    """Longest wait for a streamed response's first event (the engine's queueing and
+    prefill included); beyond it the stream ends with an error event and the engine is
+    marked down until its health probe answers."""
+    stream_stall_timeout_s: Positive = 60.0
+    """Longest silence between two events of a streamed response that has started (a
+    hung or stopped engine); beyond it, as for the first byte."""
     max_inflight: PositiveInt = 4096
     """Generation requests the router handles at once (also its connections to engines);
     one more is answered 503 with ``retry-after`` at once instead of queueing."""

@@ -6,8 +6,8 @@ for ``tpot`` telemetry logs or ``synthetic-telemetry:N``. Problems (telemetry bl
 whose seeded hash falls below ``--holdout`` are left out for ``router.evaluate``.
 ``--model-map SERVED=TRACE,...`` keeps only the named trace models' records, renamed to the
 served models that replay them (the serving replay's engines), so the artifact knows the
-cluster's model names. Settings: ``--set key=value`` (repeatable), the fields of the predictor's settings class,
-whose defaults are the papers'.
+cluster's model names. Settings: ``--set key=value`` (repeatable), the fields of the
+predictor's settings class, whose defaults are the papers'.
 """
 
 from __future__ import annotations

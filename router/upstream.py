@@ -134,16 +134,50 @@ def completion_tokens(body: bytes) -> int:
     return 0 if usage is None else usage.completion_tokens
 
 
+@dataclass(frozen=True)
+class StreamTimeouts:
+    """Silences a streamed response may have (``[router] stream_*_timeout_s``)."""
+
+    first_byte_s: float
+    stall_s: float
+
+
+async def _timed(engine: str, chunks: AsyncIterator[bytes], timeouts: StreamTimeouts
+                 ) -> AsyncIterator[bytes]:
+    """``chunks``, with ``UpstreamError`` (kind ``timeout``) when the first one takes longer
+    than ``first_byte_s`` or a later one longer than ``stall_s``."""
+    it = aiter(chunks)
+    limit, what = timeouts.first_byte_s, "before its first event"
+    while True:
+        try:
+            async with asyncio.timeout(limit):
+                data = await anext(it)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            setting = "first_byte" if what.startswith("before") else "stall"
+            raise UpstreamError("timeout", 504, f"engine '{engine}' sent nothing for "
+                                f"{limit:g} s {what} (router.stream_{setting}_timeout_s)"
+                                ) from None
+        yield data
+        limit, what = timeouts.stall_s, "between two events"
+
+
 async def relay_events(engine: str, chunks: AsyncIterator[bytes], result: StreamResult,
-                       keep_usage: bool) -> AsyncIterator[bytes]:
+                       keep_usage: bool, timeouts: StreamTimeouts | None = None
+                       ) -> AsyncIterator[bytes]:
     """Yield the server-sent events of a response body (``chunks``) as soon as they are
     complete: all those one read completed, joined (one write to the client).
 
     Records the output tokens from usage chunks into ``result``; the usage-only chunk
-    (empty ``choices``) is dropped unless ``keep_usage``. The caller releases the response.
+    (empty ``choices``) is dropped unless ``keep_usage``. With ``timeouts``, a silent
+    engine ends the stream with ``UpstreamError`` (kind ``timeout``). The caller releases
+    the response.
     """
     buffer = b""
     events = 0
+    if timeouts is not None:
+        chunks = _timed(engine, chunks, timeouts)
     try:
         async for data in chunks:
             buffer += data

@@ -152,6 +152,7 @@ def flat_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 PAIRS = (
     ("chimera:stjf", "chimera:fcfs", "STJF against FCFS engines, both routed by Chimera"),
     ("oracle", "chimera:stjf", "true remaining lengths (oracle) against predicted ones"),
+    ("chimera:stjf", "chimera-static:stjf", "trained predictors against static priors"),
     ("chimera:stjf", "vllm:fcfs", "Chimera (routing + STJF) against the vLLM baseline"),
 )
 """Comparisons the results page spells out when both policies were run."""

@@ -43,6 +43,14 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
     rates = ", ".join(f"{r:g}" for r in m["rates"])
     priors = ("static priors filled from the trace (`--priors-from-trace`)"
               if m["priors_from_trace"] else "the cluster file's predictors / priors")
+    inputs = "; ".join(
+        f"`{label}` on {', '.join(i['predictors']) or 'no trained predictor'}"
+        + (" + static tables" if i["static_prior"] and i["predictors"] else
+           " (static tables)" if i["static_prior"] else "")
+        for label, i in m.get("inputs", {}).items())
+    problems = {"held-out": "only problems the artifacts' split held out",
+                "trained": "only problems the artifacts trained on (tuning)",
+                "all": "every problem"}.get(m.get("problems", ""), "")
     parts = [
         "# Serving replay results",
         "",
@@ -62,6 +70,8 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
         f"the router marked an engine down was run again, up to {m['run_attempts']} times",
         f"- policies: {policies}; baseline "
         f"`{m['baseline']}`; {priors}",
+        *([f"- routed on: {inputs}"] if inputs else []),
+        *([f"- problems: {problems}"] if m.get("held_out_splits") and problems else []),
         "",
         "| engine | model | served as | replays trace model | replicas | max_num_seqs |",
         "|---|---|---|---|---|---|",

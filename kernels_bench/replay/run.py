@@ -76,8 +76,9 @@ def router_variant(cfg: ClusterConfig, spec: PolicySpec,
                    priors: dict[str, dict[str, float]] | None,
                    artifacts: Mapping[str, str] | None = None) -> RouterConfig:
     """The router of a run: the spec's policy, oracle priorities allowed, the file's
-    settings with the spec's over them, the predictors the policy routes on from ``artifacts`` (a ``-static`` spec:
-    none, ``static_prior = true`` instead), trace priors filled in when given."""
+    settings with the spec's over them, the predictors the policy routes on from
+    ``artifacts`` (a ``-static`` spec: none, ``static_prior = true`` instead), trace priors
+    filled in when given."""
     tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in
                                          cfg.router.policies.items()}
     predictors = dict(cfg.router.predictors)

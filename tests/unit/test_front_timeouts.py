@@ -1,0 +1,61 @@
+"""Stream timeouts of the front, served on loopback in process: an engine that starts a
+stream and then goes silent (hung, SIGSTOPped) ends the client's stream with an OpenAI
+error event after ``[router] stream_stall_timeout_s`` instead of the 600 s read timeout,
+and is marked down (until its health probe answers). The engine is a loopback aiohttp app
+(the router's behaviour is what is tested; tests/integration stops real engines)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from router.app import FRONT, create_app
+from router.config import load_cluster_config
+from tests.front_server import served
+
+EVENT = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
+
+
+def test_a_stalled_stream_ends_with_an_error_and_the_engine_goes_down(tmp_path: Path) -> None:
+    async def go() -> None:
+        release = asyncio.Event()
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(EVENT)
+            await release.wait()  # hung after its first token
+            return resp
+
+        engine_app = web.Application()
+        engine_app.router.add_post("/v1/chat/completions", chat)
+        async with TestServer(engine_app, host="127.0.0.1") as engine:
+            (tmp_path / "c.toml").write_text(
+                '[router]\npolicy = "round_robin"\nport = 9321\n'
+                'stream_stall_timeout_s = 0.3\n'
+                f'[[engines]]\nname = "a"\nurl = "http://127.0.0.1:{engine.port}"\n'
+                'model = "builtin:tiny-a"\nserved_model_name = "tiny-a"\n'
+                f'telemetry_endpoint = "ipc://{tmp_path}/a.t"\n'
+                f'kv_events_endpoint = "ipc://{tmp_path}/a.k"\n')
+            app = create_app(load_cluster_config(tmp_path / "c.toml"))
+            body = {"model": "tiny-a", "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}]}
+            async with served(app) as client:
+                async with client.post("/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 200
+                    text = await asyncio.wait_for(resp.read(), 10)
+                release.set()
+                first, error = text.split(b"\n\n")[:2]
+                assert first + b"\n\n" == EVENT and b"[DONE]" not in text
+                err = json.loads(error.removeprefix(b"data: "))["error"]
+                assert err["code"] == "upstream_timeout"
+                assert "router.stream_stall_timeout_s" in err["message"]
+                engine_state = app[FRONT].core.table.engines["a"]
+                assert engine_state.down_reason and "sent nothing" in engine_state.down_reason
+                async with client.post("/v1/chat/completions", json=body) as again:
+                    assert again.status == 503  # nothing up until the probe succeeds
+    asyncio.run(go())
