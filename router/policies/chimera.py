@@ -37,10 +37,11 @@ from router.types import Decision, RoutingRequest
 @pydantic_dataclass(frozen=True, config=STRICT)
 class ChimeraSettings:
     tau: NonNegative = 0.2
-    """Latency slack tau of Algorithm 1 (default chosen here: the paper's value could not
-    be checked offline)."""
+    """Latency slack tau of Algorithm 1 (``select_model``; default chosen here: the paper's
+    value could not be checked offline). A cluster tunes it on training problems
+    (docs/replay.md, "Choosing tau and delta_s")."""
     delta_s: Fraction = 0.05
-    """Confidence margin delta_s of Algorithm 1 (default chosen here, as for tau)."""
+    """Confidence margin delta_s of Algorithm 1 (``select_model``; as for tau)."""
     sticky: bool = True
     """Reuse a program's model for its later stages (section 3.5)."""
     static_prior: bool = False

@@ -1,0 +1,55 @@
+"""``kernels_bench artifacts``: trained once, kept while the rows, the split, the model map
+and the settings are unchanged, retrained when any of them changes; served model names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernels_bench import artifacts
+from router.predictors.kinds import kind
+from router.predictors.sources import serve_as
+from router.train import load_rows
+from tests.replay_fixture import write_trace
+
+MAP = ["a=small,b=large"]
+
+
+def test_artifacts_are_cached_by_what_they_depend_on(tmp_path: Path) -> None:
+    trace = str(write_trace(tmp_path / "t.jsonl", problems=8))
+    out = tmp_path / "art"
+
+    def build(sets: tuple[str, ...] = (), model_map: list[str] = MAP, holdout: float = 0.5,
+              force: bool = False) -> str:
+        return artifacts.build(["capability"], [trace], model_map, out, 0, holdout,
+                               list(sets), force, progress=False)["capability"]
+
+    assert build() == "trained"
+    meta = json.loads((out / "capability" / "metadata.json").read_text())
+    assert meta["models"] == ["a", "b"] and meta["data"]["model_map"] == {"a": "small",
+                                                                           "b": "large"}
+    assert build() == "up to date"
+    assert build(force=True) == "trained"
+    assert build(("capability.c=2.0",)) == "trained"           # settings
+    assert build(("capability.c=2.0",), holdout=0.4) == "trained"  # split
+    assert build(("capability.c=2.0",), ["a=large,b=small"], 0.4) == "trained"  # model map
+    assert build(("capability.c=2.0",), ["a=large,b=small"], 0.4) == "up to date"
+    (out / "capability" / "metadata.json").write_text("{}")   # unreadable: retrained
+    assert build(("capability.c=2.0",), ["a=large,b=small"], 0.4) == "trained"
+
+
+def test_served_names_and_errors(tmp_path: Path) -> None:
+    trace = str(write_trace(tmp_path / "t.jsonl", problems=2))
+    rows = load_rows(kind("length"), [trace], MAP)
+    assert {r.model for r in rows} == {"a", "b"} and all(r.run_id.endswith(f"|{r.model}")
+                                                         for r in rows)
+    with pytest.raises(ValueError, match="no record of ghost"):
+        serve_as(rows, {"x": "ghost"})
+    with pytest.raises(ValueError, match="the same trace model"):
+        serve_as(load_rows(kind("length"), [trace]), {"a": "small", "b": "small"})
+    with pytest.raises(ValueError, match="expected SERVED=TRACE_MODEL"):
+        load_rows(kind("length"), [trace], ["a"])
+    with pytest.raises(SystemExit):
+        artifacts.main(["--holdout", "0", "--out", str(tmp_path / "x")])
