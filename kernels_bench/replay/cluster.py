@@ -12,12 +12,14 @@ engines with ``VLLM_SERVER_DEV_MODE=1``), so no run profits from the one before.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
+import psutil
 
 from launcher.devices import detect_devices
 from launcher.plan import Plan, make_plan
@@ -184,6 +186,23 @@ class ReplayCluster:
             if r.status_code != 200:
                 raise ClusterError(f"warm-up call through the router to {model} failed: "
                                    f"HTTP {r.status_code} {r.text[:300]}")
+
+    def router_cpu_s(self) -> float:
+        """CPU seconds the running router and its children (the predictor service's
+        workers) have used: the router's share of the cores the engines compute on."""
+        proc = self.router_proc.popen if self.router_proc is not None else None
+        if proc is None:
+            return 0.0
+        total = 0.0
+        try:
+            root = psutil.Process(proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    total += t.user + t.system
+        except psutil.Error:
+            pass
+        return total
 
     def stop_router(self) -> None:
         if self.router_sup is not None:

@@ -98,6 +98,24 @@ def _get(client: httpx.Client, url: str) -> str:
     return r.text
 
 
+DECISION_HISTOGRAM = "hetserve_decision_latency_seconds"
+
+
+def router_decisions(client: httpx.Client, router_url: str) -> tuple[float, float]:
+    """(sum of seconds, count) of the router's routing decisions since it started: from a
+    request's arrival in ``route()`` to its decision, predictors included."""
+    text = _get(client, f"{router_url}/metrics")
+    total, count = 0.0, 0.0
+    for f in text_string_to_metric_families(text):
+        if f.name == DECISION_HISTOGRAM:
+            for s in f.samples:
+                if s.name.endswith("_sum"):
+                    total += s.value
+                elif s.name.endswith("_count"):
+                    count += s.value
+    return total, count
+
+
 def router_down_events(client: httpx.Client, router_url: str) -> float:
     """Times the router has marked an engine down since it started."""
     text = _get(client, f"{router_url}/metrics")

@@ -39,6 +39,8 @@ COLUMNS = (
     Column("ttca_s.mean", "TTCA mean", "s"),
     Column("solved", "solved"),
     Column("kv_hit_rate", "KV hit", in_ratios=False),
+    Column("router.cpu_s", "router CPU", "s", in_ratios=False),
+    Column("router.decision_s_mean", "decision", "ms", 1e3, in_ratios=False),
 )
 
 

@@ -32,8 +32,7 @@ from kernels_bench.replay.priors import fill_static_priors, trace_priors
 from kernels_bench.replay.spec import STATIC, PolicySpec, resolve_model_map
 from kernels_bench.replay.workload import Job, select_runs
 from router.config import ClusterConfig, EngineConfig, RouterConfig, parse_cluster_config
-from router.policies.registry import build_policy
-from router.policies import POLICIES
+from router.policies.registry import POLICIES, build_policy
 from router.predictors.artifact import split_of
 from router.predictors.base import PredictorSet
 from router.predictors.loader import PROFILES
@@ -255,6 +254,7 @@ def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec
     instances = cluster.instances()
     before = {i.name: em.scrape(cluster.http, i.url) for i in instances}
     downs_before = em.router_down_events(cluster.http, url)
+    decisions_before, cpu_before = em.router_decisions(cluster.http, url), cluster.router_cpu_s()
     client_settings = ClientSettings(model_map, spec.oracle, opts.max_attempts)
 
     async def go() -> AgenticClient:
@@ -274,6 +274,10 @@ def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec
     per_engine = {n: after[n] - before[n] for n in before}
     summary = summarize(client.requests, client.workflows, em.total(per_engine.values()))
     summary["engine_down_events"] = int(em.router_down_events(cluster.http, url) - downs_before)
+    spent, decided = (a - b for a, b in zip(em.router_decisions(cluster.http, url),
+                                            decisions_before, strict=True))
+    summary["router"] = {"cpu_s": cluster.router_cpu_s() - cpu_before,
+                         "decision_s_mean": spent / decided if decided else None}
     return {
         "summary": summary,
         "engines": {n: dataclasses.asdict(c) for n, c in per_engine.items()},

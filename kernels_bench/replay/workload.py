@@ -93,9 +93,9 @@ def select_runs(trace: Trace, models: Sequence[str], n: int, seed: int,
     elif problems == "trained":
         runs = [r for r in runs if not any(held_out(r.problem_id, s, f) for s, f in splits)]
     if not runs:
-        raise WorkloadError(f"no problem of the trace is {problems} by every predictor "
-                            "artifact's split; train with another --holdout, or choose "
-                            "other --problems")
+        which = "held out by" if problems == "held-out" else "trained on by"
+        raise WorkloadError(f"no problem of the trace is {which} every predictor artifact's "
+                            "split; train with another --holdout, or choose other --problems")
     order = list(runs)
     random.Random(seed).shuffle(order)
     return [order[i % len(order)] for i in range(n)]

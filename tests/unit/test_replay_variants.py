@@ -138,7 +138,8 @@ def test_trained_splits_come_from_the_artifacts(tmp_path: Path, cfg: ClusterConf
 def test_spec_settings_reach_its_router_only(cfg: ClusterConfig) -> None:
     swept, plain = specs("chimera-static:stjf@tau=0.7", "chimera-static:stjf")
     assert router_variant(cfg, swept, PRIORS).policies["chimera"]["tau"] == 0.7
-    assert "tau" not in router_variant(cfg, plain, PRIORS).policies["chimera"]
+    assert router_variant(cfg, plain, PRIORS).policies["chimera"]["tau"] == \
+        cfg.router.policies["chimera"]["tau"] != 0.7  # the file's
     bad = specs("chimera-static@tau=-1")[0]
     with pytest.raises(ValueError, match="router.policies.chimera.tau"):
         check_variant(cfg, router_variant(cfg, bad, PRIORS), bad)
