@@ -102,6 +102,12 @@ class RouterConfig:
     stream_stall_timeout_s: Positive = 60.0
     """Longest silence between two events of a streamed response that has started (a
     hung or stopped engine); beyond it, as for the first byte."""
+    breaker_backoff_s: Positive = 1.0
+    """An engine marked down by a failed call is probed (``GET /health``) after this long,
+    doubling with every further trip before it completes a request
+    (``router.dispatch.health_probe.backoff``)."""
+    breaker_backoff_max_s: Positive = 30.0
+    """The longest such backoff."""
     max_inflight: PositiveInt = 4096
     """Generation requests the router handles at once (also its connections to engines);
     one more is answered 503 with ``retry-after`` at once instead of queueing."""

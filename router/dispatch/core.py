@@ -77,7 +77,10 @@ class RouterCore:
         self._ctx: zmq.asyncio.Context | None = None
         self._next_expiry = 0.0
         self.prober = HealthProber({i.name: i.url for i in instances},
-                                   lambda name: self.mark_engine(name, True, "health probe"))
+                                   lambda name: self.mark_engine(name, True, "health probe"),
+                                   backoff_s=getattr(r, "breaker_backoff_s", None) or 1.0,
+                                   backoff_max_s=getattr(r, "breaker_backoff_max_s", None)
+                                   or 30.0)
 
     # ---- lifecycle ----
 
@@ -250,6 +253,8 @@ class RouterCore:
                     error: str | None) -> None:
         """A routed request ended (completion, error, client disconnect or abort)."""
         self.ledger.release(decision.request_id)
+        if error is None:
+            self.prober.succeeded(decision.instance)
         if decision.program_id is not None:
             self.programs.completed(decision.program_id, decision.final, error is not None,
                                     self.clock())

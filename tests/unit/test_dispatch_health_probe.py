@@ -9,6 +9,7 @@ import threading
 from types import SimpleNamespace
 
 from router.dispatch.core import RouterCore
+from router.dispatch.health_probe import HealthProber, backoff
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -29,7 +30,7 @@ def make_core(url: str) -> RouterCore:
                                                  policies={}, heartbeat_timeout_s=2.0),
                           instances=lambda: [inst])
     core = RouterCore(cfg)
-    core.prober.interval_s = 0.05
+    core.prober.interval_s = core.prober.backoff_s = 0.05
     return core
 
 
@@ -59,5 +60,51 @@ def test_failed_call_mark_is_lifted_by_the_health_probe() -> None:
 
     try:
         assert asyncio.run(run()) == (True, True, True, True)
+    finally:
+        server.shutdown()
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff(k, 1.0, 30.0) for k in (1, 2, 3, 5, 6, 10**6)] == [1, 2, 4, 16, 30, 30]
+
+
+def test_breaker_backs_off_until_a_request_completes() -> None:
+    now = [0.0]
+    marked: list[str] = []
+    prober = HealthProber({"e0": "http://x"}, marked.append, backoff_s=1.0,
+                          backoff_max_s=8.0, clock=lambda: now[0])
+    for expected in (1.0, 2.0, 4.0, 8.0, 8.0):  # trip, probed up, trips again, ...
+        prober.watch("e0")
+        assert prober.pending["e0"] == now[0] + expected
+    prober.succeeded("e0")  # a completed request closes the breaker
+    prober.watch("e0")
+    assert prober.pending["e0"] == now[0] + 1.0
+
+
+def test_a_flapping_engine_is_probed_ever_more_rarely() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    async def run() -> list[bool]:
+        core = make_core(url)
+        core.prober.backoff_s, core.prober.backoff_max_s = 0.2, 10.0
+        await core.start()
+        try:
+            Health.status = 200  # answers /health, but its calls fail
+            seen = []
+            for _ in range(3):  # trips 1..3: probed after 0.2, 0.4, 0.8 s
+                core.mark_engine("e0", False, "broken call", probe=True)
+                due = core.prober.pending["e0"]
+                await asyncio.sleep(0.1)
+                seen.append(core.engines()[0].up)  # before its backoff: still down
+                await asyncio.sleep(due - core.prober.clock() + 0.3)
+                seen.append(core.engines()[0].up)  # probed: half-open
+            return seen
+        finally:
+            await core.stop()
+
+    try:
+        assert asyncio.run(run()) == [False, True] * 3
     finally:
         server.shutdown()
