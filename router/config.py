@@ -88,6 +88,10 @@ class RouterConfig:
     """Predictor artifact paths by predictor name."""
     heartbeat_timeout_s: Positive = 2.0
     """An engine with no telemetry for this long is marked down."""
+    scheduler_stall_timeout_s: Positive = 30.0
+    """An engine whose telemetry (sent by a thread apart from its scheduler) shows the same
+    scheduler step for this long while requests run or wait is down until the step moves
+    (a stalled scheduler; ``router.state.engines``)."""
     allow_client_priority: bool = False
     """Whether a client may set the engine priority itself."""
     telemetry_interval_ms: Positive = 20.0

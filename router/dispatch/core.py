@@ -15,6 +15,7 @@ max_model_len``) and ``config.router``: ``policy``, ``policies``,
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any, Callable, Sequence
 
@@ -41,6 +42,8 @@ DEFAULT_PROGRAM_TTL_S = 600.0
 EXPIRY_INTERVAL_S = 1.0
 """How often abandoned programs are looked for (on the request path)."""
 
+log = logging.getLogger("hetserve.router")
+
 
 @dataclasses.dataclass(frozen=True)
 class _Failed:
@@ -59,7 +62,8 @@ class RouterCore:
         self.predictors = predictors or PredictorSet()
         instances = list(config.instances())
         self.table = EngineTable(instances, getattr(r, "heartbeat_timeout_s", None)
-                                 or DEFAULT_HEARTBEAT_TIMEOUT_S)
+                                 or DEFAULT_HEARTBEAT_TIMEOUT_S,
+                                 getattr(r, "scheduler_stall_timeout_s", None) or 30.0)
         self.ledger = InflightLedger()
         self.programs = ProgramTable(getattr(r, "program_ttl_s", None) or DEFAULT_PROGRAM_TTL_S)
         self.hasher = BlockHasher(getattr(r, "kv_hash_algo", None) or "sha256",
@@ -306,7 +310,10 @@ class RouterCore:
     # engine_id is its topic) that the sequence rule accepts (engine_ext.telemetry).
 
     def _on_snapshot(self, topic: str, seq: int, snap: SchedulerSnapshot) -> None:
-        self.table.on_snapshot(snap, self.clock())
+        if self.table.on_snapshot(snap, self.clock()):
+            log.warning("engine %s is down: %s", snap.engine_id,
+                        self.table[snap.engine_id].down_reason)
+            self._stats.engine_down_events += 1
         if snap.finished:
             self.ledger.finished(topic, [f.request_id for f in snap.finished])
         self.ledger.mark_reported(topic, snap.ts)

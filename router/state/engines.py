@@ -34,14 +34,21 @@ class EngineState:
     marked_down: str | None = None
     """Reason of an explicit down mark (sticky until marked up)."""
     last_kv_seq: int | None = None
+    progress_at: float | None = None
+    """Router clock when the scheduler last stepped (or had nothing to do)."""
 
 
 class EngineTable:
-    def __init__(self, instances: Iterable[Any], heartbeat_timeout_s: float) -> None:
-        """``instances``: objects with ``name, served_model_name, url, max_model_len``."""
+    def __init__(self, instances: Iterable[Any], heartbeat_timeout_s: float,
+                 stall_timeout_s: float = 30.0) -> None:
+        """``instances``: objects with ``name, served_model_name, url, max_model_len``.
+        ``stall_timeout_s``: an engine whose telemetry keeps coming (from its sender
+        thread) with the scheduler's step unchanged for this long while work is running or
+        waiting has a stalled scheduler: it is down until the step moves again."""
         if not heartbeat_timeout_s > 0:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.engines: dict[str, EngineState] = {}
         """Engines in name order."""
         for inst in sorted(instances, key=lambda i: i.name):
@@ -58,16 +65,31 @@ class EngineTable:
     def __getitem__(self, name: str) -> EngineState:
         return self.engines[name]
 
-    def on_snapshot(self, snap: SchedulerSnapshot, now: float) -> None:
-        """Store a snapshot; it brings an engine that went stale back up.
+    def on_snapshot(self, snap: SchedulerSnapshot, now: float) -> bool:
+        """Store a snapshot; it brings an engine that went stale back up. True when it
+        shows the engine's scheduler stalled and the engine was up until then.
 
         Snapshots come in the order the decoder's sequence rule accepted them
         (``engine_ext.telemetry.StreamStats``), so the latest one is the current state,
         also after a restart or resync that moved the sequence backwards."""
         e = self.engines[snap.engine_id]
+        busy = snap.batch_size > 0 or snap.num_waiting > 0
+        if e.snapshot is None or snap.step != e.snapshot.step or not busy:
+            e.progress_at = now
         e.snapshot, e.last_seen = snap, now
-        if e.marked_down is None:
-            e.down_reason = None
+        if e.marked_down is not None:
+            return False
+        was_up, e.down_reason = e.down_reason is None, self._stalled(e, now)
+        return was_up and e.down_reason is not None
+
+    def _stalled(self, e: EngineState, now: float) -> str | None:
+        """Why ``e``'s scheduler counts as stalled, if it does."""
+        still = now - e.progress_at if e.progress_at is not None else 0.0
+        if e.snapshot is None or still <= self.stall_timeout_s:
+            return None
+        return (f"scheduler stalled: step {e.snapshot.step} for {still:.1f} s with "
+                f"{e.snapshot.batch_size} running and {e.snapshot.num_waiting} waiting "
+                f"(stall timeout {self.stall_timeout_s:g} s)")
 
     def on_kv_batch(self, name: str, seq: int, batch: KVEventBatch) -> None:
         """Apply a KV event batch the decoder's sequence rule accepted.

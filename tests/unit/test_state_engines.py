@@ -41,8 +41,9 @@ def make_core(policy: str = "round_robin", engines: dict[str, str] | None = None
 
 def snap_frames(engine: str, seq: int, ts: float = 0.0, **fields: Any) -> list[bytes]:
     snap = SchedulerSnapshot(engine_id=fields.pop("engine_id", engine), seq=seq, ts=ts,
-                             step=seq, batch_size=fields.pop("batch_size", 0),
-                             num_waiting=0, queued_prefill_tokens=0,
+                             step=fields.pop("step", seq),
+                             batch_size=fields.pop("batch_size", 0),
+                             num_waiting=fields.pop("num_waiting", 0), queued_prefill_tokens=0,
                              pending_decode_tokens=fields.pop("pending_decode_tokens", 0),
                              kv_usage=0.0, num_preemptions=0, **fields)
     return [engine.encode(), seq.to_bytes(8, "big", signed=True), encode_snapshot(snap)]
@@ -87,6 +88,28 @@ def test_stale_engine_goes_down_receives_nothing_and_comes_back() -> None:
     core.snapshots.feed(snap_frames("e0", 1))
     assert view(core, "e0").up
     assert core.stats.engine_down_events == 1
+
+
+def test_a_stalled_scheduler_is_down_until_its_step_moves() -> None:
+    core, clock = make_core(scheduler_stall_timeout_s=5.0)
+    core.snapshots.feed(snap_frames("e0", 0, step=7, batch_size=2))
+    for seq in range(1, 6):  # heartbeats from the sender thread: same step, work running
+        clock.t += 1.0
+        core.snapshots.feed(snap_frames("e0", seq, step=7, batch_size=2, heartbeat=True))
+    assert view(core, "e0").up  # exactly the timeout
+    clock.t += 1.0
+    core.snapshots.feed(snap_frames("e0", 6, step=7, batch_size=2, heartbeat=True))
+    e0 = view(core, "e0")
+    assert not e0.up and "scheduler stalled: step 7 for 6.0 s with 2 running" in e0.down_reason
+    assert core.stats.engine_down_events == 1
+    assert {route(core, f"r{i}").instance for i in range(4)} == {"e1"}
+    core.snapshots.feed(snap_frames("e0", 7, step=8, batch_size=2))
+    assert view(core, "e0").up  # the step moved
+    clock.t += 60.0  # an idle engine's step stays put: not a stall
+    core.snapshots.feed(snap_frames("e1", 0, step=3))
+    clock.t += 60.0
+    core.snapshots.feed(snap_frames("e1", 1, step=3, heartbeat=True))
+    assert view(core, "e1").up
 
 
 def test_all_engines_down_is_no_engine_available() -> None:
