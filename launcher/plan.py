@@ -116,7 +116,7 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
                 argv=engine_argv(python, resolved, e, inst, gpu=bool(devices.gpus)),
                 env={**BASE_ENV, **env, **e.env},
                 log_path=run_dir / f"{inst.name}.log",
-                health_url=inst.url + "/health"),
+                health_url=inst.url + "/health", nice=e.nice),
             kind="engine", port=inst.port, devices=f"{where} {format_ids(ids)}",
             model=inst.served_model_name))
     router = None

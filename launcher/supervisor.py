@@ -51,6 +51,8 @@ class ProcessSpec:
     log_path: Path
     health_url: str | None
     """Healthy once this answers 200 (``None``: once started)."""
+    nice: int = 0
+    """Niceness added to the process (and so to its children)."""
 
 
 class State(enum.Enum):
@@ -180,7 +182,7 @@ class Supervisor:
             if m.restarts:
                 log.write(f"\n---- launcher: restart {m.restarts} ----\n".encode())
                 log.flush()
-            m.popen = spawn(m.spec.argv, self._env(m.spec.env), stdout=log)
+            m.popen = spawn(m.spec.argv, self._env(m.spec.env), stdout=log, nice=m.spec.nice)
         m.state = State.STARTING
         m.started_at = self.clock()
         m.sessions.add(m.popen.pid)
@@ -315,23 +317,26 @@ class Supervisor:
 # ---------------------------------------------------------------- process helpers
 
 
-def spawn(argv: list[str], env: dict[str, str], stdout: IO[bytes] | None
+def spawn(argv: list[str], env: dict[str, str], stdout: IO[bytes] | None, nice: int = 0
           ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a new session, to get SIGTERM when this process dies."""
+    """Start ``argv`` in a new session, to get SIGTERM when this process dies, ``nice``
+    added to its niceness."""
     return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
                             stderr=subprocess.STDOUT if stdout is not None else None,
-                            start_new_session=True, preexec_fn=_pdeathsig(os.getpid()))
+                            start_new_session=True, preexec_fn=_preexec(os.getpid(), nice))
 
 
-def _pdeathsig(parent: int) -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+def _preexec(parent: int, nice: int) -> Callable[[], None]:
+    linux = sys.platform.startswith("linux")
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if linux else None
 
     def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os._exit(1)
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # the launcher died before prctl took effect
+                os._exit(1)
+        if nice:
+            os.nice(nice)
 
     return preexec
 

@@ -37,8 +37,8 @@ from pydantic.dataclasses import dataclass
 
 from engine_ext.telemetry import publisher_binds
 from router.policies.registry import validate_settings
-from router.settings import (STRICT, Count, Port, Positive, PositiveInt, SettingsError, decode,
-                             suggest)
+from router.settings import (STRICT, Count, Niceness, Port, Positive, PositiveInt, SettingsError,
+                             decode, suggest)
 
 LOOPBACK = "127.0.0.1"
 SchedPolicy = Literal["stjf", "fcfs", "priority", "mlfq"]
@@ -162,6 +162,10 @@ class EngineConfig:
     """CPU cores (no GPU visible), split evenly over the replicas."""
     num_cpus: PositiveInt | None = None
     """CPU cores per replica (no GPU visible); default: an even share of the free cores."""
+    nice: Niceness = 0
+    """CPU scheduling niceness (Linux ``nice``, 0-19) of the engine's processes. Where the
+    router and its predictors share the engines' CPU cores (a CPU-only machine), a positive
+    value keeps routing decisions from waiting behind the engines' compute."""
     kv_cache_bytes: PositiveInt | None = None
     """KV cache size; default on CPU: 64 MiB for ``builtin:tiny-*``, else 1 GiB."""
     sched_policy: SchedPolicy | None = None

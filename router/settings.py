@@ -32,6 +32,7 @@ NonNegative = Annotated[float, Field(ge=0)]
 Positive = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 Port = Annotated[int, Field(ge=1, le=65535)]
+Niceness = Annotated[int, Field(ge=0, le=19)]
 
 T = TypeVar("T")
 

@@ -136,6 +136,14 @@ def test_cpu_slices(tmp_path: Path) -> None:
                      "tp-0": "12-13|14-15"}
 
 
+def test_engine_niceness(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, ROUTER + engine("a", "nice = 5\n") + engine("b"))
+    assert {p.spec.name: p.spec.nice for p in plan.engines} == {"a-0": 5, "b-0": 0}
+    assert plan.router is None or plan.router.spec.nice == 0
+    with pytest.raises(Exception, match=r"engines\.a\.nice"):
+        plan_of(tmp_path, ROUTER + engine("a", "nice = 20\n"))
+
+
 def test_cpu_pinned_core_missing(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match=r"engines\.a\.cpus: core\(s\) 4 not available"):
         plan_of(tmp_path, ROUTER + engine("a", "cpus = [4]\n"))

@@ -8,6 +8,7 @@ and workers once they have renamed themselves: no run-directory marker to find i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -214,3 +215,11 @@ def test_a_stable_process_gets_its_restart_budget_back(tmp_path: Path) -> None:
         assert events[0].detail == "killed by SIGKILL; restart 1 of 1 in 0.1 s"
     finally:
         sup.stop_all(grace_s=1)
+
+
+def test_nice_lowers_the_priority_of_the_process_and_its_children(sup: Supervisor,
+                                                                  tmp_path: Path) -> None:
+    m = sup.start(dataclasses.replace(spec(tmp_path), nice=5))
+    run_until(sup, lambda ev: m.state is State.UP and len(tree(m)) == 2)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert [p.nice() for p in tree(m)] == [base + 5, base + 5]
