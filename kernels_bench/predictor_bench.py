@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -25,7 +26,7 @@ from router.predictors.base import TpotQuery
 from router.predictors.loader import close_predictors, load_predictors
 from router.predictors.records import StageRecord
 from router.predictors.service import SERVED, ServiceSettings
-from router.predictors.sources import load_records
+from router.predictors.sources import load_records, parse_model_map, serve_as
 from router.types import RoutingRequest, WorkflowMeta
 
 METHOD = {"semantic_router": "confidence", "length": "remaining_tokens", "knn": "estimate",
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="a trained predictor (repeatable), e.g. length=artifacts/length")
     p.add_argument("--data", action="append", required=True,
                    help="records to build requests from (as for router.train)")
+    p.add_argument("--model-map", action="append", default=[], metavar="SERVED=TRACE,...",
+                   help="as the artifacts were trained with (kernels_bench artifacts)")
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--repeats", type=int, default=10, help="batches per size")
     p.add_argument("--workers", type=int, default=1, help="service worker processes")
@@ -162,9 +165,14 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     paths = dict(a.split("=", 1) for a in args.artifact)
     sizes = [int(b) for b in args.batches.split(",")]
-    records = load_records(args.data)
-    service = ServiceSettings(max_batch=max(sizes), workers=args.workers)
-    results = bench(paths, records, sizes, args.repeats, service)
+    try:
+        records = load_records(args.data)
+        if args.model_map:
+            records = serve_as(records, parse_model_map(args.model_map))
+        service = ServiceSettings(max_batch=max(sizes), workers=args.workers)
+        results = bench(paths, records, sizes, args.repeats, service)
+    except ValueError as e:  # ArtifactError among them
+        sys.exit(f"error: {e}")
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"machine": {"cpus": os.cpu_count(), "processor": platform.processor(),
                           "python": platform.python_version()},

@@ -18,6 +18,7 @@ stayed up for ``stable_s`` gets its restart budget (and backoff) back.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import enum
@@ -337,6 +338,9 @@ def _preexec(parent: int, nice: int) -> Callable[[], None]:
                 os._exit(1)
         if nice:
             os.nice(nice)
+            with contextlib.suppress(OSError):  # the session's scheduling group (Linux
+                with open("/proc/self/autogroup", "w") as f:  # autogroup): without it,
+                    f.write(str(nice))  # other sessions never see this niceness
 
     return preexec
 

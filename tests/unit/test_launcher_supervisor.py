@@ -223,3 +223,6 @@ def test_nice_lowers_the_priority_of_the_process_and_its_children(sup: Superviso
     run_until(sup, lambda ev: m.state is State.UP and len(tree(m)) == 2)
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert [p.nice() for p in tree(m)] == [base + 5, base + 5]
+    group = Path(f"/proc/{m.pid}/autogroup")
+    if group.exists():  # Linux autogroup: the niceness must reach the session's group too
+        assert group.read_text().split()[-1] == "5"
