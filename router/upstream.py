@@ -147,7 +147,7 @@ async def _timed(engine: str, chunks: AsyncIterator[bytes], timeouts: StreamTime
     """``chunks``, with ``UpstreamError`` (kind ``timeout``) when the first one takes longer
     than ``first_byte_s`` or a later one longer than ``stall_s``."""
     it = aiter(chunks)
-    limit, what = timeouts.first_byte_s, "before its first event"
+    limit, what, setting = timeouts.first_byte_s, "before its first event", "first_byte"
     while True:
         try:
             async with asyncio.timeout(limit):
@@ -155,12 +155,11 @@ async def _timed(engine: str, chunks: AsyncIterator[bytes], timeouts: StreamTime
         except StopAsyncIteration:
             return
         except TimeoutError:
-            setting = "first_byte" if what.startswith("before") else "stall"
             raise UpstreamError("timeout", 504, f"engine '{engine}' sent nothing for "
                                 f"{limit:g} s {what} (router.stream_{setting}_timeout_s)"
                                 ) from None
         yield data
-        limit, what = timeouts.stall_s, "between two events"
+        limit, what, setting = timeouts.stall_s, "between two events", "stall"
 
 
 async def relay_events(engine: str, chunks: AsyncIterator[bytes], result: StreamResult,
