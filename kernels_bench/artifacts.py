@@ -54,17 +54,14 @@ def current_key(folder: Path) -> str | None:
 def build(names: Sequence[str], data: Sequence[str], model_map: Sequence[str], out: Path,
           seed: int, holdout: float, sets: Sequence[str], force: bool = False,
           progress: bool = True) -> dict[str, str]:
-    """Train (or keep) every artifact of ``names``; ``{name: "trained" | "up to date"}``.
-    ``sets``: ``predictor.key=value`` settings. ValueError on bad input."""
+    """Train (or keep) every artifact of ``names`` (of ``PREDICTORS``); ``{name: "trained" |
+    "up to date"}``. ``sets``: ``predictor.key=value`` settings. ValueError on bad input."""
     status: dict[str, str] = {}
-    records: dict[bool, list[Any]] = {}
+    rows = load_rows(kind(names[0]), data, model_map)  # stage records: every PREDICTORS kind
     for name in names:
         k = kind(name)
         own = [s.partition(".")[2] for s in sets if s.partition(".")[0] == name]
         settings = parse_settings(k.settings, own)
-        if k.telemetry not in records:
-            records[k.telemetry] = load_rows(k, data, model_map)
-        rows = records[k.telemetry]
         info = data_info(data, rows, seed, holdout)
         if model_map:
             info["model_map"] = parse_model_map(model_map)
