@@ -364,7 +364,10 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "out"},
+    shown = {k: v for k, v in vars(args).items() if k != "out"}
+    if shown.get("base_src"):  # a checkout of this machine: by its name only
+        shown["base_src"] = Path(shown["base_src"]).name
+    args.out.write_text(json.dumps({"args": shown,
                                     "cells": [asdict(c) for c in cells], "summary": rows},
                                    indent=1, default=str))
     plot(rows, args.out.with_suffix(".png"))
