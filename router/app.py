@@ -126,6 +126,19 @@ def _error(exc: RequestError) -> web.Response:
     return _json(exc.body(), exc.status, headers)
 
 
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own 404 and 405 as OpenAI error objects, which clients' SDKs parse (the
+    path is not echoed: it may hold anything)."""
+    try:
+        return await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        what = "no such endpoint" if exc.status == 404 else \
+            f"{request.method[:16]} is not allowed here"
+        return _error(RequestError(exc.status, what, code="not_found" if exc.status == 404
+                                   else "method_not_allowed"))
+
+
 def overloaded(why: str) -> RequestError:
     """The 503 of a request the router sheds; the client should retry a second later."""
     return RequestError(503, f"the router is overloaded: {why}; retry later",
@@ -458,7 +471,7 @@ def create_app(config: ClusterConfig, core: RouterCore | None = None) -> web.App
     """The router's aiohttp app (``core`` defaults to ``RouterCore(config)``); serve it
     with ``RUNNER_OPTIONS``."""
     front = Front(config, core)
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
     app.router.add_post("/v1/chat/completions", front.chat)
     app.router.add_post("/v1/completions", front.completions)
     app.router.add_get("/v1/models", front.list_models, allow_head=False)
