@@ -12,7 +12,7 @@ Policy spec grammar: ``ROUTER[-static][:SCHED][+oracle][@KEY=VALUE,...]``.
   trace, for each model) as the engine priority, which the router forwards for the model
   it picks (``allow_client_priority`` is turned on for that run);
 - ``@KEY=VALUE,...``: settings of the router policy for this spec only, over the cluster
-  file's ``[router.policies.ROUTER]`` (values in TOML syntax), e.g.
+  file's ``[router.policies.ROUTER]`` (values in TOML syntax, without commas), e.g.
   ``chimera:stjf@tau=0.5,delta_s=0.1``: a sweep on one engine start.
 
 ``oracle`` alone is ``chimera:stjf+oracle``: Chimera's routing with STJF on true lengths
