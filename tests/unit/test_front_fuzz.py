@@ -19,8 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.app import create_app
-from router.config import load_cluster_config
-from tests.front_server import served
+from tests.front_server import one_engine_cluster, served
 
 EXAMPLES = int(os.environ.get("HETSERVE_FUZZ_EXAMPLES", "300"))
 ANSWER = {"id": "x", "object": "chat.completion", "choices": [],
@@ -77,13 +76,8 @@ def test_generated_requests_never_get_a_5xx(tmp_path: Path) -> None:
         engine_app.router.add_post("/v1/chat/completions", chat)
         engine_app.router.add_post("/v1/completions", chat)
         async with TestServer(engine_app, host="127.0.0.1") as engine:
-            (tmp_path / "c.toml").write_text(
-                '[router]\npolicy = "round_robin"\nport = 9322\n'
-                f'[[engines]]\nname = "a"\nurl = "http://127.0.0.1:{engine.port}"\n'
-                'model = "builtin:tiny-a"\nserved_model_name = "tiny-a"\n'
-                f'telemetry_endpoint = "ipc://{tmp_path}/a.t"\n'
-                f'kv_events_endpoint = "ipc://{tmp_path}/a.k"\n')
-            async with served(create_app(load_cluster_config(tmp_path / "c.toml"))) as client:
+            app = create_app(one_engine_cluster(tmp_path, engine.port, 9322))
+            async with served(app) as client:
                 statuses: dict[int, int] = {}
                 bad: list[Any] = []
 

@@ -12,8 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from router.app import create_app
-from router.config import load_cluster_config
-from tests.front_server import served
+from tests.front_server import one_engine_cluster, served
 
 ANSWER = {"id": "x", "object": "chat.completion", "choices": [],
           "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}
@@ -31,13 +30,8 @@ def test_beyond_max_inflight_a_503_with_retry_after(tmp_path: Path) -> None:
         engine_app = web.Application()
         engine_app.router.add_post("/v1/chat/completions", chat)
         async with TestServer(engine_app, host="127.0.0.1") as engine:
-            (tmp_path / "c.toml").write_text(
-                '[router]\npolicy = "round_robin"\nport = 9320\nmax_inflight = 1\n'
-                f'[[engines]]\nname = "a"\nurl = "http://127.0.0.1:{engine.port}"\n'
-                'model = "builtin:tiny-a"\nserved_model_name = "tiny-a"\n'
-                f'telemetry_endpoint = "ipc://{tmp_path}/a.t"\n'
-                f'kv_events_endpoint = "ipc://{tmp_path}/a.k"\n')
-            app = create_app(load_cluster_config(tmp_path / "c.toml"))
+            app = create_app(one_engine_cluster(tmp_path, engine.port, 9320,
+                                                "max_inflight = 1\n"))
             body = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
             async with served(app) as client:
                 first = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))

@@ -14,8 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from router.app import FRONT, create_app
-from router.config import load_cluster_config
-from tests.front_server import served
+from tests.front_server import one_engine_cluster, served
 
 EVENT = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
 
@@ -34,14 +33,8 @@ def test_a_stalled_stream_ends_with_an_error_and_the_engine_goes_down(tmp_path: 
         engine_app = web.Application()
         engine_app.router.add_post("/v1/chat/completions", chat)
         async with TestServer(engine_app, host="127.0.0.1") as engine:
-            (tmp_path / "c.toml").write_text(
-                '[router]\npolicy = "round_robin"\nport = 9321\n'
-                'stream_stall_timeout_s = 0.3\n'
-                f'[[engines]]\nname = "a"\nurl = "http://127.0.0.1:{engine.port}"\n'
-                'model = "builtin:tiny-a"\nserved_model_name = "tiny-a"\n'
-                f'telemetry_endpoint = "ipc://{tmp_path}/a.t"\n'
-                f'kv_events_endpoint = "ipc://{tmp_path}/a.k"\n')
-            app = create_app(load_cluster_config(tmp_path / "c.toml"))
+            app = create_app(one_engine_cluster(tmp_path, engine.port, 9321,
+                                                "stream_stall_timeout_s = 0.3\n"))
             body = {"model": "tiny-a", "stream": True,
                     "messages": [{"role": "user", "content": "hi"}]}
             async with served(app) as client:
