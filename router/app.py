@@ -39,7 +39,7 @@ from router.request import (AUTO_MODEL, Kind, ParsedRequest, RequestError, conte
 from router.tokenize import PromptInfo, Tokenizers
 from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest, WorkflowMeta
 from router.upstream import (StreamResult, StreamTimeouts, Upstream, UpstreamError,
-                             completion_tokens, relay_events)
+                             completion_tokens)
 
 MAX_BODY_BYTES = 32 * 2**20
 MAX_PROMPT_TOKENS = 1 << 20
@@ -187,8 +187,6 @@ class Front:
         self.models = served_models(config)
         self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
         self.upstream: Upstream | None = None
-        self.stream_timeouts = StreamTimeouts(r.stream_first_byte_timeout_s,
-                                              r.stream_stall_timeout_s)
         self.created = int(time.time())
         self.inflight = 0
         """Generation requests being handled (``[router] max_inflight`` bounds it)."""
@@ -200,8 +198,10 @@ class Front:
                         "tokenized with %s's, KV prefix estimates for the others are "
                         "approximate", next(iter(self.models)))
         await self.core.start()
-        self.upstream = Upstream(self.config.router.request_timeout_s,
-                                 self.config.router.max_inflight)
+        r = self.config.router
+        self.upstream = Upstream(r.request_timeout_s, r.max_inflight,
+                                 StreamTimeouts(r.stream_first_byte_timeout_s,
+                                                r.stream_stall_timeout_s))
         gc.collect()
         gc.freeze()  # tokenizers, templates, predictors: never garbage, never scanned again
 
@@ -400,7 +400,7 @@ class Front:
         assert self.upstream is not None
         try:
             resp = await self.upstream.open(decision.instance, decision.url.rstrip("/") + path,
-                                            body, headers)
+                                            body, headers, parsed.stream)
             if parsed.stream and resp.status == 200:
                 return await self._relay(request, completion, resp, parsed.include_usage,
                                          response_headers)
@@ -431,8 +431,8 @@ class Front:
         error: str | None = "aborted"
         try:
             await out.prepare(request)
-            async for event in relay_events(instance, resp.content.iter_any(), result,
-                                            keep_usage, self.stream_timeouts):
+            assert self.upstream is not None
+            async for event in self.upstream.events(instance, resp, result, keep_usage):
                 await out.write(event)
             await out.write_eof()
             error = None

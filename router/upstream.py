@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass
-from typing import AsyncIterator, Literal, Mapping
+from typing import AsyncIterator, Callable, Literal, Mapping
 
 import aiohttp
 import msgspec
@@ -53,6 +53,11 @@ def _map(exc: BaseException, engine: str) -> UpstreamError:
 _FAILURES = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, asyncio.TimeoutError) and not isinstance(
+        exc, aiohttp.ConnectionTimeoutError)
+
+
 @dataclass
 class StreamResult:
     """What a relayed response told about its generation."""
@@ -62,14 +67,28 @@ class StreamResult:
     usage_seen: bool = False
 
 
+@dataclass(frozen=True)
+class StreamTimeouts:
+    """Silences a streamed response may have (``[router] stream_*_timeout_s``)."""
+
+    first_byte_s: float
+    stall_s: float
+
+
 class Upstream:
     """Pooled HTTP client for every engine (create it inside the running event loop)."""
 
-    def __init__(self, read_timeout_s: float, max_connections: int) -> None:
+    def __init__(self, read_timeout_s: float, max_connections: int,
+                 stream: StreamTimeouts) -> None:
         """``read_timeout_s``: the longest silence from an engine (``[router]
         request_timeout_s``; a long non-streamed generation sends nothing until the end).
         ``max_connections``: to all engines together; the router admits no more requests
-        than that (``[router] max_inflight``), so none waits for the pool."""
+        than that (``[router] max_inflight``), so none waits for the pool. ``stream``: the
+        silences a streamed response may have instead, enforced by aiohttp's own read
+        timer (re-armed per read at no extra cost; a Python timer per event cost 7 us)."""
+        self._stream = stream
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=stream.first_byte_s)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
                                            keepalive_timeout=30.0),
@@ -83,22 +102,60 @@ class Upstream:
     async def aclose(self) -> None:
         await self._session.close()
 
-    async def open(self, engine: str, url: str, body: bytes,
-                   headers: Mapping[str, str]) -> aiohttp.ClientResponse:
-        """POST ``body`` to ``url`` and return the response with its body unread.
+    async def open(self, engine: str, url: str, body: bytes, headers: Mapping[str, str],
+                   stream: bool = False) -> aiohttp.ClientResponse:
+        """POST ``body`` to ``url`` and return the response with its body unread
+        (``stream``: its headers within the first-byte timeout).
 
         A 5xx answer is read, closed and raised as ``UpstreamError`` (kind ``status``);
         other statuses are returned (the caller releases them).
         """
         try:
-            resp = await self._session.post(url, data=body, headers=headers)
+            if stream:
+                resp = await self._session.post(url, data=body, headers=headers,
+                                                timeout=self._stream_timeout)
+            else:
+                resp = await self._session.post(url, data=body, headers=headers)
         except _FAILURES as exc:
+            if stream and _is_timeout(exc):
+                raise self._silent(engine, False) from None
             raise _map(exc, engine) from None
         if resp.status >= 500:
             detail = (await self.read(engine, resp)).decode("utf-8", "replace")[:500]
             raise UpstreamError("status", 502,
                                 f"engine '{engine}' answered {resp.status}: {detail}")
         return resp
+
+    async def events(self, engine: str, resp: aiohttp.ClientResponse, result: StreamResult,
+                     keep_usage: bool) -> AsyncIterator[bytes]:
+        """``relay_events`` of a response ``open`` returned with ``stream``; a silence
+        longer than the stream timeouts raises ``UpstreamError`` (kind ``timeout``) naming
+        the setting. The caller releases the response."""
+        first = True
+
+        def first_event() -> None:  # from now on, the stall limit between reads
+            nonlocal first
+            first = False
+            connection = resp.connection
+            if connection is not None and connection.protocol is not None:
+                connection.protocol.read_timeout = self._stream.stall_s
+                connection.protocol.start_timeout()
+
+        try:
+            async for event in relay_events(engine, resp.content.iter_any(), result,
+                                            keep_usage, first_event):
+                yield event
+        except UpstreamError as exc:
+            if exc.kind == "timeout":
+                raise self._silent(engine, not first) from None
+            raise
+
+    def _silent(self, engine: str, started: bool) -> UpstreamError:
+        limit, what, setting = ((self._stream.stall_s, "between two events", "stall")
+                                if started else (self._stream.first_byte_s,
+                                                 "before its first event", "first_byte"))
+        return UpstreamError("timeout", 504, f"engine '{engine}' sent nothing for {limit:g} s "
+                             f"{what} (router.stream_{setting}_timeout_s)")
 
     @staticmethod
     async def read(engine: str, resp: aiohttp.ClientResponse) -> bytes:
@@ -134,51 +191,23 @@ def completion_tokens(body: bytes) -> int:
     return 0 if usage is None else usage.completion_tokens
 
 
-@dataclass(frozen=True)
-class StreamTimeouts:
-    """Silences a streamed response may have (``[router] stream_*_timeout_s``)."""
-
-    first_byte_s: float
-    stall_s: float
-
-
-async def _timed(engine: str, chunks: AsyncIterator[bytes], timeouts: StreamTimeouts
-                 ) -> AsyncIterator[bytes]:
-    """``chunks``, with ``UpstreamError`` (kind ``timeout``) when the first one takes longer
-    than ``first_byte_s`` or a later one longer than ``stall_s``."""
-    it = aiter(chunks)
-    limit, what, setting = timeouts.first_byte_s, "before its first event", "first_byte"
-    while True:
-        try:
-            async with asyncio.timeout(limit):
-                data = await anext(it)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise UpstreamError("timeout", 504, f"engine '{engine}' sent nothing for "
-                                f"{limit:g} s {what} (router.stream_{setting}_timeout_s)"
-                                ) from None
-        yield data
-        limit, what, setting = timeouts.stall_s, "between two events", "stall"
-
-
 async def relay_events(engine: str, chunks: AsyncIterator[bytes], result: StreamResult,
-                       keep_usage: bool, timeouts: StreamTimeouts | None = None
+                       keep_usage: bool, on_first: Callable[[], None] | None = None
                        ) -> AsyncIterator[bytes]:
     """Yield the server-sent events of a response body (``chunks``) as soon as they are
     complete: all those one read completed, joined (one write to the client).
 
     Records the output tokens from usage chunks into ``result``; the usage-only chunk
-    (empty ``choices``) is dropped unless ``keep_usage``. With ``timeouts``, a silent
-    engine ends the stream with ``UpstreamError`` (kind ``timeout``). The caller releases
-    the response.
+    (empty ``choices``) is dropped unless ``keep_usage``. ``on_first`` is called when the
+    first bytes arrive. The caller releases the response.
     """
     buffer = b""
     events = 0
-    if timeouts is not None:
-        chunks = _timed(engine, chunks, timeouts)
     try:
         async for data in chunks:
+            if on_first is not None:
+                on_first()
+                on_first = None
             buffer += data
             *complete, buffer = _EVENT_END.split(buffer)
             out = []

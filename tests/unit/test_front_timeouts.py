@@ -10,10 +10,12 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from router.app import FRONT, create_app
+from router.upstream import StreamResult, StreamTimeouts, Upstream, UpstreamError
 from tests.front_server import one_engine_cluster, served
 
 EVENT = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
@@ -52,3 +54,47 @@ def test_a_stalled_stream_ends_with_an_error_and_the_engine_goes_down(tmp_path: 
                 async with client.post("/v1/chat/completions", json=body) as again:
                     assert again.status == 503  # nothing up until the probe succeeds
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("waits, fragment", [
+    ((0.1, 0.0), None),  # both silences within their limits
+    ((0.5, 0.0), r"0.3 s before its first event \(router.stream_first_byte_timeout_s\)"),
+    ((0.0, 0.3), r"0.15 s between two events \(router.stream_stall_timeout_s\)"),
+])
+def test_stream_timeouts_name_the_setting(waits: tuple[float, float],
+                                          fragment: str | None) -> None:
+    """The limits are aiohttp's read timer, switched from the first-byte limit to the
+    stall limit at the first event; real sockets on loopback."""
+    first_wait, later_wait = waits
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(first_wait)
+        await resp.write(EVENT)
+        await asyncio.sleep(later_wait)
+        await resp.write(EVENT)
+        return resp
+
+    async def relay() -> bytes:
+        engine_app = web.Application()
+        engine_app.router.add_post("/v1/chat/completions", chat)
+        async with TestServer(engine_app, host="127.0.0.1") as engine:
+            upstream = Upstream(10, 4, StreamTimeouts(0.3, 0.15))
+            try:
+                resp = await upstream.open("e", str(engine.make_url("/v1/chat/completions")),
+                                           b"{}", {}, stream=True)
+                try:
+                    return b"".join([e async for e in upstream.events("e", resp,
+                                                                      StreamResult(), False)])
+                finally:
+                    resp.release()
+            finally:
+                await upstream.aclose()
+
+    if fragment is None:
+        assert asyncio.run(relay()) == EVENT + EVENT
+        return
+    with pytest.raises(UpstreamError, match=fragment) as info:
+        asyncio.run(relay())
+    assert (info.value.kind, info.value.status) == ("timeout", 504)
