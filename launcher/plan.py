@@ -27,8 +27,10 @@ from router.config import (
     EngineConfig,
     EngineInstance,
     default_kv_cache_bytes,
+    http_url,
     parse_cluster_config,
 )
+from router.dispatch.peers import sync_endpoints
 
 RESOLVED_NAME = "cluster.resolved.toml"
 BASE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -58,7 +60,8 @@ class Plan:
     """The resolved cluster file (what the router loads)."""
     run_dir: Path
     engines: list[ProcessPlan]
-    router: ProcessPlan | None
+    routers: list[ProcessPlan]
+    """The router's processes: one, or ``router.workers``; none with ``--only``."""
     remote: list[EngineInstance]
     devices: Devices
     warnings: list[str]
@@ -67,8 +70,13 @@ class Plan:
     def config_path(self) -> Path:
         return self.run_dir / RESOLVED_NAME
 
+    @property
+    def router(self) -> ProcessPlan | None:
+        """The (first) router process."""
+        return self.routers[0] if self.routers else None
+
     def processes(self) -> list[ProcessPlan]:
-        return self.engines + ([self.router] if self.router else [])
+        return self.engines + self.routers
 
     def render(self) -> str:
         """The plan as ``--dry-run`` prints it."""
@@ -119,18 +127,30 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
                 health_url=inst.url + "/health", nice=e.nice),
             kind="engine", port=inst.port, devices=f"{where} {format_ids(ids)}",
             model=inst.served_model_name))
-    router = None
-    if not only:
-        assert resolved.router.port is not None
-        router = ProcessPlan(
-            spec=ProcessSpec(
-                name="router",
-                argv=[python, "-m", "router", "--config", str(run_dir / RESOLVED_NAME)],
-                env=dict(BASE_ENV), log_path=run_dir / "router.log",
-                health_url=resolved.router_url() + "/health"),
-            kind="router", port=resolved.router.port, devices="", model=resolved.router.policy)
+    routers = [] if only else _routers(resolved, run_dir, python)
     remote = [i for i in resolved.instances() if i.remote]
-    return Plan(resolved, run_dir, engines, router, remote, devices, warnings)
+    return Plan(resolved, run_dir, engines, routers, remote, devices, warnings)
+
+
+def _routers(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
+    """The router process, or ``router.workers`` of them, each health-checked on its own
+    port (the shared one answers from any of them)."""
+    r = cfg.router
+    assert r.port is not None
+    argv = [python, "-m", "router", "--config", str(run_dir / RESOLVED_NAME)]
+    if r.workers == 1:
+        return [ProcessPlan(
+            spec=ProcessSpec(name="router", argv=argv, env=dict(BASE_ENV),
+                             log_path=run_dir / "router.log",
+                             health_url=cfg.router_url() + "/health"),
+            kind="router", port=r.port, devices="", model=r.policy)]
+    assert r.worker_ports is not None
+    return [ProcessPlan(
+        spec=ProcessSpec(name=f"router-{i}", argv=[*argv, "--worker", str(i)],
+                         env=dict(BASE_ENV), log_path=run_dir / f"router-{i}.log",
+                         health_url=http_url(r.host, port) + "/health"),
+        kind="router", port=port, devices="", model=r.policy)
+        for i, port in enumerate(r.worker_ports)]
 
 
 def engine_argv(python: str, cfg: ClusterConfig, e: EngineConfig, inst: EngineInstance,
@@ -204,6 +224,16 @@ def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
             router = dataclasses.replace(router, port=alloc(router.host))
         else:
             check_free("router.port", router.host, router.port)
+        if router.workers > 1:
+            ports = router.worker_ports or [alloc(router.host) for _ in range(router.workers)]
+            if router.worker_ports:
+                for i, p in enumerate(ports):
+                    check_free(f"router.worker_ports[{i}]", router.host, p)
+            router = dataclasses.replace(router, worker_ports=ports,
+                                         sync_dir=router.sync_dir or str(run_dir))
+            assert router.sync_dir is not None and router.port is not None
+            for ep in sync_endpoints(router.sync_dir, router.port, router.workers):
+                _check_ipc_length(ep.removeprefix("ipc://"), "router.sync_dir")
     engines = []
     for e in cfg.engines:
         if e.remote:
@@ -227,10 +257,14 @@ def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
 
 def _ipc(run_dir: Path, instance: str, stream: str) -> str:
     path = run_dir / f"{instance}.{stream}"
-    if len(str(path).encode()) > _MAX_IPC_PATH:
-        raise LaunchError(f"run directory {run_dir} is too deep for an ipc:// socket "
-                          f"({path} is over {_MAX_IPC_PATH} bytes): pass a shorter --run-dir")
+    _check_ipc_length(str(path), "run directory")
     return f"ipc://{path}"
+
+
+def _check_ipc_length(path: str, what: str) -> None:
+    if len(path.encode()) > _MAX_IPC_PATH:
+        raise LaunchError(f"{what} {Path(path).parent} is too deep for an ipc:// socket "
+                          f"({path} is over {_MAX_IPC_PATH} bytes): pass a shorter --run-dir")
 
 
 def _one(values: list[int] | list[str]) -> int | str | list[int] | list[str]:

@@ -60,7 +60,7 @@ def launch(plan: Plan, console: Console, demo: bool = False) -> int:
                      unhealthy_after=la.unhealthy_after, stable_s=la.stable_s)
     stop = _StopRequest(sup)
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    router: Managed | None = None
+    routers: list[Managed] = []
     helpers: list[subprocess.Popen[bytes]] = []
     try:
         for w in plan.warnings:
@@ -69,22 +69,22 @@ def launch(plan: Plan, console: Console, demo: bool = False) -> int:
         engines = [sup.start(p.spec) for p in plan.engines]
         if not _wait_up(sup, engines, console, stop, "engines"):
             return 128 + stop.signum if stop.signum else 1
-        if plan.router:
-            router = sup.start(plan.router.spec)
-            if not _wait_up(sup, [router], console, stop, "the router"):
+        if plan.routers:
+            routers = [sup.start(p.spec) for p in plan.routers]
+            if not _wait_up(sup, routers, console, stop, "the router"):
                 return 128 + stop.signum if stop.signum else 1
-        console.raw(_summary(plan, engines, router))
+        console.raw(_summary(plan, engines, routers))
         client = None
         if demo:
             console.line("running the demo client")
             client = sup.spawn_plain([sys.executable, str(DEMO_CLIENT), "--base-url",
                                       plan.config.router_url() + "/v1"], dict(BASE_ENV))
             helpers.append(client)
-        return _supervise(sup, plan, router, console, stop, client)
+        return _supervise(sup, plan, routers, console, stop, client)
     finally:
         console.done()
         console.line("stopping the cluster")
-        sup.stop_all(la.grace_period_s, first=[router] if router else [], helpers=helpers)
+        sup.stop_all(la.grace_period_s, first=routers, helpers=helpers)
         for s, handler in previous.items():
             signal.signal(s, handler)
         console.line("stopped")
@@ -114,19 +114,19 @@ def _wait_up(sup: Supervisor, procs: list[Managed], console: Console, stop: _Sto
     return False
 
 
-def _supervise(sup: Supervisor, plan: Plan, router: Managed | None, console: Console,
+def _supervise(sup: Supervisor, plan: Plan, routers: list[Managed], console: Console,
                stop: _StopRequest, client: subprocess.Popen[bytes] | None) -> int:
-    """Restart what dies until a stop request (exit 0), the router gives up (1), or the
-    demo ``client`` ends (its exit code)."""
-    router_url = plan.config.router_url() if router else None
+    """Restart what dies until a stop request (exit 0), a router process gives up (1), or
+    the demo ``client`` ends (its exit code)."""
+    router_url = plan.config.router_url() if routers else None
     r = plan.config.router
     admin_key = min(load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"),
                     default=None)
     while not stop.signum:
         for ev in sup.step(restart=True):
             name = ev.proc.spec.name
-            if ev.proc is router:
-                console.line(f"router {'is up again' if ev.kind == 'up' else ev.detail}")
+            if ev.proc in routers:
+                console.line(f"{name} {'is up again' if ev.kind == 'up' else ev.detail}")
                 if ev.kind == "failed":
                     return 1
                 continue
@@ -156,17 +156,21 @@ def _mark(console: Console, router_url: str, instance: str, state: str,
         console.log(f"POST {url} failed: {e!r}")
 
 
-def _summary(plan: Plan, engines: list[Managed], router: Managed | None) -> str:
+def _summary(plan: Plan, engines: list[Managed], routers: list[Managed]) -> str:
     rows: list[list[object]] = [
         [p.spec.name, p.model, p.devices, p.port, m.pid, m.state.value]
         for p, m in zip(plan.engines, engines)]
     rows += [[i.name, i.served_model_name, "remote", i.url, "-", "remote"]
              for i in plan.remote]
     lines = [table(["ENGINE", "MODEL", "DEVICES", "PORT", "PID", "STATE"], rows), ""]
-    if router is not None:
-        uds = f", unix socket {plan.config.router.uds}" if plan.config.router.uds else ""
-        lines.append(f"router  {plan.config.router_url()}/v1  (policy "
-                     f"{plan.config.router.policy}, pid {router.pid}{uds})")
+    if routers:
+        r = plan.config.router
+        uds = f", unix socket {r.uds}" if r.uds else ""
+        pids = ", ".join(str(m.pid) for m in routers)
+        workers = (f", {r.workers} workers on ports {', '.join(map(str, r.worker_ports or []))}"
+                   if r.workers > 1 else "")
+        lines.append(f"router  {plan.config.router_url()}/v1  (policy {r.policy}, "
+                     f"pid {pids}{workers}{uds})")
     else:
         lines.append("router  not started (--only); on the router's host add to its "
                      "cluster file:\n" + _remote_entries(plan))

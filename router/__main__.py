@@ -1,8 +1,11 @@
-"""``python -m router --config cluster.toml [--host H] [--port P] [--uds PATH]``.
+"""``python -m router --config cluster.toml [--host H] [--port P] [--uds PATH] [--worker I]``.
 
 Serves the router's app (``router.app``, aiohttp on uvloop) on a TCP listener and, if a
 unix socket path is configured, on that socket too. Command-line values override the
-``[router]`` table; the TCP port must come from one of them.
+``[router]`` table; the TCP port must come from one of them. With ``router.workers`` > 1,
+this process is worker ``I`` of them: it shares the port with the others
+(``SO_REUSEPORT``) and also listens alone on ``router.worker_ports[I]`` when given
+(``router.dispatch.peers``).
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ from router.app import RUNNER_OPTIONS, create_app
 from router.config import ClusterConfig, ConfigError, load_cluster_config
 
 
-def _tcp_socket(host: str, port: int) -> socket.socket:
+def _tcp_socket(host: str, port: int, shared: bool = False) -> socket.socket:
+    """A listening socket; ``shared``: other router workers bind the same port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(BACKLOG)
     return sock
@@ -74,6 +80,13 @@ def _config(args: argparse.Namespace) -> ClusterConfig:
     router = dataclasses.replace(config.router, **overrides)
     if router.port is None:
         raise ConfigError(config.source, "router.port", "not set; give --port or set it")
+    if router.workers == 1 and args.worker is not None:
+        raise ConfigError(config.source, "router.workers", "1: --worker is for one of "
+                          "several router processes")
+    if router.workers > 1 and not (args.worker is not None and 0 <= args.worker
+                                   < router.workers):
+        raise ConfigError(config.source, "router.workers", f"{router.workers}: give --worker "
+                          f"I, I in 0..{router.workers - 1} (the launcher starts them all)")
     return dataclasses.replace(config, router=router)
 
 
@@ -83,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="TCP listen address (default: router.host, loopback)")
     parser.add_argument("--port", type=int, help="TCP port (default: router.port)")
     parser.add_argument("--uds", help="also listen on this unix socket (default: router.uds)")
+    parser.add_argument("--worker", type=int, metavar="I",
+                        help="this process's index among router.workers router processes")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     args = parser.parse_args(argv)
@@ -92,13 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         config = _config(args)
-        app = create_app(config)
+        app = create_app(config, worker=args.worker)
     except ValueError as exc:  # ConfigError, or a state the core rejects
         print(f"router: {exc}", file=sys.stderr)
         return 2
-    assert config.router.port is not None
+    r = config.router
+    assert r.port is not None
     try:
-        sockets = [_tcp_socket(config.router.host, config.router.port)]
+        sockets = [_tcp_socket(r.host, r.port, shared=r.workers > 1)]
+        if r.worker_ports and args.worker is not None:
+            sockets.append(_tcp_socket(r.host, r.worker_ports[args.worker]))
         if config.router.uds:
             sockets.append(_unix_socket(config.router.uds))
     except OSError as exc:

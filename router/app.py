@@ -176,12 +176,14 @@ class _Completion:
 class Front:
     """Request handling state shared by the endpoints (``app[FRONT]``)."""
 
-    def __init__(self, config: ClusterConfig, core: RouterCore | None = None) -> None:
+    def __init__(self, config: ClusterConfig, core: RouterCore | None = None,
+                 worker: int | None = None) -> None:
         self.config = config
         r = config.router
         self.keys = Keys(load_keys(r.api_keys_file, r.api_keys_env, "router API keys"),
                          load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"))
-        self.core = core or RouterCore(config, load_configured_predictors(config))
+        self.core = core or RouterCore(config, load_configured_predictors(config),
+                                       worker=worker)
         self.metrics = RouterMetrics(self.core, config.router.policy)
         self.instances = {i.name: i for i in config.instances()}
         self.models = served_models(config)
@@ -249,7 +251,7 @@ class Front:
                                        f"{', '.join(self.instances)}) or action '{state}' "
                                        "(up, down)", code="not_found"))
         reason = request.query.get("reason", "admin")
-        self.core.mark_engine(name, state == "up", reason)
+        self.core.admin_mark(name, state == "up", reason)
         return _json({"instance": name, "up": state == "up", "reason": reason})
 
     def _local(self, request: web.Request) -> bool:
@@ -467,10 +469,11 @@ def _decision_headers(decision: Decision, priority: int | None) -> dict[str, str
             "x-hetserve-priority": "none" if priority is None else str(priority)}
 
 
-def create_app(config: ClusterConfig, core: RouterCore | None = None) -> web.Application:
-    """The router's aiohttp app (``core`` defaults to ``RouterCore(config)``); serve it
-    with ``RUNNER_OPTIONS``."""
-    front = Front(config, core)
+def create_app(config: ClusterConfig, core: RouterCore | None = None,
+               worker: int | None = None) -> web.Application:
+    """The router's aiohttp app (``core`` defaults to ``RouterCore(config)``, as router
+    worker ``worker`` when ``router.workers`` > 1); serve it with ``RUNNER_OPTIONS``."""
+    front = Front(config, core, worker)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
     app.router.add_post("/v1/chat/completions", front.chat)
     app.router.add_post("/v1/completions", front.completions)

@@ -35,7 +35,7 @@ import tomli_w
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
-from engine_ext.telemetry import publisher_binds
+from engine_ext.telemetry import publisher_binds, subscriber_binds
 from router.policies.registry import validate_settings
 from router.settings import (STRICT, Count, Niceness, Port, Positive, PositiveInt, SettingsError,
                              decode, suggest)
@@ -45,6 +45,7 @@ SchedPolicy = Literal["stjf", "fcfs", "priority", "mlfq"]
 SCHED_POLICIES = get_args(SchedPolicy)
 """Engine scheduler policies (``engine_ext.serve --sched-policy``)."""
 MAX_REPLICAS = 4096
+MAX_WORKERS = 256
 """Most replicas one ``[[engines]]`` entry may ask for."""
 RESERVED_MODEL_NAMES = ("auto",)
 """Served model names the router keeps for itself."""
@@ -82,6 +83,18 @@ class RouterConfig:
     """TCP port; assigned by the launcher when left out."""
     uds: str | None = None
     """Also listen on this unix socket path."""
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 1
+    """Router processes serving ``port`` together, one per core: the kernel spreads the
+    clients' connections over them (``SO_REUSEPORT``). Each reads the engines' telemetry
+    itself; they share the program table and the launcher's and operators' engine marks
+    (``router.dispatch.peers``). The launcher starts them all; by hand, run
+    ``python -m router --worker I`` for I in 0..workers-1."""
+    worker_ports: list[Port] | None = None
+    """Each worker's own port on ``host`` (its ``/health``, ``/metrics`` and admin, one
+    process each); assigned by the launcher when left out."""
+    sync_dir: str | None = None
+    """Directory of the workers' ipc sockets (the shared program table); the launcher sets
+    its run directory."""
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The raw ``[router.policies.<name>]`` tables, validated by ``router.policies``."""
     predictors: dict[str, str] = field(default_factory=dict)
@@ -380,6 +393,7 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
     router = dataclasses.replace(
         router,
         uds=_abs(router.uds, base_dir),
+        sync_dir=_abs(router.sync_dir, base_dir),
         api_keys_file=_abs(router.api_keys_file, base_dir),
         admin_keys_file=_abs(router.admin_keys_file, base_dir),
         predictors={k: _abs(v, base_dir) for k, v in router.predictors.items()},
@@ -394,6 +408,7 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
         raise ConfigError(source, "router.host", f"{router.host!r} listens beyond loopback "
                           "without API keys: set api_keys_file or api_keys_env, or "
                           "insecure = true")
+    _check_workers(cfg)
     _check_names(cfg)
     _port_owners(cfg)
     _check_endpoints(cfg)
@@ -561,6 +576,8 @@ def _port_owners(cfg: ClusterConfig) -> dict[int, str]:
 
     if cfg.router.port is not None:
         claim(cfg.router.port, "router.port")
+    for i, port in enumerate(cfg.router.worker_ports or []):
+        claim(port, f"router.worker_ports[{i}]")
     endpoints: set[str] = set()
     for e in cfg.engines:
         key = f"engines.{e.name}"
@@ -577,6 +594,31 @@ def _port_owners(cfg: ClusterConfig) -> dict[int, str]:
                     endpoints.add(ep)
                     claim(port, f"{key}.{k}")
     return owners
+
+
+def _check_workers(cfg: ClusterConfig) -> None:
+    """Several router processes: each needs its own port, connects to every engine's
+    streams (an endpoint the router would bind takes one process only), and none keeps
+    per-program state beyond the shared program table."""
+    r = cfg.router
+    if r.worker_ports is not None and len(r.worker_ports) != r.workers:
+        raise ConfigError(cfg.source, "router.worker_ports", f"gives {len(r.worker_ports)} "
+                          f"ports for {r.workers} workers")
+    if r.workers == 1:
+        return
+    if r.uds:
+        raise ConfigError(cfg.source, "router.uds", "a unix socket is served by one process; "
+                          "leave it out with workers > 1")
+    if r.policy == "vinelm":
+        raise ConfigError(cfg.source, "router.workers", "vinelm keeps each program's plan in "
+                          "its router process; run one worker")
+    for e in cfg.engines:
+        for k in ("telemetry_endpoint", "kv_events_endpoint"):
+            for ep in _replica_values(getattr(e, k), e.replicas) or []:
+                if subscriber_binds(ep):
+                    raise ConfigError(cfg.source, f"engines.{e.name}.{k}", f"{ep!r} is bound "
+                                      f"by the router, which {r.workers} workers cannot share: "
+                                      "use ipc://, or tcp://*:PORT bound by the engine")
 
 
 def _check_endpoints(cfg: ClusterConfig) -> None:

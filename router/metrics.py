@@ -68,6 +68,18 @@ class _CoreCollector(Collector):
                                   value=stats.engine_down_events)
         yield CounterMetricFamily("hetserve_programs_expired", "workflow programs dropped "
                                   "after the TTL", value=stats.programs_expired)
+        yield GaugeMetricFamily("hetserve_programs", "workflow programs in the program "
+                                "table (running, or waiting for their next stage)",
+                                value=len(self._core.programs))
+        peers = self._core.peers
+        if peers is not None:
+            events = CounterMetricFamily("hetserve_peer_events", "program-table and engine-"
+                                         "mark changes among router workers (sent; applied, "
+                                         "malformed or rejected as received)",
+                                         labels=["outcome"])
+            for outcome in ("sent", "applied", "malformed", "rejected"):
+                events.add_metric([outcome], getattr(peers, outcome))
+            yield events
 
     def _engines(self) -> Iterator[Metric]:
         labels = ["engine", "model"]

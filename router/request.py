@@ -33,6 +33,9 @@ MAX_N = 128
 MAX_STAGES = 10_000
 """Largest ``workflow.num_stages``, ``stage_index`` and ``attempt``."""
 MAX_TOKEN_ID = 2**31 - 1
+MAX_LABEL_CHARS = 1024
+"""Longest ``workflow.program_id``, ``workflow`` and ``stage`` (the program table keeps
+ids, router workers send them to each other)."""
 TEMPLATE_KWARGS = {"enable_thinking": bool, "thinking": bool, "reasoning_effort": str}
 """The ``chat_template_kwargs`` a client may set, with their types: switches the shipped
 templates read. A client's own template (``chat_template``, top level or inside the kwargs)
@@ -180,6 +183,14 @@ def _bool(value: Any, param: str) -> bool:
     return value
 
 
+def _label(value: Any, param: str) -> str:
+    value = _str(value, param)
+    if len(value) > MAX_LABEL_CHARS:
+        raise _bad(f"'{param}' must be at most {MAX_LABEL_CHARS} characters, got "
+                   f"{len(value)}", param)
+    return value
+
+
 def _str_list(value: Any, param: str) -> list[str]:
     if not isinstance(value, list):
         raise _bad(f"'{param}' must be an array of strings, got {_type(value)}", param,
@@ -204,9 +215,9 @@ def _objective(value: Any, param: str) -> Objective:
 # ---------------------------------------------------------------- workflow metadata
 
 WORKFLOW_FIELDS: dict[str, Callable[[Any, str], Any]] = {
-    "program_id": _str,
-    "workflow": _str,
-    "stage": _str,
+    "program_id": _label,
+    "workflow": _label,
+    "stage": _label,
     "stage_index": lambda v, p: _int(v, p, 0, MAX_STAGES - 1),
     "num_stages": lambda v, p: _int(v, p, 1, MAX_STAGES),
     "final": _bool,

@@ -15,6 +15,9 @@ request for ``--seconds`` after a one-second warm-up. Targets:
   router.train``, one epoch: the accuracy is not the point here, the inference cost is);
 - ``hetserve@base:<policy>``: the same from another checkout (``--base-src``), to compare
   a change in the same run;
+- ``hetserve:<policy>/<N>``: ``N`` router processes on one port (``[router] workers``),
+  not pinned: they share every core with the stand-ins and wrk (compare ``/1``, one such
+  process, in the same run);
 - ``vllm-router:<policy>`` and ``smg:<policy>``: the Rust routers from PyPI, unchanged
   (``make peers``; skipped with a line when not installed);
 - ``passthrough``: ``kernels_bench.front.passthrough``, the Python ceiling.
@@ -44,7 +47,7 @@ from typing import Iterator
 
 import httpx
 
-from kernels_bench.front import wrk
+from kernels_bench.front import openloop, wrk
 
 TARGETS = ("direct", "hetserve:round_robin", "hetserve:vllm", "hetserve:chimera",
            "hetserve:chimera-trained", "vllm-router:round_robin", "smg:round_robin",
@@ -138,12 +141,17 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.
 
 
 def _cluster_toml(policy: str, port: int, engines: list[str], tmp: Path,
-                  artifacts: Path) -> tuple[Path, str]:
-    """A router cluster file over the stand-ins, and the model the requests name."""
+                  artifacts: Path, worker_ports: list[int]) -> tuple[Path, str]:
+    """A router cluster file over the stand-ins (``worker_ports``: one per router worker,
+    none for a lone router), and the model the requests name."""
     trained = policy == "chimera-trained"
     chimera = policy.startswith("chimera")
     lines = ["[router]", f'policy = "{"chimera" if chimera else policy}"', 'host = "127.0.0.1"',
-             f"port = {port}", ""]
+             f"port = {port}"]
+    if worker_ports:
+        lines += [f"workers = {len(worker_ports)}", f"worker_ports = {worker_ports}",
+                  f'sync_dir = "{tmp}"']
+    lines.append("")
     if trained:
         root = ensure_artifacts(artifacts).resolve()
         lines += ["[router.predictors]", *(f'{n} = "{root / n}"' for n in TRAIN),
@@ -157,7 +165,7 @@ def _cluster_toml(policy: str, port: int, engines: list[str], tmp: Path,
                   'model = "builtin:tiny-a"', f'served_model_name = "{served}"',
                   f'telemetry_endpoint = "ipc://{tmp}/e{i}.telemetry"',
                   f'kv_events_endpoint = "ipc://{tmp}/e{i}.kv"', ""]
-    path = tmp / f"{policy}.toml"
+    path = tmp / f"{policy}-{len(worker_ports)}.toml"
     path.write_text("\n".join(lines))
     return path, "auto" if chimera else "tiny-a"
 
@@ -182,8 +190,22 @@ def _router(target: str, engines: list[str], core: int | None, base_src: str | N
     if kind == "direct":
         yield engines[0], "tiny-a"
         return
+    policy, _, workers = policy.partition("/")
+    if workers and kind == "hetserve":  # every worker on every core
+        n = int(workers)
+        worker_ports = [_free_port() for _ in range(n)] if n > 1 else []
+        config, model = _cluster_toml(policy, port, engines, tmp, artifacts, worker_ports)
+        cmd = [sys.executable, "-m", "router", "--config", str(config), "--log-level", "warning"]
+        with contextlib.ExitStack() as stack:
+            for i, ready_url in enumerate([f"http://127.0.0.1:{p}" for p in worker_ports]
+                                          or [url]):
+                argv = [*cmd, "--worker", str(i)] if worker_ports else cmd
+                proc = stack.enter_context(_process(argv, env=env))
+                _wait_ready(ready_url + "/health", proc)
+            yield url, model
+        return
     if kind in ("hetserve", "hetserve@base"):
-        config, model = _cluster_toml(policy, port, engines, tmp, artifacts)
+        config, model = _cluster_toml(policy, port, engines, tmp, artifacts, [])
         cmd = [sys.executable, "-m", "router", "--config", str(config), "--log-level", "warning"]
         if kind == "hetserve@base":
             assert base_src is not None
@@ -241,7 +263,8 @@ def run(args: argparse.Namespace) -> list[Cell]:
     with tempfile.TemporaryDirectory(prefix="hs-front-", dir="/tmp") as tmp, \
             _process(_pinned(args.load_core, standin)) as engine_proc:
         _wait_ready(engines[0] + "/v1/models", engine_proc)
-        total = len(targets) * args.repeats * len(args.modes) * len(args.connections)
+        total = len(targets) * args.repeats * (len(args.modes) * len(args.connections)
+                                               + len(args.open_rates))
         done = 0
         for repeat in range(args.repeats):
             shift = repeat % len(targets)
@@ -261,7 +284,29 @@ def run(args: argparse.Namespace) -> list[Cell]:
                             print(f"[{done}/{total}] {target:28} {mode:6} c={conns:<5} "
                                   f"{r.ok_per_s:9.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
                                   f"p99 {r.p99_ms:8.2f} ms  errors {r.errors}", flush=True)
+                    for rate in args.open_rates:
+                        r = _open_loop(url + "/v1/chat/completions", _body(model, False),
+                                       rate, args.seconds, args.load_core)
+                        done += 1
+                        cells.append(Cell(target, "open", rate, repeat, r.ok_per_s, r.p50_ms,
+                                          r.p99_ms, r.errors, r.requests))
+                        print(f"[{done}/{total}] {target:28} open   {rate:>5} req/s sent "
+                              f"{r.ok_per_s:6.0f} ok/s  p50 {r.p50_ms:7.2f} ms  "
+                              f"p99 {r.p99_ms:8.2f} ms  errors {r.errors}", flush=True)
     return cells
+
+
+def _open_loop(url: str, body: dict[str, object], rate: int, seconds: float,
+               core: int | None) -> wrk.WrkResult:
+    """``openloop.run`` from this process, on ``core`` like wrk."""
+    before = os.sched_getaffinity(0)
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    try:
+        openloop.run(url, body, rate, 1.0)  # warm-up
+        return openloop.run(url, body, rate, seconds)
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def summarize(cells: list[Cell]) -> list[dict[str, object]]:
@@ -275,13 +320,35 @@ def summarize(cells: list[Cell]) -> list[dict[str, object]]:
         base = groups.get((BASELINE, mode, conns))
         ratio = statistics.fmean(rates) / statistics.fmean(c.ok_per_s for c in base) \
             if base else None
-        rows.append({"target": target, "mode": mode, "connections": conns,
-                     "ok_per_s": statistics.fmean(rates), "min": min(rates), "max": max(rates),
-                     "p50_ms": statistics.median(c.p50_ms for c in group),
-                     "p99_ms": statistics.median(c.p99_ms for c in group),
-                     "errors": sum(c.errors for c in group), "repeats": len(group),
-                     "ratio_to_vllm_router": ratio})
+        row: dict[str, object] = {
+            "target": target, "mode": mode, "connections": conns,
+            "ok_per_s": statistics.fmean(rates), "min": min(rates), "max": max(rates),
+            "p50_ms": statistics.median(c.p50_ms for c in group),
+            "p99_ms": statistics.median(c.p99_ms for c in group),
+            "errors": sum(c.errors for c in group), "repeats": len(group),
+            "ratio_to_vllm_router": ratio}
+        direct = {c.repeat: c.p99_ms for c in groups.get(("direct", mode, conns), [])}
+        if mode == "open" and direct and target != "direct":
+            added = [c.p99_ms - direct[c.repeat] for c in group if c.repeat in direct]
+            row["added_p99_ms"] = [statistics.median(added), min(added), max(added)]
+        rows.append(row)
     return rows
+
+
+def open_table(rows: list[dict[str, object]]) -> str:
+    """The open-loop cells: latency at a fixed rate, and what each target adds to
+    ``direct``'s p99 (paired by repeat: median, min-max)."""
+    lines = ["| target | rate (req/s) | ok/s | p50 ms | p99 ms | added p99 ms (min-max) | "
+             "errors |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["mode"] != "open":
+            continue
+        added = r.get("added_p99_ms")
+        shown = "-" if not isinstance(added, list) else \
+            f"{added[0]:.2f} ({added[1]:.2f} to {added[2]:.2f})"
+        lines.append(f"| {r['target']} | {r['connections']} | {r['ok_per_s']:,.0f} | "
+                     f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {shown} | {r['errors']} |")
+    return "\n".join(lines)
 
 
 def table(rows: list[dict[str, object]]) -> str:
@@ -302,6 +369,7 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if r["mode"] != "open"]
     modes = sorted({str(r["mode"]) for r in rows})
     fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
     for ax, mode in zip(axes[0], modes):
@@ -335,6 +403,11 @@ def main(argv: list[str] | None = None) -> None:
                         default=[32, 256, 1024])
     parser.add_argument("--modes", type=lambda s: s.split(","), default=["plain", "stream"],
                         help="plain, stream")
+    parser.add_argument("--open-rates", type=lambda s: [int(x) for x in s.split(",") if x],
+                        default=[], metavar="R,...",
+                        help="also send plain requests at these fixed rates (requests/s, "
+                        "open loop, kernels_bench.front.openloop): the latency a router adds "
+                        "at a given load is its p99 minus direct's at the same rate")
     parser.add_argument("--seconds", type=float, default=10.0, help="per cell")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--chunks", type=int, default=8, help="SSE events per streamed answer")
@@ -354,6 +427,13 @@ def main(argv: list[str] | None = None) -> None:
         if kind not in KINDS or bool(policy) != (kind not in ("direct", "passthrough")):
             parser.error(f"--targets: unknown {target!r}; give direct, passthrough, or "
                          "<hetserve|hetserve@base|vllm-router|smg>:<policy>")
+        workers = policy.partition("/")[2]
+        if "/" in policy and not (kind == "hetserve" and workers.isdigit()
+                                  and 1 <= int(workers) <= 64):
+            parser.error(f"--targets: {target!r}: /N (1 to 64 router workers) is for "
+                         "hetserve:<policy>/N")
+    if any(not 1 <= r <= 20_000 for r in args.open_rates):
+        parser.error("--open-rates: each rate in 1..20000 requests/s")
     if args.repeats < 1 or args.seconds <= 0:
         parser.error("--repeats must be >= 1 and --seconds > 0")
     try:
@@ -362,7 +442,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"front: {exc}")
     rows = summarize(cells)
     print()
-    print(table(rows))
+    print(table([r for r in rows if r["mode"] != "open"]))
+    if args.open_rates:
+        print()
+        print(open_table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     shown = {k: v for k, v in vars(args).items() if k != "out"}
     if shown.get("base_src"):  # a checkout of this machine: by its name only

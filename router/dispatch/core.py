@@ -25,6 +25,7 @@ from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_deco
                                   snapshot_decoder)
 from router.dispatch.collector import BatchCollector
 from router.dispatch.health_probe import HealthProber
+from router.dispatch.peers import Completed, Marked, PeerEvent, Peers, Routed, sync_endpoints
 from router.dispatch.subscriber import StreamSubscriber
 from router.policies.base import Policy
 from router.policies.registry import build_policy
@@ -55,7 +56,9 @@ class _Failed:
 class RouterCore:
     def __init__(self, config: Any, predictors: PredictorSet | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, worker: int | None = None) -> None:
+        """``worker``: this process's index among ``config.router.workers`` router
+        processes serving one port (``router.dispatch.peers``); None for a lone router."""
         r = config.router
         self.config = config
         self.clock, self.wall_clock = clock, wall_clock
@@ -85,6 +88,17 @@ class RouterCore:
                                    backoff_s=getattr(r, "breaker_backoff_s", None) or 1.0,
                                    backoff_max_s=getattr(r, "breaker_backoff_max_s", None)
                                    or 30.0)
+        self.peers = self._peers(r, worker)
+
+    def _peers(self, r: Any, worker: int | None) -> Peers | None:
+        workers = getattr(r, "workers", 1)
+        if workers == 1:
+            return None
+        if worker is None or not getattr(r, "sync_dir", None) or r.port is None:
+            raise ValueError(f"router.workers = {workers}: each process needs --worker I "
+                             "(0..workers-1), router.port and router.sync_dir (the launcher "
+                             "sets both)")
+        return Peers(sync_endpoints(r.sync_dir, r.port, workers), worker, self._apply_peer)
 
     # ---- lifecycle ----
 
@@ -108,6 +122,8 @@ class RouterCore:
         try:
             await self.snapshots.start(self._ctx)
             await self.kv_events.start(self._ctx)
+            if self.peers is not None:
+                await self.peers.start(self._ctx)
         except ValueError:
             await self.stop()
             raise
@@ -119,6 +135,8 @@ class RouterCore:
             await self._batching[1].stop(NoEngineAvailable("the router is shutting down"))
         await self.snapshots.stop()
         await self.kv_events.stop()
+        if self.peers is not None:
+            await self.peers.stop()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -245,6 +263,8 @@ class RouterCore:
             sent_wall=self.wall_clock()))
         if dec.program_id is not None:
             self.programs.routed(dec.program_id, dec.model, now)
+            if self.peers is not None:
+                self.peers.publish(Routed(dec.program_id, dec.model))
         self._stats.decisions[(dec.policy, dec.model)] += 1
         return dataclasses.replace(dec, cached_tokens=cached)
 
@@ -262,6 +282,28 @@ class RouterCore:
         if decision.program_id is not None:
             self.programs.completed(decision.program_id, decision.final, error is not None,
                                     self.clock())
+            if self.peers is not None:
+                self.peers.publish(Completed(decision.program_id, decision.final,
+                                             error is not None))
+
+    def admin_mark(self, instance: str, up: bool, reason: str) -> None:
+        """The launcher's or an operator's verdict on an engine: applied here and sent to
+        the other router workers (ValueError: an unknown instance)."""
+        self.mark_engine(instance, up, reason)
+        if self.peers is not None:
+            self.peers.publish(Marked(instance, up, reason))
+
+    def _apply_peer(self, event: PeerEvent) -> None:
+        """A change another router worker made (ValueError: one naming what is not here)."""
+        now = self.clock()
+        if isinstance(event, Marked):
+            self.mark_engine(event.instance, event.up, event.reason)
+        elif isinstance(event, Routed):
+            if not any(e.model == event.model for e in self.table.engines.values()):
+                raise ValueError(f"unknown model {event.model!r}")
+            self.programs.routed(event.program_id, event.model, now)
+        else:
+            self.programs.completed(event.program_id, event.final, event.error, now)
 
     def mark_engine(self, instance: str, up: bool, reason: str, probe: bool = False) -> None:
         """Mark an engine down or back up. ``probe=True`` (a failed HTTP call): the

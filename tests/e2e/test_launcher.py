@@ -38,13 +38,13 @@ needs_router = pytest.mark.skipif(importlib.util.find_spec("router.__main__") is
 class Launcher:
     """``python -m launcher examples/demo.toml ARGS`` with its output in a file."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, config: Path = DEMO) -> None:
         self.run_dir = tmp_path / "run"
         self.out_path = tmp_path / "launcher.out"
         with open(self.out_path, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "launcher", str(DEMO), "--run-dir", str(self.run_dir),
-                 *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                [sys.executable, "-m", "launcher", str(config), "--run-dir",
+                 str(self.run_dir), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         return self.out_path.read_text(errors="replace")
@@ -128,8 +128,8 @@ def healthy(url: str) -> bool:
 def launcher_factory(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
     started: list[Launcher] = []
 
-    def start(*args: str) -> Launcher:
-        started.append(Launcher(tmp_path, *args))
+    def start(*args: str, config: Path = DEMO) -> Launcher:
+        started.append(Launcher(tmp_path, *args, config=config))
         return started[-1]
 
     yield start
@@ -199,14 +199,57 @@ def test_engines_healthy_restarted_and_stopped(
     sigterm_leaves_nothing(la, cfg)
 
 
+def metric(url: str, name: str) -> float:
+    """One sample of the router process at ``url``'s ``/metrics``."""
+    text = httpx.get(url + "/metrics", timeout=5).text
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert found is not None, f"{name} not in {url}/metrics"
+    return float(found.group(1))
+
+
+def programs_follow_across_workers(cfg: ClusterConfig) -> None:
+    """A program's first stage through worker 0's own port, the next through worker 1's:
+    worker 1 has the program in its table before the call (sent by worker 0) and routes
+    the stage to the model the first one got; the final stage clears both tables."""
+    assert cfg.router.worker_ports is not None
+    w0, w1 = (f"http://127.0.0.1:{p}" for p in cfg.router.worker_ports)
+
+    def stage(url: str, index: int) -> str:
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "auto", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            "workflow": {"program_id": "p-1", "stage_index": index, "num_stages": 2,
+                         "final": index == 1}})
+        assert r.status_code == 200, r.text
+        return r.headers["x-hetserve-model"]
+
+    first = stage(w0, 0)
+    deadline = time.monotonic() + 10
+    while metric(w1, "hetserve_programs") < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(w1, "hetserve_programs") == 1
+    assert metric(w1, 'hetserve_peer_events_total{outcome="applied"}') >= 1
+    assert stage(w1, 1) == first
+    deadline = time.monotonic() + 10
+    while metric(w0, "hetserve_programs") > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(w0, "hetserve_programs") == metric(w1, "hetserve_programs") == 0
+
+
 @needs_router
-def test_demo_cluster(launcher_factory: Callable[..., Launcher]) -> None:
-    """The whole demo: the router answers the client; an engine killed is marked down,
-    requests succeed on the other one, it comes back; SIGTERM stops every process."""
-    la = launcher_factory()
+def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path) -> None:
+    """The whole demo, with two router processes on one port (``workers = 2``): the
+    router answers the client; a program's stages follow its model across the workers;
+    an engine killed is marked down, requests succeed on the other one, it comes back;
+    SIGTERM stops every process."""
+    config = tmp_path / "demo-workers.toml"
+    config.write_text(DEMO.read_text().replace('[router]\n', '[router]\nworkers = 2\n', 1))
+    la = launcher_factory(config=config)
     cfg = la.wait_up()
+    assert cfg.router.workers == 2
     base_url = cfg.router_url() + "/v1"
     assert all(healthy(i.url) for i in cfg.instances()) and healthy(cfg.router_url())
+    assert all(healthy(f"http://127.0.0.1:{p}") for p in cfg.router.worker_ports or [])
+    programs_follow_across_workers(cfg)
     client = subprocess.run([sys.executable, str(ROOT / "examples" / "demo_client.py"),
                              "--base-url", base_url], capture_output=True, text=True,
                             timeout=600)

@@ -444,3 +444,27 @@ def test_a_wrong_type_anywhere_names_its_key(tmp_path: Path, table: str, name: s
                     f"{table}.{name}" + (".z" if name in ("policies", "predictors", "env")
                                          else ""))
     assert problem.startswith("expected "), problem
+
+
+@pytest.mark.parametrize("router, engine_extra, key, fragment", [
+    ('workers = 2\nuds = "r.sock"\n', "", "router.uds", "served by one process"),
+    ('workers = 2\nworker_ports = [9001]\n', "", "router.worker_ports",
+     "gives 1 ports for 2 workers"),
+    ("workers = 2\n", 'telemetry_endpoint = "tcp://127.0.0.1:7000"\n',
+     "engines.a.telemetry_endpoint", "2 workers cannot share"),
+    ("workers = 0\n", "", "router.workers", None),
+])
+def test_router_workers_refusals(tmp_path: Path, router: str, engine_extra: str, key: str,
+                                 fragment: str | None) -> None:
+    problem = error(tmp_path, ROUTER + router + ENGINE_A + engine_extra, key)
+    assert fragment is None or fragment in problem
+
+
+def test_router_workers_with_vinelm_refused(tmp_path: Path) -> None:
+    text = ROUTER.replace("chimera", "vinelm") + "workers = 2\n" + ENGINE_A
+    assert "run one worker" in error(tmp_path, text, "router.workers")
+
+
+def test_router_workers_ports_claimed(tmp_path: Path) -> None:
+    text = ROUTER + "port = 9000\nworkers = 2\nworker_ports = [9001, 9000]\n" + ENGINE_A
+    assert "port clash" in error(tmp_path, text, "router.worker_ports[1]")

@@ -10,7 +10,8 @@ import socket
 import aiohttp
 import pytest
 
-from kernels_bench.front import standin, wrk
+from kernels_bench.front import openloop, standin, wrk
+from kernels_bench.front.wrk import WrkResult
 
 REPORT = """Running 5s test @ http://127.0.0.1:8000/v1/chat/completions
   1 threads and 32 connections
@@ -69,3 +70,51 @@ def test_standin_answers_chat_stream_and_models() -> None:
             server.cancel()
             await asyncio.gather(server, return_exceptions=True)
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("target", ["hetserve:round_robin/0", "hetserve:round_robin/x",
+                                    "vllm-router:round_robin/2", "hetserve@base:vllm/2"])
+def test_router_workers_only_for_hetserve(target: str, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    from kernels_bench.front import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--targets", target])
+    assert "router workers" in capsys.readouterr().err
+
+
+def test_open_loop_sends_at_its_rate_and_counts_failures() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    body: dict[str, object] = {"model": "tiny-a"}
+
+    async def go() -> tuple[WrkResult, WrkResult]:
+        refused = await openloop.measure(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                         body, 100, 0.2, 5)
+        server = asyncio.ensure_future(standin.serve([port], chunks=3))
+        try:
+            await asyncio.sleep(0.3)
+            ok = await openloop.measure(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                        body, 200, 0.5, 5)
+        finally:
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+        return refused, ok
+
+    refused, ok = asyncio.run(go())
+    assert (refused.requests, refused.socket_errors, refused.ok_per_s) == (20, 20, 0)
+    assert ok.requests == 100 and ok.errors == 0 and 0 < ok.p50_ms <= ok.p99_ms
+    assert 100 <= ok.ok_per_s <= 250  # 100 answers over the half second they were sent in
+
+
+def test_added_p99_is_paired_by_repeat() -> None:
+    from kernels_bench.front.cli import Cell, summarize
+
+    cells = [Cell("direct", "open", 500, 0, 500, 1, 2.0, 0, 500),
+             Cell("direct", "open", 500, 1, 500, 1, 5.0, 0, 500),
+             Cell("hetserve:vllm", "open", 500, 0, 500, 2, 6.0, 0, 500),
+             Cell("hetserve:vllm", "open", 500, 1, 500, 2, 6.0, 0, 500)]
+    rows = {r["target"]: r for r in summarize(cells)}
+    assert rows["hetserve:vllm"]["added_p99_ms"] == [2.5, 1.0, 4.0]
+    assert "added_p99_ms" not in rows["direct"]

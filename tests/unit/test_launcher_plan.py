@@ -287,3 +287,20 @@ def test_cli_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main([str(path), "--dry-run"]) == 2
     assert capsys.readouterr().err == (f"error: {path}: engines.a.max_num_seq: unknown key "
                                        "(did you mean 'max_num_seqs'?)\n")
+
+
+def test_router_workers(tmp_path: Path) -> None:
+    """``workers = 2``: two router processes, each with --worker I and its own port for
+    health checks, the program table's sockets in the run directory."""
+    plan = plan_of(tmp_path, ROUTER + "port = 8090\nworkers = 2\n" + engine("a"))
+    r = plan.config.router
+    assert r.port == 8090 and r.worker_ports == [8100, 8101]
+    assert r.sync_dir == str(tmp_path / "run")
+    assert [p.spec.name for p in plan.routers] == ["router-0", "router-1"]
+    assert [flag(p.spec.argv, "--worker") for p in plan.routers] == ["0", "1"]
+    assert [p.spec.health_url for p in plan.routers] == [
+        "http://127.0.0.1:8100/health", "http://127.0.0.1:8101/health"]
+    assert plan.router is plan.routers[0]
+    one = plan_of(tmp_path, ROUTER + engine("a"))
+    assert [p.spec.name for p in one.routers] == ["router"]
+    assert flag(one.routers[0].spec.argv, "--worker") is None

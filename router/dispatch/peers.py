@@ -1,0 +1,156 @@
+"""Router workers: N router processes serve one port, and share what must be shared.
+
+With ``[router] workers = N`` the kernel spreads the clients' connections over N router
+processes bound to one port (``SO_REUSEPORT``, ``python -m router --worker I``). Each
+subscribes to every engine's telemetry and KV events itself and keeps its own in-flight
+ledger: load is read from the engines, so nothing of that needs sharing. Two things do:
+
+- the program table: a program's next stage may reach any worker, and must go to the
+  model its first stage got (Chimera's stickiness);
+- engine marks by the launcher or an operator (``POST /admin/engines/...``), which reach
+  one worker through the shared port.
+
+Each worker publishes those changes on its own ZeroMQ PUB socket (``ipc://`` in
+``[router] sync_dir``) and applies its peers' (one SUB socket connected to all of them).
+A program's stages are sequential (the next is sent after the last one answered), so a
+peer has the change long before the program's next call. A worker that restarts starts
+with an empty table: a program whose next stage reaches it first is routed afresh.
+
+The receive loop is as total as the telemetry's: bounded message size, a strict decoder,
+an event naming an unknown model or engine counted and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Annotated, Callable
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from router.request import MAX_LABEL_CHARS
+
+MAX_PEER_MESSAGE_BYTES = 64 << 10
+"""Largest message a worker takes from a peer (an event is a few hundred bytes)."""
+
+_Label = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_CHARS)]
+_Name = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class Routed(msgspec.Struct, tag="routed", array_like=True, frozen=True):
+    """A stage of ``program_id`` was routed to ``model``."""
+
+    program_id: _Label
+    model: _Name
+
+
+class Completed(msgspec.Struct, tag="completed", array_like=True, frozen=True):
+    """A stage of ``program_id`` ended."""
+
+    program_id: _Label
+    final: bool
+    error: bool
+
+
+class Marked(msgspec.Struct, tag="marked", array_like=True, frozen=True):
+    """The launcher or an operator marked ``instance`` up or down."""
+
+    instance: _Name
+    up: bool
+    reason: Annotated[str, msgspec.Meta(max_length=1024)]
+
+
+PeerEvent = Routed | Completed | Marked
+
+log = logging.getLogger("hetserve.router.peers")
+
+
+def sync_endpoints(sync_dir: str, port: int, workers: int) -> list[str]:
+    """The ipc endpoint each worker publishes on, by worker index."""
+    return [f"ipc://{os.path.join(sync_dir, f'router-{port}-{i}.sync')}"
+            for i in range(workers)]
+
+
+class Peers:
+    """This worker's link to the others: ``publish`` a change, ``apply`` theirs."""
+
+    def __init__(self, endpoints: list[str], worker: int,
+                 apply: Callable[[PeerEvent], None]) -> None:
+        if not 0 <= worker < len(endpoints):
+            raise ValueError(f"worker {worker} is not in 0..{len(endpoints) - 1}")
+        self.endpoint = endpoints[worker]
+        self.peer_endpoints = [ep for i, ep in enumerate(endpoints) if i != worker]
+        self._apply = apply
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._decode = msgspec.msgpack.Decoder(PeerEvent).decode
+        self._pub: zmq.Socket[bytes] | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+        self.applied = 0
+        self.malformed = 0
+        """Peer messages that did not decode (dropped)."""
+        self.rejected = 0
+        """Decoded peer events ``apply`` refused (an unknown model or engine; dropped)."""
+
+    async def start(self, ctx: zmq.asyncio.Context) -> None:
+        """Bind this worker's PUB socket, connect to the peers' and start applying."""
+        pub = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, 100_000)
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_PEER_MESSAGE_BYTES)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._pub, self._sub = pub, sub
+        try:
+            pub.bind(self.endpoint)  # replaces a socket file a dead worker left
+            for ep in self.peer_endpoints:  # ZeroMQ connects when the peer binds
+                sub.connect(ep)
+        except zmq.ZMQError as exc:
+            await self.stop()
+            raise ValueError(f"router workers' sync socket {self.endpoint}: {exc}") from None
+        self._task = asyncio.create_task(self._run(sub), name="router peers")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for sock in (self._pub, self._sub):
+            if sock is not None:
+                sock.close(linger=0)
+        self._pub = self._sub = None
+
+    def publish(self, event: PeerEvent) -> None:
+        """Send ``event`` to the peers; never blocks (dropped beyond the high-water mark)."""
+        if self._pub is None:
+            return
+        with contextlib.suppress(zmq.Again):
+            self._pub.send(self._encode(event), zmq.NOBLOCK)
+            self.sent += 1
+
+    def feed(self, message: bytes) -> None:
+        """Decode and apply one peer message; never raises for a bad one."""
+        try:
+            event = self._decode(message)
+        except (msgspec.MsgspecError, RecursionError):
+            self.malformed += 1
+            return
+        try:
+            self._apply(event)
+        except ValueError as exc:
+            self.rejected += 1
+            log.debug("peer event refused: %s", exc)
+            return
+        self.applied += 1
+
+    async def _run(self, sub: zmq.asyncio.Socket) -> None:
+        while True:
+            self.feed(await sub.recv())
+

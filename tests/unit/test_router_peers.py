@@ -1,0 +1,109 @@
+"""Router workers' link (``router.dispatch.peers``): changes one worker publishes reach the
+others over real ZeroMQ ipc sockets, and the receiving side is total (garbage, oversized
+ids, unknown names are counted and dropped, never raised)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq.asyncio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.config import parse_cluster_config
+from router.dispatch.core import RouterCore
+from router.dispatch.peers import (Completed, Marked, PeerEvent, Peers, Routed,
+                                   sync_endpoints)
+from router.request import MAX_LABEL_CHARS
+
+
+def _config(tmp_path: Path, workers: int = 2) -> object:
+    data = {"router": {"policy": "round_robin", "port": 8000, "workers": workers,
+                       "sync_dir": str(tmp_path)},
+            "engines": [{"name": name, "url": f"http://127.0.0.1:{port}",
+                         "served_model_name": name,
+                         "telemetry_endpoint": f"ipc://{tmp_path}/{name}.t",
+                         "kv_events_endpoint": f"ipc://{tmp_path}/{name}.kv"}
+                        for name, port in (("a", 9001), ("b", 9002))]}
+    return parse_cluster_config(data, "test.toml", tmp_path)
+
+
+_CONFIG = _config(Path("/nonexistent"))
+
+
+def test_events_reach_every_other_worker(tmp_path: Path) -> None:
+    async def go() -> list[list[PeerEvent]]:
+        endpoints = sync_endpoints(str(tmp_path), 8000, 3)
+        got: list[list[PeerEvent]] = [[], [], []]
+        ctx = zmq.asyncio.Context()
+        peers = [Peers(endpoints, i, got[i].append) for i in range(3)]
+        for p in peers:
+            await p.start(ctx)
+
+        async def send(sender: int, event: PeerEvent, to: list[int]) -> None:
+            for _ in range(250):  # until the subscriptions are joined (a slow joiner)
+                peers[sender].publish(event)
+                await asyncio.sleep(0.02)
+                if all(event in got[i] for i in to):
+                    return
+
+        await send(0, Routed("prog-1", "a"), [1, 2])
+        await send(2, Completed("prog-1", True, False), [0, 1])
+        for p in peers:
+            await p.stop()
+        ctx.term()
+        return got
+
+    got = asyncio.run(go())
+    assert Routed("prog-1", "a") not in got[0]  # never its own
+    assert Completed("prog-1", True, False) not in got[2]
+    assert Routed("prog-1", "a") in got[1] and Routed("prog-1", "a") in got[2]
+    assert Completed("prog-1", True, False) in got[0] and Completed("prog-1", True, False) \
+        in got[1]
+
+
+_LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text()
+         | st.sampled_from(["routed", "completed", "marked", "a", "b", "p"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.binary(max_size=200),
+    st.builds(msgspec.msgpack.encode, st.recursive(
+        _LEAF, lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=20)),
+    st.builds(lambda tag, rest: msgspec.msgpack.encode([tag, *rest]),  # near-valid events
+              st.sampled_from(["routed", "completed", "marked"]),
+              st.lists(_LEAF, max_size=4))))
+def test_any_message_is_applied_or_counted(message: bytes) -> None:
+    core = RouterCore(_CONFIG, worker=0)
+    assert core.peers is not None
+    core.peers.feed(message)
+    assert core.peers.applied + core.peers.malformed + core.peers.rejected == 1
+
+
+def test_bounds_and_unknown_names_are_dropped(tmp_path: Path) -> None:
+    core = RouterCore(_config(tmp_path), worker=0)
+    assert core.peers is not None
+    feed = core.peers.feed
+    encode = msgspec.msgpack.encode
+    feed(encode(Routed("x" * (MAX_LABEL_CHARS + 1), "a")))  # over the id bound
+    feed(encode(Routed("p", "no-such-model")))
+    feed(encode(Marked("no-such-engine", False, "gone")))
+    feed(b"\x91" * 100_000)  # deeply nested
+    assert (core.peers.malformed, core.peers.rejected, core.peers.applied) == (2, 2, 0)
+    assert len(core.programs) == 0
+    feed(encode(Routed("p", "b")))
+    assert core.programs.model("p") == "b"
+    feed(encode(Completed("p", True, False)))
+    assert "p" not in core.programs
+    feed(encode(Marked("b", False, "launcher: exited")))
+    assert core.table["b"].down_reason == "marked down: launcher: exited"
+
+
+def test_a_worker_needs_its_index(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--worker I"):
+        RouterCore(_config(tmp_path))
+    assert RouterCore(_config(tmp_path, workers=1)).peers is None
