@@ -46,7 +46,8 @@ MAX_PROMPT_TOKENS = 1 << 20
 """Longest prompt taken for a model whose engines set no ``max_model_len`` (with one, the
 context bounds it)."""
 MAX_ROUTE_ATTEMPTS = 3
-"""Routing attempts per request when the chosen engine cannot be reached."""
+"""Routing attempts per request when the chosen engine cannot be reached or fails before
+answering (``_redispatch``)."""
 RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True, "access_log": None,
                                   "shutdown_timeout": 5.0}
 """``web.AppRunner`` options the front needs (the tests' servers use them too)."""
@@ -305,8 +306,8 @@ class Front:
             completion = _Completion(self.core, await self._route(routing))
             try:
                 return await self._forward(request, parsed, routing.request_id, completion)
-            except UpstreamError as exc:  # "connect": it never reached the engine, retry
-                if exc.kind != "connect" or attempt == MAX_ROUTE_ATTEMPTS:
+            except UpstreamError as exc:
+                if not _redispatch(exc) or attempt == MAX_ROUTE_ATTEMPTS:
                     raise exc.error() from None
             attempt += 1
 
@@ -456,6 +457,15 @@ class Front:
 
 
 FRONT = web.AppKey("front", Front)
+
+
+def _redispatch(exc: UpstreamError) -> bool:
+    """Whether a failed call goes to another engine (re-routed: another engine of the
+    model, or another model for ``auto``): the engine was unreachable, or closed the
+    connection without a byte of an answer (it died or restarted while the request
+    waited or ran). Not after a timeout (the client has waited that long already) nor a
+    5xx (the engine judged the request; another would likely judge the same)."""
+    return exc.unanswered and exc.kind in ("connect", "protocol")
 
 
 def _decision_headers(decision: Decision, priority: int | None) -> dict[str, str]:

@@ -29,10 +29,14 @@ class UpstreamError(Exception):
     """An engine call that failed; ``kind`` is ``connect``, ``timeout``, ``protocol`` or
     ``status`` (the engine answered with a 5xx)."""
 
-    def __init__(self, kind: ErrorKind, status: int, message: str) -> None:
+    def __init__(self, kind: ErrorKind, status: int, message: str,
+                 unanswered: bool = False) -> None:
+        """``unanswered``: the engine sent no byte of a response (the request may go to
+        another engine without the client ever knowing)."""
         super().__init__(message)
         self.kind = kind
         self.status = status
+        self.unanswered = unanswered
 
     def error(self) -> RequestError:
         """The OpenAI error object the client receives (with ``retry-after``: another
@@ -117,9 +121,10 @@ class Upstream:
             else:
                 resp = await self._session.post(url, data=body, headers=headers)
         except _FAILURES as exc:
-            if stream and _is_timeout(exc):
-                raise self._silent(engine, False) from None
-            raise _map(exc, engine) from None
+            error = self._silent(engine, False) if stream and _is_timeout(exc) \
+                else _map(exc, engine)
+            error.unanswered = True
+            raise error from None
         if resp.status >= 500:
             detail = (await self.read(engine, resp)).decode("utf-8", "replace")[:500]
             raise UpstreamError("status", 502,
