@@ -309,6 +309,7 @@ class Front:
             except UpstreamError as exc:
                 if not _redispatch(exc) or attempt == MAX_ROUTE_ATTEMPTS:
                     raise exc.error() from None
+            self.metrics.redispatched.inc()
             attempt += 1
 
     def _check_per_model(self, parsed: ParsedRequest) -> None:

@@ -144,6 +144,9 @@ class RouterMetrics:
         self.upstream_errors = Counter(
             "hetserve_upstream_errors", "failed engine calls by engine and kind "
             "(connect, timeout, protocol, status)", ["engine", "kind"], registry=reg)
+        self.redispatched = Counter(
+            "hetserve_redispatched", "requests routed again after their engine sent no byte "
+            "of an answer (unreachable, or closed the connection)", registry=reg)
         reg.register(_CoreCollector(core, policy))
 
     def render(self) -> bytes:

@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> list[Cell]:
     ports = [_free_port() for _ in range(2)]
     engines = [f"http://127.0.0.1:{p}" for p in ports]
     standin = [sys.executable, "-m", "kernels_bench.front.standin", "--chunks", str(args.chunks),
+               "--interval-ms", str(args.interval_ms),
                *(a for p in ports for a in ("--port", str(p)))]
     with tempfile.TemporaryDirectory(prefix="hs-front-", dir="/tmp") as tmp, \
             _process(_pinned(args.load_core, standin)) as engine_proc:

@@ -4,7 +4,10 @@ body asks for ``"stream": true``) and every ``GET`` with a model list, with keep
 
 It does no work per request beyond finding the end of the body, so it answers tens of
 thousands of requests per second on one core: the router under test is the bottleneck.
-``python -m kernels_bench.front.standin --port P [--port P2 ...] [--chunks N]``.
+With ``--interval-ms``, a stream's events are sent that far apart, as an engine decoding
+at a fixed rate sends them (long-lived streams; one request at a time per connection).
+``python -m kernels_bench.front.standin --port P [--port P2 ...] [--chunks N]
+[--interval-ms MS]``.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-def canned(chunks: int) -> tuple[bytes, bytes, bytes]:
-    """The complete answers: a chat completion, an SSE stream, the model list."""
+def canned(chunks: int) -> tuple[bytes, list[bytes], bytes]:
+    """The complete answers: a chat completion, an SSE stream (its head and then one part
+    per event), the model list."""
     completion = json.dumps({
         "id": "chatcmpl-standin", "object": "chat.completion", "created": 0,
         "model": "standin", "choices": [{"index": 0, "finish_reason": "stop",
@@ -44,10 +48,10 @@ def canned(chunks: int) -> tuple[bytes, bytes, bytes]:
     events.append(json.dumps({"id": "chatcmpl-standin", "object": "chat.completion.chunk",
                               "created": 0, "model": "standin", "choices": [],
                               "usage": _USAGE}).encode())
-    sse = b"".join(_chunk(b"data: " + e + b"\n\n") for e in events)
-    sse += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
-    stream = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-              b"transfer-encoding: chunked\r\n\r\n" + sse)
+    stream = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+              b"transfer-encoding: chunked\r\n\r\n"]
+    stream += [_chunk(b"data: " + e + b"\n\n") for e in events]
+    stream.append(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
     models = json.dumps({"object": "list", "data": [  # the names the benchmark requests
         {"id": name, "object": "model", "created": 0, "owned_by": "standin"}
         for name in SERVED]}).encode()
@@ -58,8 +62,11 @@ def canned(chunks: int) -> tuple[bytes, bytes, bytes]:
 class StandinProtocol(asyncio.Protocol):
     """One connection: answers each complete request in order."""
 
-    def __init__(self, answers: tuple[bytes, bytes, bytes]) -> None:
+    def __init__(self, answers: tuple[bytes, list[bytes], bytes],
+                 interval_s: float = 0.0) -> None:
         self._answers = answers
+        self._stream = b"".join(answers[1])
+        self._interval_s = interval_s
         self._buffer = b""
         self._transport: asyncio.Transport | None = None
 
@@ -79,19 +86,33 @@ class StandinProtocol(asyncio.Protocol):
                 return
             body, self._buffer = self._buffer[end + 4:total], self._buffer[total:]
             completion, stream, models = self._answers
-            if head.startswith(b"GET"):
-                answer = models
-            else:
-                answer = stream if _STREAM.search(body) else completion
             assert self._transport is not None
-            self._transport.write(answer)
+            if head.startswith(b"GET"):
+                self._transport.write(models)
+            elif not _STREAM.search(body):
+                self._transport.write(completion)
+            elif self._interval_s:
+                asyncio.ensure_future(self._paced(stream))
+            else:
+                self._transport.write(self._stream)
+
+    async def _paced(self, parts: list[bytes]) -> None:
+        assert self._transport is not None
+        self._transport.write(parts[0] + parts[1])
+        for part in parts[2:]:
+            await asyncio.sleep(self._interval_s)
+            if self._transport.is_closing():
+                return
+            self._transport.write(part)
 
 
-async def serve(ports: list[int], chunks: int, host: str = "127.0.0.1") -> None:
+async def serve(ports: list[int], chunks: int, host: str = "127.0.0.1",
+                interval_ms: float = 0.0) -> None:
     """Listen on every port until cancelled."""
     answers = canned(chunks)
     loop = asyncio.get_running_loop()
-    servers = [await loop.create_server(lambda: StandinProtocol(answers), host, port,
+    servers = [await loop.create_server(lambda: StandinProtocol(answers, interval_ms / 1e3),
+                                        host, port,
                                         backlog=4096, reuse_address=True)
                for port in ports]
     print("ready", flush=True)
@@ -107,11 +128,13 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, action="append", required=True)
     parser.add_argument("--chunks", type=int, default=8, help="SSE events per stream")
+    parser.add_argument("--interval-ms", type=float, default=0.0,
+                        help="pause between a stream's events (0: all at once)")
     args = parser.parse_args(argv)
     try:
         import uvloop
 
-        uvloop.run(serve(args.port, args.chunks))
+        uvloop.run(serve(args.port, args.chunks, interval_ms=args.interval_ms))
     except KeyboardInterrupt:
         pass
 

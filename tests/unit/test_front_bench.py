@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 
 import aiohttp
 import pytest
@@ -118,3 +119,28 @@ def test_added_p99_is_paired_by_repeat() -> None:
     rows = {r["target"]: r for r in summarize(cells)}
     assert rows["hetserve:vllm"]["added_p99_ms"] == [2.5, 1.0, 4.0]
     assert "added_p99_ms" not in rows["direct"]
+
+
+def test_paced_stream_spaces_its_events() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def go() -> list[float]:
+        server = asyncio.ensure_future(standin.serve([port], chunks=3, interval_ms=50))
+        try:
+            await asyncio.sleep(0.3)
+            arrivals = []
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                        json={"stream": True}) as r:
+                    async for _ in r.content.iter_any():
+                        arrivals.append(time.perf_counter())
+            return arrivals
+        finally:
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+
+    arrivals = asyncio.run(go())
+    # head + 3 events + usage + [DONE]: 4 more parts after the first, 50 ms apart
+    assert len(arrivals) >= 4 and arrivals[-1] - arrivals[0] >= 0.18
