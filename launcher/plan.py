@@ -11,6 +11,7 @@ the command line and environment of each engine and of the router.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import socket
 import sys
@@ -35,6 +36,8 @@ from router.dispatch.peers import sync_endpoints
 RESOLVED_NAME = "cluster.resolved.toml"
 BASE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 """Environment of every process the launcher starts: nothing contacts a model hub."""
+SECRET_ENV = frozenset({"VLLM_API_KEY"})
+"""Environment variables the plan never prints."""
 _MAX_IPC_PATH = 107  # bytes in sockaddr_un.sun_path, less the NUL
 
 PortFree = Callable[[str, int], bool]
@@ -84,8 +87,9 @@ class Plan:
         for p in self.processes():
             where = f"  {p.devices}" if p.devices else ""
             lines.append(f"{p.spec.name}  ({p.kind}, {p.model})  port {p.port}{where}")
-            lines.append("  env  " + " ".join(f"{k}={shlex.quote(v)}"
-                                              for k, v in p.spec.env.items()))
+            lines.append("  env  " + " ".join(
+                f"{k}={'<secret>' if k in SECRET_ENV else shlex.quote(v)}"
+                for k, v in p.spec.env.items()))
             lines.append("  cmd  " + shlex.join(p.spec.argv))
             lines.append(f"  log  {p.spec.log_path}")
         for inst in self.remote:
@@ -118,6 +122,8 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
         else:
             env = {"VLLM_CPU_OMP_THREADS_BIND": _omp_bind(ids, e.tensor_parallel_size)}
             where = "cpu"
+        if e.api_key_env:
+            env["VLLM_API_KEY"] = _secret(cfg, f"engines.{e.name}.api_key_env", e.api_key_env)
         engines.append(ProcessPlan(
             spec=ProcessSpec(
                 name=inst.name,
@@ -130,6 +136,13 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
     routers = [] if only else _routers(resolved, run_dir, python)
     remote = [i for i in resolved.instances() if i.remote]
     return Plan(resolved, run_dir, engines, routers, remote, devices, warnings)
+
+
+def _secret(cfg: ClusterConfig, key: str, var: str) -> str:
+    value = os.environ.get(var)
+    if not value:
+        raise LaunchError(f"{cfg.source}: {key}: the environment variable {var} is not set")
+    return value
 
 
 def _routers(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan]:

@@ -23,14 +23,14 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import aiohttp
 import msgspec
 from aiohttp import web
 
 from router.auth import Keys, load_keys
-from router.config import ClusterConfig, ConfigError, is_loopback
+from router.config import ClusterConfig, ConfigError, EngineInstance, is_loopback
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
 from router.predictors.base import PredictorSet
@@ -187,6 +187,7 @@ class Front:
                                        worker=worker)
         self.metrics = RouterMetrics(self.core, config.router.policy)
         self.instances = {i.name: i for i in config.instances()}
+        self.engine_auth = _engine_auth(self.instances.values())
         self.models = served_models(config)
         self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
         self.upstream: Upstream | None = None
@@ -400,6 +401,9 @@ class Front:
         body = upstream_body(parsed, decision.model, priority, max_tokens)
         path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
         headers = {"content-type": "application/json", "x-request-id": request_id}
+        auth = self.engine_auth.get(decision.instance)
+        if auth is not None:
+            headers["authorization"] = auth
         response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}
         assert self.upstream is not None
         try:
@@ -458,6 +462,20 @@ class Front:
 
 
 FRONT = web.AppKey("front", Front)
+
+
+def _engine_auth(instances: Iterable[EngineInstance]) -> dict[str, str]:
+    """The ``Authorization`` value of each engine that requires an API key
+    (``api_key_env``; ValueError when its variable is not set)."""
+    out = {}
+    for inst in instances:
+        if inst.api_key_env:
+            key = os.environ.get(inst.api_key_env)
+            if not key:
+                raise ValueError(f"engines.{inst.engine}.api_key_env: the environment "
+                                 f"variable {inst.api_key_env} is not set")
+            out[inst.name] = f"Bearer {key}"
+    return out
 
 
 def _redispatch(exc: UpstreamError) -> bool:

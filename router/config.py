@@ -198,6 +198,11 @@ class EngineConfig:
     """Any other ``vllm serve`` arguments, passed unchanged."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables of the engine process."""
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    """An environment variable holding the API key the engine requires (vLLM's own
+    ``--api-key``): the launcher gives it to the engine (as ``VLLM_API_KEY``, never on a
+    command line), the router sends it (``Authorization: Bearer``) on every call. The
+    variable must be set where the launcher and the router run."""
 
     @property
     def remote(self) -> bool:
@@ -248,6 +253,7 @@ class EngineInstance:
     max_model_len: int | None
     max_num_seqs: int | None
     remote: bool
+    api_key_env: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,7 +294,7 @@ class ClusterConfig:
                     url=e.url.rstrip("/") if e.url else http_url(e.host, ports[i]),
                     port=ports[i], telemetry_endpoint=tele[i], kv_events_endpoint=kv[i],
                     max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
-                    remote=e.remote))
+                    remote=e.remote, api_key_env=e.api_key_env))
         return out
 
     def claimed_ports(self) -> set[int]:
@@ -336,6 +342,7 @@ MANAGED_FLAGS: dict[str, str] = {
     "--host": "host",
     "--port": "port",
     "--served-model-name": "served_model_name",
+    "--api-key": "api_key_env",
     "--tensor-parallel-size": "tensor_parallel_size",
     "-tp": "tensor_parallel_size",
     "--gpu-memory-utilization": "gpu_memory_utilization",
@@ -349,8 +356,9 @@ MANAGED_FLAGS: dict[str, str] = {
 
 _REMOTE_KEYS = frozenset({"name", "url", "model", "served_model_name", "replicas",
                           "telemetry_endpoint", "kv_events_endpoint", "max_model_len",
-                          "max_num_seqs"})
-_MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus", "VLLM_CPU_OMP_THREADS_BIND": "cpus"}
+                          "max_num_seqs", "api_key_env"})
+_MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus", "VLLM_CPU_OMP_THREADS_BIND": "cpus",
+                "VLLM_API_KEY": "api_key_env"}
 
 
 # ---------------------------------------------------------------- loading

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,6 +36,9 @@ ROUTER_HEALTH_TIMEOUT_S = 90.0
 MAX_MODEL_LEN = 1024
 ENGINES = {"a": ("tiny-a", "0"), "b": ("tiny-b", "1")}
 """Engine name -> (served model, CPU core)."""
+ENGINE_KEY = ("HS_TEST_ENGINE_KEY", "hs-test-engine-key")
+"""Engine ``b`` requires this API key (vLLM's VLLM_API_KEY); the router sends it from this
+variable (``api_key_env``), so every test that reaches ``b`` also tests that."""
 HETSERVE_HEADERS = ("x-hetserve-model", "x-hetserve-engine", "x-hetserve-policy",
                     "x-hetserve-predicted-remaining-tokens", "x-hetserve-priority")
 MESSAGES = [{"role": "system", "content": "You are terse."},
@@ -107,7 +111,8 @@ def _cluster_toml(d: Path, router_port: int, ports: dict[str, int]) -> str:
                   f'model = "builtin:{model}"', f"port = {ports[name]}",
                   f'telemetry_endpoint = "ipc://{d}/{name}-0.telemetry"',
                   f'kv_events_endpoint = "ipc://{d}/{name}-0.kv"',
-                  f"max_model_len = {MAX_MODEL_LEN}", ""]
+                  f"max_model_len = {MAX_MODEL_LEN}"]
+        lines += [f'api_key_env = "{ENGINE_KEY[0]}"', ""] if name == "b" else [""]
     return "\n".join(lines)
 
 
@@ -127,14 +132,15 @@ def cluster() -> Iterator[Cluster]:
                 "--host", "127.0.0.1", "--port", str(ports[name]), "--dtype", "float32",
                 "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
                 "--kv-cache-memory-bytes", str(64 * 2**20), "--enforce-eager",
-            ], d / f"{name}.log", {"VLLM_CPU_OMP_THREADS_BIND": core})
+            ], d / f"{name}.log", {"VLLM_CPU_OMP_THREADS_BIND": core,
+                                   **({"VLLM_API_KEY": ENGINE_KEY[1]} if name == "b" else {})})
         for name, proc in engines.items():
             _wait_healthy(f"http://127.0.0.1:{ports[name]}", proc, d / f"{name}.log",
                           ENGINE_HEALTH_TIMEOUT_S)
         router_port = _free_port()
         (d / "cluster.toml").write_text(_cluster_toml(d, router_port, ports))
         router = _spawn([sys.executable, "-m", "router", "--config", str(d / "cluster.toml")],
-                        d / "router.log", {})
+                        d / "router.log", {ENGINE_KEY[0]: ENGINE_KEY[1]})
         url = f"http://127.0.0.1:{router_port}"
         _wait_healthy(url, router, d / "router.log", ROUTER_HEALTH_TIMEOUT_S)
         yield Cluster(url, str(d / "router.sock"),
@@ -155,6 +161,15 @@ def _eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 
 
 # ---------------------------------------------------------------- OpenAI client
+
+
+def test_engine_b_requires_its_key(cluster: Cluster) -> None:
+    """vLLM's own check: without the key engine b answers 401, so the other tests that
+    reach b through the router show the router sends it."""
+    url = cluster.engine_urls["b"]
+    assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
+    assert httpx.get(url + "/v1/models", timeout=10,
+                     headers={"Authorization": f"Bearer {ENGINE_KEY[1]}"}).status_code == 200
 
 
 def test_models_lists_every_served_model_and_auto(cluster: Cluster) -> None:
@@ -417,6 +432,19 @@ def _engine_counter(cluster: Cluster, engine: str, name: str) -> float:
                for s in family.samples if s.name == name)
 
 
+@contextmanager
+def _frozen(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Hold an engine still (SIGSTOP to its process group) while the test reads the router:
+    a generating CPU engine starves every other process on two cores (its engine core
+    busy-waits beside the worker), so a scrape can take as long as the generation."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with suppress(ProcessLookupError):  # killed while frozen
+            os.killpg(proc.pid, signal.SIGCONT)
+
+
 def test_client_disconnect_mid_stream_aborts_and_releases(cluster: Cluster) -> None:
     """tiny-b needs seconds for 900 tokens: the disconnect lands mid-generation."""
     generated = "vllm:generation_tokens_total"
@@ -428,7 +456,9 @@ def test_client_disconnect_mid_stream_aborts_and_releases(cluster: Cluster) -> N
         lines = resp.iter_lines()
         for _ in range(3):
             next(lines)
-        assert cluster.engine_metric("hetserve_engine_inflight_requests", "b-0") == 1
+        with _frozen(cluster.engines["b"]):
+            assert cluster.engine_metric("hetserve_engine_inflight_requests", "b-0") == 1
+            resp.close()  # the disconnect: b sees it as it resumes
     assert _eventually(
         lambda: cluster.engine_metric("hetserve_engine_inflight_requests", "b-0") == 0)
     assert _eventually(lambda: _engine_counter(cluster, "b", "vllm:num_requests_running") == 0)
@@ -443,26 +473,31 @@ def test_killed_engine_is_routed_around_and_released(cluster: Cluster) -> None:
     accounting is released, it is marked down, and later requests go to a-0."""
     client = cluster.client()
     errors: list[BaseException] = []
-    started = threading.Event()
+    streaming = threading.Semaphore(0)
 
     def stream() -> None:
+        first = True
         try:
             for _ in client.chat.completions.create(
                     model="tiny-b", messages=MESSAGES, max_tokens=900, stream=True,
                     extra_body={"ignore_eos": True}):
-                started.set()
+                if first:
+                    first = False
+                    streaming.release()
         except Exception as exc:  # the error event the router sends
             errors.append(exc)
         finally:
-            started.set()
+            if first:
+                streaming.release()
 
     threads = [threading.Thread(target=stream) for _ in range(2)]
     for t in threads:
         t.start()
-    assert started.wait(60)
-    assert _eventually(
-        lambda: cluster.engine_metric("hetserve_engine_inflight_requests", "b-0") == 2)
-    os.killpg(cluster.engines["b"].pid, signal.SIGKILL)
+    assert all(streaming.acquire(timeout=60) for _ in threads)
+    with _frozen(cluster.engines["b"]):
+        assert not errors, errors
+        assert cluster.engine_metric("hetserve_engine_inflight_requests", "b-0") == 2
+        os.killpg(cluster.engines["b"].pid, signal.SIGKILL)
     cluster.engines["b"].wait(30)
     for t in threads:
         t.join(60)

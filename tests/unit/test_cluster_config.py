@@ -468,3 +468,12 @@ def test_router_workers_with_vinelm_refused(tmp_path: Path) -> None:
 def test_router_workers_ports_claimed(tmp_path: Path) -> None:
     text = ROUTER + "port = 9000\nworkers = 2\nworker_ports = [9001, 9000]\n" + ENGINE_A
     assert "port clash" in error(tmp_path, text, "router.worker_ports[1]")
+
+
+@pytest.mark.parametrize("extra, key", [
+    ('api_key_env = "1BAD"\n', "engines.a.api_key_env"),
+    ('extra_args = ["--api-key", "x"]\n', "engines.a.extra_args[0]"),
+    ('env = { VLLM_API_KEY = "x" }\n', "engines.a.env.VLLM_API_KEY"),
+])
+def test_engine_api_key_only_by_its_key(tmp_path: Path, extra: str, key: str) -> None:
+    error(tmp_path, ROUTER + ENGINE_A + extra, key)

@@ -105,3 +105,36 @@ def test_a_5xx_answer_is_not_sent_again(tmp_path: Path) -> None:
                     assert "answered 500" in (await resp.json())["error"]["message"]
         assert calls["b"] == 1
     asyncio.run(go())
+
+
+def test_the_engine_key_is_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``api_key_env``: every call to that engine carries its key; an unset variable
+    stops the router at start with the key named."""
+    seen: list[str | None] = []
+
+    async def keyed(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("authorization"))
+        return web.json_response(ANSWER)
+
+    async def go() -> None:
+        apps = web.Application(), web.Application()
+        for engine_app in apps:
+            engine_app.router.add_post("/v1/chat/completions", keyed)
+        async with TestServer(apps[0], host="127.0.0.1") as a, \
+                TestServer(apps[1], host="127.0.0.1") as b:
+            _cluster(tmp_path, [a.port, b.port])
+            text = (tmp_path / "c.toml").read_text().replace(
+                'name = "b"', 'name = "b"\napi_key_env = "HS_TEST_KEY"')
+            (tmp_path / "c.toml").write_text(text)
+            with pytest.raises(ValueError, match="engines.b.api_key_env: the environment "
+                               "variable HS_TEST_KEY is not set"):
+                create_app(load_cluster_config(tmp_path / "c.toml"))
+            monkeypatch.setenv("HS_TEST_KEY", "k-123")
+            app = create_app(load_cluster_config(tmp_path / "c.toml"))
+            body = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
+            async with served(app) as client:
+                for _ in range(2):
+                    async with client.post("/v1/chat/completions", json=body) as resp:
+                        assert resp.status == 200
+        assert sorted(seen, key=str) == ["Bearer k-123", None]
+    asyncio.run(go())

@@ -304,3 +304,20 @@ def test_router_workers(tmp_path: Path) -> None:
     one = plan_of(tmp_path, ROUTER + engine("a"))
     assert [p.spec.name for p in one.routers] == ["router"]
     assert flag(one.routers[0].spec.argv, "--worker") is None
+
+
+def test_engine_api_key_from_the_environment(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``api_key_env``: the engine gets the key as VLLM_API_KEY (never on its command
+    line), the plan never prints it, and an unset variable is a clear error."""
+    text = ROUTER + engine("a", 'api_key_env = "HS_ENGINE_KEY"\n')
+    with pytest.raises(LaunchError, match=r"engines\.a\.api_key_env: the environment "
+                       "variable HS_ENGINE_KEY is not set"):
+        plan_of(tmp_path, text)
+    monkeypatch.setenv("HS_ENGINE_KEY", "s3cret-key")
+    plan = plan_of(tmp_path, text)
+    spec = plan.engines[0].spec
+    assert spec.env["VLLM_API_KEY"] == "s3cret-key"
+    assert "s3cret-key" not in " ".join(spec.argv)
+    assert "s3cret-key" not in plan.render() and "VLLM_API_KEY=<secret>" in plan.render()
+    assert plan.config.instances()[0].api_key_env == "HS_ENGINE_KEY"
