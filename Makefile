@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-unit bench-scheduler artifacts replay peers bench-front
+.PHONY: setup demo test test-unit bench-scheduler artifacts replay peers bench-front bench-faults
 
 setup:
 	@scripts/setup_venv.sh
@@ -28,6 +28,10 @@ peers: setup
 # beside vllm-router, smg and a Python pass-through: docs/performance.md.
 bench-front: peers
 	$(PY) -m kernels_bench front --repeats 2
+
+# Engines and the router killed and stopped under load (examples/faults.toml; ~12 min).
+bench-faults: setup
+	$(PY) -m kernels_bench faults
 
 # Every predictor the replay's policies route on (semantic router, length forest, KNN,
 # capability), trained on the training split of the math and code traces together for the

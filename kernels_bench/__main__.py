@@ -23,6 +23,8 @@ COMMANDS = {
     "predictors": ("kernels_bench.predictor_bench", "predictor latency alone and batched, batch 1/16/64"),
     "front": ("kernels_bench.front.cli", "the router's HTTP front under wrk load, beside "
               "vllm-router, smg and a Python pass-through (one core each)"),
+    "faults": ("kernels_bench.faults", "engines and the router SIGKILLed and SIGSTOPped under "
+               "load: requests completed, re-dispatched, failed clearly, lost"),
     "fuzz-telemetry": ("kernels_bench.telemetry_fuzz", "the router's telemetry and KV-event "
                        "subscribers against garbage frames (loopback)"),
 }
