@@ -182,7 +182,9 @@ class Front:
         self.config = config
         r = config.router
         self.keys = Keys(load_keys(r.api_keys_file, r.api_keys_env, "router API keys"),
-                         load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"))
+                         load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"),
+                         load_keys(r.trusted_keys_file, r.trusted_keys_env,
+                                   "router trusted keys"))
         self.core = core or RouterCore(config, load_configured_predictors(config),
                                        worker=worker)
         self.metrics = RouterMetrics(self.core, config.router.policy)
@@ -297,9 +299,12 @@ class Front:
 
     async def _dispatch(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         arrival = time.time()
-        self.keys.check_api(request.headers)
+        trusted = self.keys.check_api(request.headers)
         parsed = parse_request(kind, await read_body(request.content), request.headers,
-                               allow_client_priority=self.config.router.allow_client_priority)
+                               allow_client_priority=self.config.router.allow_client_priority,
+                               trusted=trusted)
+        for name in parsed.ignored:
+            self.metrics.untrusted_fields.labels(name).inc()
         self._check_per_model(parsed)
         routing = self._routing_request(parsed, await self._prompt(parsed), arrival)
         attempt = 1

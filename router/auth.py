@@ -4,7 +4,8 @@ Keys come from a file (one key per line; blank lines and ``#`` comments skipped)
 environment variable (comma-separated), as ``[router]`` names them (``api_keys_file``,
 ``api_keys_env``, ``admin_keys_file``, ``admin_keys_env``); never inline in the cluster
 file. A client sends ``Authorization: Bearer <key>``, as OpenAI's clients do. Keys are
-compared in constant time.
+compared in constant time. Trusted keys (``trusted_keys_file``, ``trusted_keys_env``) are
+API keys whose callers may rank their own calls (workflow position, client priority).
 """
 
 from __future__ import annotations
@@ -64,19 +65,26 @@ def _known(key: str | None, keys: frozenset[str]) -> bool:
 @dataclass(frozen=True)
 class Keys:
     api: frozenset[str]
-    """Keys of the OpenAI endpoints; empty: no key needed."""
+    """Keys of the OpenAI endpoints besides the trusted ones; none of either: no key
+    needed, every caller trusted."""
     admin: frozenset[str]
     """Keys of the admin endpoints; empty: loopback callers only, no key."""
+    trusted: frozenset[str] = frozenset()
+    """Keys of the OpenAI endpoints whose callers may rank their own calls."""
 
-    def check_api(self, headers: Mapping[str, str]) -> None:
-        """RequestError 401 (OpenAI's ``invalid_api_key``) unless the request may pass."""
-        if not self.api:
-            return
+    def check_api(self, headers: Mapping[str, str]) -> bool:
+        """Whether the caller is trusted; RequestError 401 (OpenAI's ``invalid_api_key``)
+        unless the request may pass at all."""
+        if not self.api and not self.trusted:
+            return True
         key = bearer(headers)
+        if _known(key, self.trusted):
+            return True
         if not _known(key, self.api):
             raise RequestError(401, "missing API key: send 'Authorization: Bearer <key>'"
                                if key is None else "incorrect API key provided",
                                code="invalid_api_key")
+        return False
 
     def admin_allowed(self, headers: Mapping[str, str], local: bool) -> bool:
         """With admin keys, a caller with one; without, a loopback caller."""

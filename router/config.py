@@ -137,6 +137,14 @@ class RouterConfig:
     admin_keys_file: str | None = None
     """Keys of the admin endpoints; none: loopback and unix-socket callers only."""
     admin_keys_env: str | None = None
+    trusted_keys_file: str | None = None
+    """API keys whose callers are trusted with priority: their workflow position
+    (``workflow``, ``stage``, ``stage_index``, ``num_stages``, ``final``) and, with
+    ``allow_client_priority``, their ``priority`` are used; other keys' are ignored and the
+    router ranks those calls on its own predictions (``router.request.RANKING_FIELDS``).
+    Trusted keys are API keys too. With no key configured at all, every caller is trusted."""
+    trusted_keys_env: str | None = None
+    """An environment variable holding trusted API keys, comma-separated."""
     insecure: bool = False
     """Allow a listener beyond loopback without API keys."""
 
@@ -404,6 +412,7 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
         sync_dir=_abs(router.sync_dir, base_dir),
         api_keys_file=_abs(router.api_keys_file, base_dir),
         admin_keys_file=_abs(router.admin_keys_file, base_dir),
+        trusted_keys_file=_abs(router.trusted_keys_file, base_dir),
         predictors={k: _abs(v, base_dir) for k, v in router.predictors.items()},
         policies={name: _abs_paths(table, base_dir) for name, table in router.policies.items()},
     )
@@ -412,7 +421,8 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
     if not router.policy.strip():
         raise ConfigError(source, "router.policy", "must not be empty")
     if (not is_loopback(router.host) and not router.insecure
-            and router.api_keys_file is None and router.api_keys_env is None):
+            and not any((router.api_keys_file, router.api_keys_env,
+                         router.trusted_keys_file, router.trusted_keys_env))):
         raise ConfigError(source, "router.host", f"{router.host!r} listens beyond loopback "
                           "without API keys: set api_keys_file or api_keys_env, or "
                           "insecure = true")

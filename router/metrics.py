@@ -147,6 +147,9 @@ class RouterMetrics:
         self.redispatched = Counter(
             "hetserve_redispatched", "requests routed again after their engine sent no byte "
             "of an answer (unreachable, or closed the connection)", registry=reg)
+        self.untrusted_fields = Counter(
+            "hetserve_untrusted_fields_ignored", "ranking fields (workflow position, "
+            "client priority) an untrusted API key sent, dropped", ["field"], registry=reg)
         reg.register(_CoreCollector(core, policy))
 
     def render(self) -> bytes:

@@ -105,6 +105,8 @@ class ParsedRequest:
     """Validated workflow fields that were given (keys of ``WORKFLOW_FIELDS``)."""
     body_bytes: int = 0
     """Size of the raw body: bounds the work of rendering and tokenizing it."""
+    ignored: tuple[str, ...] = ()
+    """Ranking fields an untrusted caller gave, dropped (``RANKING_FIELDS``, priorities)."""
 
 
 # ---------------------------------------------------------------- JSON
@@ -228,6 +230,11 @@ WORKFLOW_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "objective": _objective,
 }
 """Workflow field -> validator (JSON value, param name) -> value."""
+
+RANKING_FIELDS = ("workflow", "stage", "stage_index", "num_stages", "final")
+"""Workflow fields that rank a call (its predicted remaining tokens, hence its engine
+priority: "final stage" buys a high one): used only from trusted callers
+(``router.auth``); an untrusted caller's are dropped and the router predicts alone."""
 
 HEADER_PREFIX = "x-hetserve-"
 
@@ -436,8 +443,11 @@ def parse_request(
     headers: Mapping[str, str],
     *,
     allow_client_priority: bool = False,
+    trusted: bool = True,
 ) -> ParsedRequest:
-    """Validate a ``/v1/chat/completions`` or ``/v1/completions`` request."""
+    """Validate a ``/v1/chat/completions`` or ``/v1/completions`` request. From an
+    untrusted caller the ``RANKING_FIELDS`` and client priorities are validated, then
+    dropped (``ParsedRequest.ignored``)."""
     body = parse_json(raw)
     model = _optional(body, "model", _str)
     stream = bool(_optional(body, "stream", _bool))
@@ -458,6 +468,15 @@ def parse_request(
         priority = _optional(body, "priority",
                              lambda v, p: _int(v, p, PRIORITY_MIN, PRIORITY_MAX))
     per_model = parse_per_model(body.get("per_model"))
+    workflow = parse_workflow(body.get("workflow"), headers)
+    ignored: tuple[str, ...] = ()
+    if not trusted:
+        ignored = tuple(f for f in RANKING_FIELDS if f in workflow)
+        ignored += tuple(f for f, given in (("priority", priority is not None),
+                                            ("per_model.priority", "priority" in per_model))
+                         if given and allow_client_priority)
+        workflow = {k: v for k, v in workflow.items() if k not in RANKING_FIELDS}
+        allow_client_priority, priority = False, None
     return ParsedRequest(
         kind=kind,
         body=body,
@@ -472,8 +491,9 @@ def parse_request(
         per_model=per_model,
         model_max_tokens=per_model.get("max_tokens", {}),
         model_priority=per_model.get("priority", {}) if allow_client_priority else {},
-        workflow=parse_workflow(body.get("workflow"), headers),
+        workflow=workflow,
         body_bytes=len(raw),
+        ignored=ignored,
     )
 
 

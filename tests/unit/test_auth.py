@@ -56,7 +56,10 @@ def test_bearer_and_checks() -> None:
     assert keys.admin_allowed({"authorization": "Bearer adm"}, local=False)
     assert not keys.admin_allowed({"authorization": "Bearer k1"}, local=True)
     open_keys = Keys(frozenset(), frozenset())
-    open_keys.check_api({})
+    assert open_keys.check_api({}) is True
+    assert keys.check_api({"authorization": "Bearer k1"}) is False
+    both = Keys(frozenset({"k1"}), frozenset(), frozenset({"t1"}))
+    assert both.check_api({"authorization": "Bearer t1"}) is True
     assert open_keys.admin_allowed({}, local=True) and not open_keys.admin_allowed({}, False)
 
 
@@ -111,3 +114,60 @@ def test_the_front_asks_for_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_a_router_with_an_unset_key_variable_does_not_start(tmp_path: Path) -> None:
     with pytest.raises(KeysError, match="HS_NOT_SET is not set"):
         create_app(_load(tmp_path, 'api_keys_env = "HS_NOT_SET"\n'))
+
+
+def test_only_trusted_keys_rank_their_own_calls(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trusted key's workflow position and priority reach the engine; another key's are
+    dropped (counted), so "final stage" buys it nothing: the router ranks on its own."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    sent: list[int | None] = []
+
+    async def engine(request: web.Request) -> web.Response:
+        sent.append((await request.json()).get("priority"))
+        return web.json_response({"id": "x", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"},
+             "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                                  "total_tokens": 4}})
+
+    monkeypatch.setenv("HS_API_KEYS", "plain")
+    monkeypatch.setenv("HS_TRUSTED", "agent")
+    chat = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
+    calls = [{**chat, "workflow": {"stage_index": 0, "num_stages": 50}},
+             {**chat, "workflow": {"stage_index": 9, "num_stages": 10, "final": True}},
+             {**chat, "priority": 7}]
+
+    async def go() -> tuple[list[int | None], str]:
+        engine_app = web.Application()
+        engine_app.router.add_post("/v1/chat/completions", engine)
+        async with TestServer(engine_app, host="127.0.0.1") as eng:
+            path = tmp_path / "c.toml"
+            path.write_text(
+                '[router]\npolicy = "chimera"\nport = 9398\nallow_client_priority = true\n'
+                'api_keys_env = "HS_API_KEYS"\ntrusted_keys_env = "HS_TRUSTED"\n'
+                '[router.policies.chimera]\nstatic_prior = true\n'
+                'confidence = { tiny-a = 0.5 }\nmean_output_tokens = { tiny-a = 48 }\n'
+                'decode_ms_per_token = { tiny-a = 2 }\nmax_batch_size = { tiny-a = 8 }\n'
+                f'[[engines]]\nname = "a"\nurl = "http://127.0.0.1:{eng.port}"\n'
+                'model = "builtin:tiny-a"\nserved_model_name = "tiny-a"\n'
+                f'telemetry_endpoint = "ipc://{tmp_path}/a.t"\n'
+                f'kv_events_endpoint = "ipc://{tmp_path}/a.k"\n')
+            app = create_app(load_cluster_config(path))
+            async with served(app) as client:
+                for key in ("agent", "plain"):
+                    for body in calls:
+                        async with client.post("/v1/chat/completions", json=body,
+                                               headers={"Authorization": f"Bearer {key}"}) as r:
+                            assert r.status == 200, await r.text()
+                metrics = await (await client.get("/metrics")).text()
+        return sent, metrics
+
+    priorities, metrics = asyncio.run(go())
+    trusted, untrusted = priorities[:3], priorities[3:]
+    assert trusted[0] is not None and trusted[1] is not None and trusted[0] > trusted[1]
+    assert trusted[2] == 7
+    assert len(set(untrusted)) == 1 and untrusted[0] != 7  # the same call, three times
+    for name, n in (("stage_index", 2), ("num_stages", 2), ("final", 1), ("priority", 1)):
+        assert f'hetserve_untrusted_fields_ignored_total{{field="{name}"}} {n}.0' in metrics
