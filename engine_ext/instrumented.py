@@ -7,7 +7,7 @@ the waiting queues keep their prefill-token totals as requests come and go
 (``scheduler_patches.queues.PendingTokens``).
 Settings come from the ``hetserve`` table of vLLM's ``additional_config``:
 ``engine_id``, ``telemetry_endpoint`` (no endpoint: no telemetry), ``telemetry_interval_ms``,
-``telemetry_heartbeat_ms``.
+``telemetry_heartbeat_ms``, ``telemetry_keys_dir`` (CURVE, ``engine_ext.curve``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from vllm.v1.core.sched.request_queue import (
 )
 from vllm.v1.request import Request
 
+from engine_ext.curve import engine_curve
+from engine_ext.kv_publisher import use_curve
 from engine_ext.telemetry import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_INTERVAL_S,
@@ -50,6 +52,11 @@ class TelemetryMixin:
     """Place first in the bases of a vLLM ``Scheduler`` subclass."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        keys_dir = hetserve_config(kwargs.get("vllm_config", args[0] if args else None)
+                                   ).get("telemetry_keys_dir")
+        curve = engine_curve(keys_dir) if keys_dir else None
+        if curve is not None:  # before vLLM's __init__ makes its KV-event publisher
+            use_curve(curve)
         super().__init__(*args, **kwargs)
         table = hetserve_config(self.vllm_config)
         self.engine_id: str = str(table.get("engine_id", "engine"))
@@ -67,6 +74,7 @@ class TelemetryMixin:
                 topic=self.engine_id,
                 interval_s=float(table.get("telemetry_interval_ms", DEFAULT_INTERVAL_S * 1e3)) / 1e3,
                 heartbeat_s=float(table.get("telemetry_heartbeat_ms", DEFAULT_HEARTBEAT_S * 1e3)) / 1e3,
+                curve=curve,
             )
             # Announce the (idle) engine at once; heartbeats repeat it until work arrives.
             self.telemetry.publish(self.snapshot(self.telemetry.next_seq()))

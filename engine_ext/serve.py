@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Any
 
+from engine_ext.curve import engine_curve
 from engine_ext.telemetry import DEFAULT_INTERVAL_S
 from scheduler_patches.settings import ENGINE_POLICIES
 
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--telemetry-endpoint", default=None)
     p.add_argument("--telemetry-interval-ms", type=float, default=DEFAULT_INTERVAL_S * 1e3)
     p.add_argument("--kv-events-endpoint", default=None)
+    p.add_argument("--telemetry-keys-dir", default=None, metavar="DIR",
+                   help="CURVE keys of the telemetry plane (engine_ext.curve): snapshots "
+                        "and KV events go encrypted, to a router holding the key only")
     return p
 
 
@@ -94,6 +98,9 @@ def vllm_argv(ns: argparse.Namespace, passthrough: list[str]) -> list[str]:
     }
     if ns.telemetry_endpoint:
         hetserve["telemetry_endpoint"] = ns.telemetry_endpoint
+    if ns.telemetry_keys_dir:
+        engine_curve(ns.telemetry_keys_dir)  # unreadable keys: an error here, not in the core
+        hetserve["telemetry_keys_dir"] = os.path.abspath(ns.telemetry_keys_dir)
     for key in ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
                 "mlfq_base_quantum"):
         if getattr(ns, key) is not None:

@@ -30,6 +30,8 @@ from typing import Annotated, Any, Collection, Sequence
 import msgspec
 import zmq
 
+from engine_ext.curve import EngineCurve
+
 SCHEMA_VERSION = 1
 """Bumped on any incompatible change of ``SchedulerSnapshot``."""
 
@@ -308,8 +310,11 @@ class TelemetryPublisher:
         interval_s: float = DEFAULT_INTERVAL_S,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         ctx: zmq.Context | None = None,
+        curve: EngineCurve | None = None,
     ) -> None:
+        """``curve``: encrypt and authenticate to the router (``engine_ext.curve``)."""
         self.endpoint = endpoint
+        self.curve = curve
         self.topic = topic.encode("utf-8")
         self.interval_s = interval_s
         self.heartbeat_s = heartbeat_s
@@ -354,6 +359,8 @@ class TelemetryPublisher:
         sock = self._ctx.socket(zmq.PUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 10_000)
+        if self.curve is not None:
+            self.curve.apply(sock)
         if publisher_binds(self.endpoint):
             sock.bind(self.endpoint)
         else:

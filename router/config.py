@@ -35,7 +35,7 @@ import tomli_w
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
-from engine_ext.telemetry import publisher_binds, subscriber_binds
+from engine_ext.telemetry import is_loopback_endpoint, publisher_binds, subscriber_binds
 from router.policies.registry import validate_settings
 from router.settings import (STRICT, Count, Niceness, Port, Positive, PositiveInt, SettingsError,
                              decode, suggest)
@@ -145,8 +145,14 @@ class RouterConfig:
     Trusted keys are API keys too. With no key configured at all, every caller is trusted."""
     trusted_keys_env: str | None = None
     """An environment variable holding trusted API keys, comma-separated."""
+    telemetry_keys_dir: str | None = None
+    """CURVE keys of the telemetry plane (``python -m engine_ext.curve DIR``): every
+    engine's snapshots and KV events are encrypted and authenticated both ways
+    (``engine_ext.curve``). Required for a telemetry endpoint beyond loopback."""
     insecure: bool = False
-    """Allow a listener beyond loopback without API keys."""
+    """Allow a listener beyond loopback without API keys, and telemetry endpoints beyond
+    loopback without ``telemetry_keys_dir`` (cleartext, anyone who reaches them can
+    read and inject frames)."""
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -413,6 +419,7 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
         api_keys_file=_abs(router.api_keys_file, base_dir),
         admin_keys_file=_abs(router.admin_keys_file, base_dir),
         trusted_keys_file=_abs(router.trusted_keys_file, base_dir),
+        telemetry_keys_dir=_abs(router.telemetry_keys_dir, base_dir),
         predictors={k: _abs(v, base_dir) for k, v in router.predictors.items()},
         policies={name: _abs_paths(table, base_dir) for name, table in router.policies.items()},
     )
@@ -641,13 +648,20 @@ def _check_workers(cfg: ClusterConfig) -> None:
 
 def _check_endpoints(cfg: ClusterConfig) -> None:
     """An endpoint an engine binds belongs to one engine and one stream; one the router
-    binds (tcp to a host) may be shared by engines of one stream only."""
+    binds (tcp to a host) may be shared by engines of one stream only. One beyond
+    loopback needs CURVE keys (``telemetry_keys_dir``) unless ``insecure``."""
     streams: dict[str, tuple[str, str]] = {}
+    r = cfg.router
     for e in cfg.engines:
         for k in ("telemetry_endpoint", "kv_events_endpoint"):
             values = _replica_values(getattr(e, k), e.replicas) or []
             for i, ep in enumerate(values):
                 owner = f"engines.{e.name}.{k}" + (f" (replica {i})" if len(values) > 1 else "")
+                if not (is_loopback_endpoint(ep) or r.telemetry_keys_dir or r.insecure):
+                    raise ConfigError(cfg.source, owner, f"{ep!r} is beyond loopback: anyone "
+                                      "who reaches it could read or inject telemetry; set "
+                                      "[router] telemetry_keys_dir (keys from python -m "
+                                      "engine_ext.curve DIR), or insecure = true")
                 if ep in streams:
                     prev_owner, prev_kind = streams[ep]
                     if publisher_binds(ep) or prev_kind != k:

@@ -20,7 +20,9 @@ import time
 from typing import Any, Callable, Sequence
 
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
+from engine_ext.curve import router_curve
 from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_decoder,
                                   snapshot_decoder)
 from router.dispatch.collector import BatchCollector
@@ -73,12 +75,15 @@ class RouterCore:
                                   getattr(r, "kv_hash_seed", None))
         self._stats = RouterStats(engines={i.name: StreamCounters() for i in instances})
         names = frozenset(self.table.engines)
+        keys_dir = getattr(r, "telemetry_keys_dir", None)
+        self.curve = router_curve(keys_dir) if keys_dir else None
         self.snapshots = StreamSubscriber(
             "snapshot", [i.telemetry_endpoint for i in instances if i.telemetry_endpoint],
-            snapshot_decoder(names), self._on_snapshot)
+            snapshot_decoder(names), self._on_snapshot, self.curve)
         self.kv_events = StreamSubscriber(
             "kv", [i.kv_events_endpoint for i in instances if i.kv_events_endpoint],
-            kv_event_decoder(names), self._on_kv_batch)
+            kv_event_decoder(names), self._on_kv_batch, self.curve)
+        self._zap: AsyncioAuthenticator | None = None
         self.policy: Policy[Any] | None = None
         self._batching: tuple[BatchWindow, BatchCollector] | None = None
         self._ctx: zmq.asyncio.Context | None = None
@@ -119,6 +124,10 @@ class RouterCore:
         """Build the policy, then subscribe to every engine's telemetry and KV events."""
         self.build_policy()
         self._ctx = zmq.asyncio.Context()
+        if self.curve is not None:  # ZAP: only the engines' key gets a connection
+            self._zap = AsyncioAuthenticator(self._ctx, log=log)
+            self._zap.start()
+            self._zap.configure_curve_callback("*", self.curve)
         try:
             await self.snapshots.start(self._ctx)
             await self.kv_events.start(self._ctx)
@@ -137,6 +146,9 @@ class RouterCore:
         await self.kv_events.stop()
         if self.peers is not None:
             await self.peers.stop()
+        if self._zap is not None:
+            self._zap.stop()
+            self._zap = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None

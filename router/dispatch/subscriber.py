@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
+from engine_ext.curve import RouterCurve
 from engine_ext.telemetry import FrameDecoder, subscriber_binds
 
 Handler = Callable[[str, int, Any], None]
@@ -66,9 +67,11 @@ class _RateLimitedWarning:
 
 class StreamSubscriber:
     def __init__(self, stream: str, endpoints: Iterable[str], decoder: FrameDecoder,
-                 handle: Handler) -> None:
-        """``stream``: the stream's name in logs (``snapshot``, ``kv``)."""
+                 handle: Handler, curve: RouterCurve | None = None) -> None:
+        """``stream``: the stream's name in logs (``snapshot``, ``kv``); ``curve``: every
+        socket a CURVE server (``engine_ext.curve``; the caller runs the ZAP handler)."""
         self.stream = stream
+        self.curve = curve
         self.endpoints = sorted(set(endpoints))
         self.decoder = decoder
         self._handle = handle
@@ -95,6 +98,8 @@ class StreamSubscriber:
             sock.setsockopt(zmq.RCVHWM, 100_000)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.SUBSCRIBE, b"")  # topics are filtered exactly, not by prefix
+            if self.curve is not None:
+                self.curve.apply(sock)
             self._sockets.append(sock)
             binds = subscriber_binds(ep)
             try:

@@ -207,6 +207,39 @@ def metric(url: str, name: str) -> float:
     return float(found.group(1))
 
 
+def telemetry_only_with_keys(cfg: ClusterConfig) -> None:
+    """CURVE (``telemetry_keys_dir``): every router worker hears every engine's snapshots;
+    a subscriber without the keys hears nothing on the same endpoint."""
+    import zmq
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def frames(port: int, stream: str) -> dict[str, float]:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        return {s.labels["engine"]: s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name == "hetserve_telemetry_frames_total"
+                and s.labels["stream"] == stream}
+
+    for inst in cfg.instances():  # a prompt of two 128-token blocks: vLLM's KV events
+        httpx.post(inst.url + "/v1/completions", timeout=120, json={
+            "model": inst.served_model_name, "prompt": list(range(5, 261)), "max_tokens": 1})
+    for port in cfg.router.worker_ports or []:
+        deadline = time.monotonic() + 20  # heartbeats every second while idle
+        while (min(frames(port, "snapshot").values()) < 3
+               or min(frames(port, "kv").values()) < 1) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert min(frames(port, "snapshot").values()) >= 3, frames(port, "snapshot")
+        assert min(frames(port, "kv").values()) >= 1, frames(port, "kv")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(cfg.instances()[0].telemetry_endpoint)
+    try:
+        assert not sock.poll(3000)  # heartbeats go out every second, none to us
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
 def programs_follow_across_workers(cfg: ClusterConfig) -> None:
     """A program's first stage through worker 0's own port, the next through worker 1's:
     worker 1 has the program in its table before the call (sent by worker 0) and routes
@@ -237,18 +270,24 @@ def programs_follow_across_workers(cfg: ClusterConfig) -> None:
 
 @needs_router
 def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path) -> None:
-    """The whole demo, with two router processes on one port (``workers = 2``): the
-    router answers the client; a program's stages follow its model across the workers;
+    """The whole demo, with two router processes on one port (``workers = 2``) and CURVE
+    on the telemetry plane: the router answers the client; telemetry reaches both workers
+    and no one without the keys; a program's stages follow its model across the workers;
     an engine killed is marked down, requests succeed on the other one, it comes back;
     SIGTERM stops every process."""
+    from engine_ext.curve import create
+
+    create(tmp_path / "curve")
     config = tmp_path / "demo-workers.toml"
-    config.write_text(DEMO.read_text().replace('[router]\n', '[router]\nworkers = 2\n', 1))
+    config.write_text(DEMO.read_text().replace(
+        '[router]\n', '[router]\nworkers = 2\ntelemetry_keys_dir = "curve"\n', 1))
     la = launcher_factory(config=config)
     cfg = la.wait_up()
     assert cfg.router.workers == 2
     base_url = cfg.router_url() + "/v1"
     assert all(healthy(i.url) for i in cfg.instances()) and healthy(cfg.router_url())
     assert all(healthy(f"http://127.0.0.1:{p}") for p in cfg.router.worker_ports or [])
+    telemetry_only_with_keys(cfg)
     programs_follow_across_workers(cfg)
     client = subprocess.run([sys.executable, str(ROOT / "examples" / "demo_client.py"),
                              "--base-url", base_url], capture_output=True, text=True,

@@ -15,6 +15,8 @@ from router.settings import SettingsError
 ROUTER = '[router]\npolicy = "chimera"\n'
 ENGINE_A = '[[engines]]\nname = "a"\nmodel = "builtin:tiny-a"\n'
 ENGINE_B = '[[engines]]\nname = "b"\nmodel = "builtin:tiny-b"\n'
+KEYS = 'telemetry_keys_dir = "keys"\n'
+"""A ``[router]`` line: CURVE keys, so telemetry endpoints may leave loopback."""
 
 
 @pytest.fixture(autouse=True)
@@ -119,8 +121,8 @@ def test_instances_need_ports(tmp_path: Path) -> None:
 
 
 def test_remote_engine(tmp_path: Path) -> None:
-    cfg = load(tmp_path, ROUTER + '[[engines]]\nname = "big-0"\nurl = "http://10.0.0.7:8101"\n'
-               'served_model_name = "big"\ntelemetry_endpoint = "tcp://10.0.0.2:5601"\n'
+    cfg = load(tmp_path, ROUTER + KEYS + '[[engines]]\nname = "big-0"\n'
+               'url = "http://10.0.0.7:8101"\nserved_model_name = "big"\ntelemetry_endpoint = "tcp://10.0.0.2:5601"\n'
                'kv_events_endpoint = "tcp://10.0.0.2:5602"\nmax_model_len = 4096\n')
     (inst,) = cfg.instances()
     assert inst.remote and inst.name == "big-0" and inst.served_model_name == "big"
@@ -327,7 +329,7 @@ def test_remote_engine_keys(tmp_path: Path, extra: str, key: str, words: str) ->
     remote = ('[[engines]]\nname = "r-0"\nurl = "http://10.0.0.7:8101"\n'
               'telemetry_endpoint = "tcp://10.0.0.2:5601"\n'
               'kv_events_endpoint = "tcp://10.0.0.2:5602"\n')
-    assert words in error(tmp_path, ROUTER + remote + extra, key)
+    assert words in error(tmp_path, ROUTER + KEYS + remote + extra, key)
 
 
 def test_remote_engine_needs_endpoints_and_url(tmp_path: Path) -> None:
@@ -336,7 +338,19 @@ def test_remote_engine_needs_endpoints_and_url(tmp_path: Path) -> None:
                                                    "engines.r-0.telemetry_endpoint")
     bad = ('[[engines]]\nname = "r-0"\nurl = "10.0.0.7"\ntelemetry_endpoint = "tcp://h:1"\n'
            'kv_events_endpoint = "tcp://h:2"\n')
-    assert "expected http://HOST:PORT" in error(tmp_path, ROUTER + bad, "engines.r-0.url")
+    assert "expected http://HOST:PORT" in error(tmp_path, ROUTER + KEYS + bad,
+                                                "engines.r-0.url")
+
+
+def test_telemetry_beyond_loopback_needs_keys_or_insecure(tmp_path: Path) -> None:
+    remote = ('[[engines]]\nname = "r-0"\nurl = "http://10.0.0.7:8101"\n'
+              'telemetry_endpoint = "tcp://127.0.0.1:5601"\n'
+              'kv_events_endpoint = "tcp://*:5602"\n')
+    assert "'tcp://*:5602' is beyond loopback" in error(
+        tmp_path, ROUTER + remote, "engines.r-0.kv_events_endpoint")
+    cfg = load(tmp_path, ROUTER + KEYS + remote)
+    assert cfg.router.telemetry_keys_dir == str(tmp_path / "keys")
+    assert load(tmp_path, ROUTER + 'insecure = true\n' + remote).router.insecure
 
 
 def test_policies_go_to_router_registry(tmp_path: Path,

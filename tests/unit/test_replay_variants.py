@@ -37,7 +37,7 @@ def test_engine_variant_sets_the_scheduler_and_dev_mode(cfg: ClusterConfig) -> N
 
 def test_engine_variant_refuses_to_set_a_remote_scheduler(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text(
-        '[router]\npolicy = "vllm"\n[[engines]]\nname = "far-0"\nurl = "http://10.0.0.7:8101"\n'
+        '[router]\npolicy = "vllm"\ninsecure = true\n[[engines]]\nname = "far-0"\nurl = "http://10.0.0.7:8101"\n'
         'telemetry_endpoint = "tcp://10.0.0.2:5601"\nkv_events_endpoint = "tcp://10.0.0.2:5602"\n')
     cfg = load_cluster_config(tmp_path / "c.toml")
     assert engine_variant(cfg, None) == cfg.engines
