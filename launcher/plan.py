@@ -175,6 +175,8 @@ def engine_argv(python: str, cfg: ClusterConfig, e: EngineConfig, inst: EngineIn
             "--telemetry-endpoint", inst.telemetry_endpoint,
             "--telemetry-interval-ms", f"{cfg.router.telemetry_interval_ms:g}",
             "--kv-events-endpoint", inst.kv_events_endpoint]
+    if cfg.router.telemetry_keys_dir:
+        argv += ["--telemetry-keys-dir", cfg.router.telemetry_keys_dir]
     for key, flag in ENGINE_FLAGS.items():
         value = getattr(e, key)
         if value is True:
@@ -285,10 +287,45 @@ def _one(values: list[int] | list[str]) -> int | str | list[int] | list[str]:
     return values[0] if len(values) == 1 else values
 
 
+def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Plan | None:
+    """The plan with engine instance ``name`` on the next free port from
+    ``launcher.base_port``, when another program took its port since planning (the
+    launcher checks before each restart); ``None`` while its port is free."""
+    port_free = port_free or port_is_free
+    i, proc = next((k, p) for k, p in enumerate(plan.engines) if p.spec.name == name)
+    cfg = plan.config
+    siblings = [x for x in cfg.instances()
+                if x.engine == next(y.engine for y in cfg.instances() if y.name == name)]
+    e = cfg.engine(siblings[0].engine)
+    if port_free(e.host, proc.port):
+        return None
+    taken, port = cfg.claimed_ports(), cfg.launcher.base_port
+    while port in taken or not port_free(e.host, port):
+        port += 1
+        if port > 65535:
+            raise LaunchError(f"{name}: its port {proc.port} is taken and no port is free "
+                              f"from launcher.base_port {cfg.launcher.base_port} upwards")
+    ports = [port if x.name == name else x.port for x in siblings]
+    draft = dataclasses.replace(cfg, engines=[
+        dataclasses.replace(x, port=_one(ports)) if x.name == e.name else x
+        for x in cfg.engines])
+    config = parse_cluster_config(draft.to_dict(), cfg.source, plan.run_dir)
+    inst = next(x for x in config.instances() if x.name == name)
+    argv = list(proc.spec.argv)
+    argv[argv.index("--port") + 1] = str(port)
+    spec = dataclasses.replace(proc.spec, argv=argv, health_url=inst.url + "/health")
+    engines = list(plan.engines)
+    engines[i] = dataclasses.replace(proc, spec=spec, port=port)
+    return dataclasses.replace(plan, config=config, engines=engines)
+
+
 def port_is_free(host: str, port: int) -> bool:
-    """Whether a TCP server could listen on ``host:port`` now."""
+    """Whether a TCP server could listen on ``host:port`` now. With ``SO_REUSEADDR``, as
+    the engines' and the router's servers bind: connections of a process that just died
+    (TIME_WAIT) do not hold its port, a listener does."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -23,7 +23,7 @@ import httpx
 import tomli_w
 
 from launcher.console import Console, table
-from launcher.plan import BASE_ENV, Plan
+from launcher.plan import BASE_ENV, Plan, move_engine
 from launcher.supervisor import Managed, State, Supervisor
 from router.auth import load_keys
 from router.config import LOOPBACK, http_url
@@ -122,6 +122,24 @@ def _supervise(sup: Supervisor, plan: Plan, routers: list[Managed], console: Con
     r = plan.config.router
     admin_key = min(load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"),
                     default=None)
+    current = [plan]
+
+    def before_restart(m: Managed) -> str | None:
+        """An engine whose port another program took gets the next free one; the resolved
+        file is rewritten, so a restarted router reads it too."""
+        if m in routers:
+            return None
+        moved = move_engine(current[0], m.spec.name)
+        if moved is None:
+            return None
+        old = next(p.port for p in current[0].engines if p.spec.name == m.spec.name)
+        current[0] = moved
+        m.spec = next(p.spec for p in moved.engines if p.spec.name == m.spec.name)
+        moved.config_path.write_text(f"# Resolved by the launcher from {moved.config.source}"
+                                     "; the router loads this file.\n" + moved.config.to_toml())
+        return f"port {old} is taken; restarting on port {_port(m.spec.argv)}"
+
+    sup.before_restart = before_restart
     while not stop.signum:
         for ev in sup.step(restart=True):
             name = ev.proc.spec.name
@@ -130,27 +148,39 @@ def _supervise(sup: Supervisor, plan: Plan, routers: list[Managed], console: Con
                 if ev.kind == "failed":
                     return 1
                 continue
+            if ev.kind == "moved":
+                console.line(f"{name} {ev.detail}")
+                if router_url:
+                    url = ev.proc.spec.health_url or ""
+                    _admin(console, router_url, name, "move", admin_key,
+                           {"url": url.removesuffix("/health")})
+                continue
             if ev.kind == "up":
                 console.line(f"{name} is up again (restart {ev.proc.restarts})")
             else:
                 console.line(f"{name} {ev.detail}" + ("; the other engines keep serving"
                                                       if ev.kind == "failed" else ""))
             if router_url:
-                _mark(console, router_url, name, "up" if ev.kind == "up" else "down",
-                      admin_key)
+                _admin(console, router_url, name, "up" if ev.kind == "up" else "down",
+                       admin_key)
         if client is not None and client.poll() is not None:
             return client.returncode
         time.sleep(_TICK_S)
     return 0
 
 
-def _mark(console: Console, router_url: str, instance: str, state: str,
-          admin_key: str | None) -> None:
-    """Tell the router an engine is down or up (best effort: it also sees telemetry)."""
-    url = f"{router_url}/admin/engines/{instance}/{state}"
+def _port(argv: list[str]) -> str:
+    return argv[argv.index("--port") + 1]
+
+
+def _admin(console: Console, router_url: str, instance: str, action: str,
+           admin_key: str | None, params: dict[str, str] | None = None) -> None:
+    """Tell the router an engine is down, up or moved (best effort: it also sees
+    telemetry; a restarted router reads the resolved file)."""
+    url = f"{router_url}/admin/engines/{instance}/{action}"
     headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     try:
-        r = httpx.post(url, timeout=2.0, headers=headers)
+        r = httpx.post(url, timeout=2.0, headers=headers, params=params)
         console.log(f"POST {url}: {r.status_code}")
     except httpx.HTTPError as e:
         console.log(f"POST {url} failed: {e!r}")

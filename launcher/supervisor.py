@@ -94,7 +94,8 @@ class Managed:
 
 @dataclass(frozen=True)
 class Event:
-    """A state change ``step()`` reports: ``up``, ``down`` (restart pending) or ``failed``."""
+    """A state change ``step()`` reports: ``up``, ``down`` (restart pending), ``failed``,
+    or ``moved`` (restarting with a changed spec, ``before_restart``)."""
 
     kind: str
     proc: Managed
@@ -120,6 +121,9 @@ class Supervisor:
         self.procs: list[Managed] = []
         self.force = False
         """Set (e.g. on a second Ctrl-C) to make a running ``stop_all`` kill at once."""
+        self.before_restart: Callable[[Managed], str | None] | None = None
+        """Called just before a process is restarted; may replace its ``spec`` (a new
+        port) and return what changed, reported as a ``moved`` event."""
         self._http = httpx.Client(timeout=2.0)
 
     # ---- starting and watching
@@ -158,6 +162,9 @@ class Supervisor:
                     events += self._watch(m, now, restart)
             elif m.state is State.DOWN and restart and now >= m.restart_at:
                 m.restarts += 1
+                moved = self.before_restart(m) if self.before_restart else None
+                if moved:
+                    events.append(Event("moved", m, moved))
                 self._spawn(m)
         return events
 

@@ -2,7 +2,7 @@
 
 ``create_app(config)`` serves ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/models``, ``/health``, ``/metrics`` and, to loopback or unix-socket clients only (or
-with an admin key), ``POST /admin/engines/{instance}/down|up``. Per request: parse and
+with an admin key), ``POST /admin/engines/{instance}/down|up|move``. Per request: parse and
 validate (``router.request``), tokenize with the model's tokenizer (``router.tokenize``),
 ask the core for a decision, forward to the chosen engine (``router.upstream``) with the
 chosen ``model``, ``priority`` and ``max_tokens``, and report the completion to the core
@@ -243,17 +243,25 @@ class Front:
             "content-type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def admin(self, request: web.Request) -> web.Response:
-        """``POST /admin/engines/{instance}/down|up``: the launcher's health verdicts."""
+        """``POST /admin/engines/{instance}/down|up``: the launcher's health verdicts;
+        ``.../move?url=http://HOST:PORT``: it restarted the engine on another port."""
         if not self.keys.admin_allowed(request.headers, self._local(request)):
             return _error(RequestError(403, "admin endpoints need an admin key"
                                        if self.keys.admin else "admin endpoints answer only "
                                        "on loopback and unix-socket listeners",
                                        type_="permission_error"))
         name, state = request.match_info["instance"], request.match_info["state"]
-        if state not in ("up", "down") or name not in self.instances:
+        if state not in ("up", "down", "move") or name not in self.instances:
             return _error(RequestError(404, f"no engine instance '{name}' (known: "
                                        f"{', '.join(self.instances)}) or action '{state}' "
-                                       "(up, down)", code="not_found"))
+                                       "(up, down, move)", code="not_found"))
+        if state == "move":
+            url = request.query.get("url", "")
+            try:
+                self.core.admin_move(name, url)
+            except ValueError as exc:
+                return _error(RequestError(400, str(exc), param="url"))
+            return _json({"instance": name, "url": self.core.table[name].url})
         reason = request.query.get("reason", "admin")
         self.core.admin_mark(name, state == "up", reason)
         return _json({"instance": name, "up": state == "up", "reason": reason})

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import time
 from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
@@ -27,7 +28,8 @@ from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_deco
                                   snapshot_decoder)
 from router.dispatch.collector import BatchCollector
 from router.dispatch.health_probe import HealthProber
-from router.dispatch.peers import Completed, Marked, PeerEvent, Peers, Routed, sync_endpoints
+from router.dispatch.peers import (Completed, Marked, Moved, PeerEvent, Peers, Routed,
+                                   sync_endpoints)
 from router.dispatch.subscriber import StreamSubscriber
 from router.policies.base import Policy
 from router.policies.registry import build_policy
@@ -305,10 +307,35 @@ class RouterCore:
         if self.peers is not None:
             self.peers.publish(Marked(instance, up, reason))
 
+    def admin_move(self, instance: str, url: str) -> None:
+        """The launcher restarted ``instance`` on another port (same host): route to
+        ``url`` from now on, here and in the other router workers (ValueError: an unknown
+        instance, or a URL that is not ``http://<the same host>:PORT``)."""
+        self.move_engine(instance, url)
+        if self.peers is not None:
+            self.peers.publish(Moved(instance, url))
+
+    def move_engine(self, instance: str, url: str) -> None:
+        if instance not in self.table.engines:
+            raise ValueError(f"unknown instance '{instance}'")
+        old, new = urlsplit(self.table[instance].url), urlsplit(url)
+        try:
+            port = new.port
+        except ValueError:
+            port = None
+        if (new.scheme != "http" or new.hostname != old.hostname or port is None
+                or new.path.strip("/") or new.query or new.username or new.password):
+            raise ValueError(f"url must be http://{old.hostname}:PORT (the engine's host; "
+                             f"only its port may change), got {url[:200]!r}")
+        self.table[instance].url = self.prober.urls[instance] = url.rstrip("/")
+        log.warning("engine %s moved to %s", instance, url)
+
     def _apply_peer(self, event: PeerEvent) -> None:
         """A change another router worker made (ValueError: one naming what is not here)."""
         now = self.clock()
-        if isinstance(event, Marked):
+        if isinstance(event, Moved):
+            self.move_engine(event.instance, event.url)
+        elif isinstance(event, Marked):
             self.mark_engine(event.instance, event.up, event.reason)
         elif isinstance(event, Routed):
             if not any(e.model == event.model for e in self.table.engines.values()):

@@ -64,7 +64,14 @@ class Marked(msgspec.Struct, tag="marked", array_like=True, frozen=True):
     reason: Annotated[str, msgspec.Meta(max_length=1024)]
 
 
-PeerEvent = Routed | Completed | Marked
+class Moved(msgspec.Struct, tag="moved", array_like=True, frozen=True):
+    """The launcher restarted ``instance`` on another port: its URL is now ``url``."""
+
+    instance: _Name
+    url: Annotated[str, msgspec.Meta(max_length=1024)]
+
+
+PeerEvent = Routed | Completed | Marked | Moved
 
 log = logging.getLogger("hetserve.router.peers")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -138,8 +139,11 @@ def launcher_factory(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
 
 
 def kill_engine_and_wait_restart(la: Launcher, cfg: ClusterConfig, instance: str,
-                                 while_down: Callable[[], None] = lambda: None) -> None:
-    """SIGKILL an engine's server; it must be restarted and healthy again."""
+                                 while_down: Callable[[], None] = lambda: None,
+                                 take_port: bool = False) -> str:
+    """SIGKILL an engine's server; it must be restarted and healthy again. With
+    ``take_port``, another program holds its port meanwhile: it comes back on another
+    one. Returns its URL."""
     url = next(i.url for i in cfg.instances() if i.name == instance)
     victim = la.engine_process(instance)
     assert victim is not None, la.output()
@@ -149,13 +153,29 @@ def kill_engine_and_wait_restart(la: Launcher, cfg: ClusterConfig, instance: str
     la.wait_for(f"{instance} to be marked down",
                 lambda: f"{instance} killed by SIGKILL; restart 1 of" in la.output(),
                 timeout=30)
-    while_down()
-    la.wait_for(f"{instance} to come back",
-                lambda: f"{instance} is up again (restart 1)" in la.output())
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+    if take_port:  # before the restart (1 s backoff): the launcher must see it taken
+        squatter.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        squatter.listen()
+    try:
+        while_down()
+        la.wait_for(f"{instance} to come back",
+                    lambda: f"{instance} is up again (restart 1)" in la.output())
+    finally:
+        squatter.close()
+    if take_port:
+        moved = re.search(rf"{instance} port \d+ is taken; restarting on port (\d+)",
+                          la.output())
+        assert moved is not None, la.output()
+        url = f"{url.rsplit(':', 1)[0]}:{moved.group(1)}"
+        resolved = load_cluster_config(la.run_dir / "cluster.resolved.toml")
+        assert next(i.url for i in resolved.instances() if i.name == instance) == url
     assert healthy(url)
     assert not [p for p in workers if _alive(p)], "the killed server's EngineCore survived"
     restarted = la.engine_process(instance)
     assert restarted is not None and restarted.pid != victim.pid
+    return url
 
 
 def sigterm_leaves_nothing(la: Launcher, cfg: ClusterConfig) -> None:
@@ -273,8 +293,9 @@ def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path)
     """The whole demo, with two router processes on one port (``workers = 2``) and CURVE
     on the telemetry plane: the router answers the client; telemetry reaches both workers
     and no one without the keys; a program's stages follow its model across the workers;
-    an engine killed is marked down, requests succeed on the other one, it comes back;
-    SIGTERM stops every process."""
+    an engine killed is marked down, requests succeed on the other one, it comes back on
+    another port (its own was taken meanwhile) and both workers follow it; SIGTERM stops
+    every process."""
     from engine_ext.curve import create
 
     create(tmp_path / "curve")
@@ -307,10 +328,19 @@ def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path)
             assert raw.parse().choices[0].message is not None
             assert raw.headers.get("x-hetserve-engine") == "tiny-b-0"
 
-    kill_engine_and_wait_restart(la, cfg, "tiny-a-0", while_down=served_by_the_other)
+    kill_engine_and_wait_restart(la, cfg, "tiny-a-0", while_down=served_by_the_other,
+                                 take_port=True)
     log = (la.run_dir / "launcher.log").read_text()
     assert f"POST {cfg.router_url()}/admin/engines/tiny-a-0/down: 200" in log
+    assert f"POST {cfg.router_url()}/admin/engines/tiny-a-0/move: 200" in log
     assert f"POST {cfg.router_url()}/admin/engines/tiny-a-0/up: 200" in log
+    import openai  # both workers route tiny-a to its new port (one was told, one heard)
+
+    c = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    for _ in range(6):
+        raw = c.chat.completions.with_raw_response.create(
+            model="tiny-a", messages=[{"role": "user", "content": "hello"}], max_tokens=4)
+        assert raw.headers.get("x-hetserve-engine") == "tiny-a-0"
     sigterm_leaves_nothing(la, cfg)
 
 

@@ -138,3 +138,33 @@ def test_the_engine_key_is_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
                         assert resp.status == 200
         assert sorted(seen, key=str) == ["Bearer k-123", None]
     asyncio.run(go())
+
+
+def test_an_engine_moved_by_the_launcher_is_followed(tmp_path: Path) -> None:
+    """``POST /admin/engines/a/move?url=...`` (the launcher restarted ``a`` on another
+    port): requests go to the new port; another host or a path is a 400."""
+    from tests.engine_proc import free_port
+    from tests.front_server import one_engine_cluster
+
+    async def go() -> None:
+        engine_app = web.Application()
+        engine_app.router.add_post("/v1/chat/completions", good)
+        async with TestServer(engine_app, host="127.0.0.1") as eng:
+            cfg = one_engine_cluster(tmp_path, free_port(), free_port())  # nothing there
+            app = create_app(cfg)
+            body = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
+            async with served(app) as client:
+                async with client.post("/v1/chat/completions", json=body) as resp:
+                    assert resp.status in (502, 503)
+                for bad in ("http://10.1.2.3:80", f"http://127.0.0.1:{eng.port}/v1", "x"):
+                    async with client.post("/admin/engines/a/move", params={"url": bad}) as r:
+                        assert r.status == 400 and "only its port" in (await r.json())[
+                            "error"]["message"]
+                async with client.post("/admin/engines/a/move",
+                                       params={"url": f"http://127.0.0.1:{eng.port}"}) as r:
+                    assert r.status == 200
+                async with client.post("/admin/engines/a/up"):
+                    pass
+                async with client.post("/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+    asyncio.run(go())

@@ -321,3 +321,24 @@ def test_engine_api_key_from_the_environment(tmp_path: Path,
     assert "s3cret-key" not in " ".join(spec.argv)
     assert "s3cret-key" not in plan.render() and "VLLM_API_KEY=<secret>" in plan.render()
     assert plan.config.instances()[0].api_key_env == "HS_ENGINE_KEY"
+
+
+def test_an_engine_whose_port_was_taken_moves(tmp_path: Path) -> None:
+    """Before a restart: a taken port moves that replica (only) to the next free port
+    from base_port, in its command, health URL and the resolved file the router loads."""
+    from launcher.plan import move_engine
+
+    plan = plan_of(tmp_path, ROUTER + engine("a", "replicas = 2\n"))
+    assert [p.port for p in plan.engines] == [8101, 8102]
+    assert move_engine(plan, "a-1", port_free=all_free) is None
+    busy = {8102, 8103, 8104}
+    moved = move_engine(plan, "a-1", port_free=lambda host, port: port not in busy)
+    assert moved is not None
+    assert [(p.spec.name, p.port, flag(p.spec.argv, "--port")) for p in moved.engines] == [
+        ("a-0", 8101, "8101"), ("a-1", 8105, "8105")]
+    assert moved.engines[1].spec.health_url == "http://127.0.0.1:8105/health"
+    assert {i.name: i.url for i in moved.config.instances()} == {
+        "a-0": "http://127.0.0.1:8101", "a-1": "http://127.0.0.1:8105"}
+    assert moved.router is not None and moved.config.router.port == plan.config.router.port
+    with pytest.raises(LaunchError, match="no port is free"):
+        move_engine(plan, "a-0", port_free=lambda host, port: False)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from router.config import parse_cluster_config
 from router.dispatch.core import RouterCore
-from router.dispatch.peers import (Completed, Marked, PeerEvent, Peers, Routed,
+from router.dispatch.peers import (Completed, Marked, Moved, PeerEvent, Peers, Routed,
                                    sync_endpoints)
 from router.request import MAX_LABEL_CHARS
 
@@ -66,7 +66,7 @@ def test_events_reach_every_other_worker(tmp_path: Path) -> None:
 
 
 _LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text()
-         | st.sampled_from(["routed", "completed", "marked", "a", "b", "p"]))
+         | st.sampled_from(["routed", "completed", "marked", "moved", "a", "b", "p"]))
 
 
 @settings(max_examples=300, deadline=None)
@@ -75,7 +75,7 @@ _LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text()
     st.builds(msgspec.msgpack.encode, st.recursive(
         _LEAF, lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=20)),
     st.builds(lambda tag, rest: msgspec.msgpack.encode([tag, *rest]),  # near-valid events
-              st.sampled_from(["routed", "completed", "marked"]),
+              st.sampled_from(["routed", "completed", "marked", "moved"]),
               st.lists(_LEAF, max_size=4))))
 def test_any_message_is_applied_or_counted(message: bytes) -> None:
     core = RouterCore(_CONFIG, worker=0)
@@ -101,6 +101,12 @@ def test_bounds_and_unknown_names_are_dropped(tmp_path: Path) -> None:
     assert "p" not in core.programs
     feed(encode(Marked("b", False, "launcher: exited")))
     assert core.table["b"].down_reason == "marked down: launcher: exited"
+    host = core.table["b"].url.rsplit(":", 1)[0]
+    feed(encode(Moved("b", "http://10.9.9.9:9999")))  # another host: refused
+    feed(encode(Moved("b", f"{host}:9999/x")))  # a path: refused
+    feed(encode(Moved("b", f"{host}:9999")))
+    assert core.table["b"].url == core.prober.urls["b"] == f"{host}:9999"
+    assert (core.peers.rejected, core.peers.applied) == (4, 4)
 
 
 def test_a_worker_needs_its_index(tmp_path: Path) -> None:
