@@ -412,6 +412,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="per cell")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--chunks", type=int, default=8, help="SSE events per streamed answer")
+    parser.add_argument("--interval-ms", type=float, default=0.0,
+                        help="time between a stream's events at the stand-in engines (0: "
+                             "all at once); with many connections, long-lived streams")
     parser.add_argument("--router-core", type=int, default=1)
     parser.add_argument("--load-core", type=int, default=0,
                         help="the stand-in engines and wrk")
@@ -433,6 +436,8 @@ def main(argv: list[str] | None = None) -> None:
                                   and 1 <= int(workers) <= 64):
             parser.error(f"--targets: {target!r}: /N (1 to 64 router workers) is for "
                          "hetserve:<policy>/N")
+    if not 0 <= args.interval_ms <= 10_000:
+        parser.error("--interval-ms: 0 to 10000")
     if any(not 1 <= r <= 20_000 for r in args.open_rates):
         parser.error("--open-rates: each rate in 1..20000 requests/s")
     if args.repeats < 1 or args.seconds <= 0:

@@ -144,3 +144,23 @@ def test_paced_stream_spaces_its_events() -> None:
     arrivals = asyncio.run(go())
     # head + 3 events + usage + [DONE]: 4 more parts after the first, 50 ms apart
     assert len(arrivals) >= 4 and arrivals[-1] - arrivals[0] >= 0.18
+
+
+def test_the_stream_interval_is_an_option_and_bounded(capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--interval-ms`` reaches the run (it was read there before it was an option)."""
+    from kernels_bench.front import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--interval-ms", "-1"])
+    assert "--interval-ms: 0 to 10000" in capsys.readouterr().err
+    seen: list[float] = []
+
+    def run(args: object) -> None:
+        seen.append(args.interval_ms)  # type: ignore[attr-defined]
+        raise RuntimeError("stopped here")
+
+    monkeypatch.setattr(cli, "run", run)
+    with pytest.raises(SystemExit, match="stopped here"):
+        cli.main(["--targets", "direct", "--interval-ms", "50"])
+    assert seen == [50.0]
