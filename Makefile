@@ -41,16 +41,17 @@ artifacts: setup
 	$(PY) -m kernels_bench artifacts
 
 # The serving replay on this machine: two built-in engines of different speed
-# (examples/replay.toml), the shipped math and code traces mixed, Poisson arrivals at a rate
-# that queues, only problems the artifacts held out; Chimera on its trained predictors with
-# STJF engines, its static-prior ablation, the oracle (true lengths), against vLLM's
-# balancer with FCFS engines, interleaved repeats with 95% intervals (docs/replay.md). The
+# (examples/replay.toml), the shipped math and code traces mixed, Poisson arrivals at 3
+# workflows/s, only problems the artifacts held out; Chimera on its trained predictors with
+# STJF engines, its static-prior ablation, the same routing on FCFS engines, the oracle
+# (true lengths), against vLLM's balancer with FCFS engines, interleaved repeats with 95%
+# intervals (docs/replay.md). The
 # fast engine replays Qwen2.5-Coder-0.5B's runs and the slow one the 1.5B's (more accurate),
 # so policies trade latency against score as on a real heterogeneous cluster.
 REPLAY_TRACE ?= data/traces/math.jsonl.gz data/traces/code.jsonl.gz
 REPLAY_MODEL_MAP ?= tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct
-REPLAY_POLICIES ?= chimera:stjf chimera-static:stjf vllm:fcfs oracle
-REPLAY_REPEATS ?= 3
+REPLAY_POLICIES ?= chimera:stjf chimera-static:stjf chimera:fcfs vllm:fcfs oracle
+REPLAY_REPEATS ?= 4
 
 replay: artifacts
 	$(PY) -m kernels_bench replay --cluster examples/replay.toml --trace $(REPLAY_TRACE) \
