@@ -11,7 +11,6 @@ the command line and environment of each engine and of the router.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
 import socket
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from launcher import LaunchError
 from launcher.devices import Devices, format_ids
 from launcher.supervisor import ProcessSpec
+from router.auth import KeysError, engine_key
 from router.config import (
     ENGINE_FLAGS,
     ClusterConfig,
@@ -73,6 +73,11 @@ class Plan:
     def config_path(self) -> Path:
         return self.run_dir / RESOLVED_NAME
 
+    def write_resolved(self) -> None:
+        """Write the resolved cluster file the router processes load."""
+        self.config_path.write_text(f"# Resolved by the launcher from {self.config.source}; "
+                                    "the router loads this file.\n" + self.config.to_toml())
+
     @property
     def router(self) -> ProcessPlan | None:
         """The (first) router process."""
@@ -123,7 +128,10 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
             env = {"VLLM_CPU_OMP_THREADS_BIND": _omp_bind(ids, e.tensor_parallel_size)}
             where = "cpu"
         if e.api_key_env:
-            env["VLLM_API_KEY"] = _secret(cfg, f"engines.{e.name}.api_key_env", e.api_key_env)
+            try:
+                env["VLLM_API_KEY"] = engine_key(e.name, e.api_key_env)
+            except KeysError as exc:
+                raise LaunchError(f"{cfg.source}: {exc}") from None
         engines.append(ProcessPlan(
             spec=ProcessSpec(
                 name=inst.name,
@@ -136,13 +144,6 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
     routers = [] if only else _routers(resolved, run_dir, python)
     remote = [i for i in resolved.instances() if i.remote]
     return Plan(resolved, run_dir, engines, routers, remote, devices, warnings)
-
-
-def _secret(cfg: ClusterConfig, key: str, var: str) -> str:
-    value = os.environ.get(var)
-    if not value:
-        raise LaunchError(f"{cfg.source}: {key}: the environment variable {var} is not set")
-    return value
 
 
 def _routers(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
@@ -218,12 +219,10 @@ def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
     next_port = [cfg.launcher.base_port]
 
     def alloc(host: str) -> int:
-        port = next_port[0]
-        while port in taken or not port_free(host, port):
-            port += 1
-            if port > 65535:
-                raise LaunchError(f"no free port from launcher.base_port "
-                                  f"{cfg.launcher.base_port} upwards")
+        port = _free_port(host, next_port[0], taken, port_free)
+        if port is None:
+            raise LaunchError(f"no free port from launcher.base_port "
+                              f"{cfg.launcher.base_port} upwards")
         taken.add(port)
         next_port[0] = port + 1
         return port
@@ -294,18 +293,15 @@ def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Pla
     port_free = port_free or port_is_free
     i, proc = next((k, p) for k, p in enumerate(plan.engines) if p.spec.name == name)
     cfg = plan.config
-    siblings = [x for x in cfg.instances()
-                if x.engine == next(y.engine for y in cfg.instances() if y.name == name)]
-    e = cfg.engine(siblings[0].engine)
+    instances = cfg.instances()
+    e = cfg.engine(next(x.engine for x in instances if x.name == name))
     if port_free(e.host, proc.port):
         return None
-    taken, port = cfg.claimed_ports(), cfg.launcher.base_port
-    while port in taken or not port_free(e.host, port):
-        port += 1
-        if port > 65535:
-            raise LaunchError(f"{name}: its port {proc.port} is taken and no port is free "
-                              f"from launcher.base_port {cfg.launcher.base_port} upwards")
-    ports = [port if x.name == name else x.port for x in siblings]
+    port = _free_port(e.host, cfg.launcher.base_port, cfg.claimed_ports(), port_free)
+    if port is None:
+        raise LaunchError(f"{name}: its port {proc.port} is taken and no port is free "
+                          f"from launcher.base_port {cfg.launcher.base_port} upwards")
+    ports = [port if x.name == name else x.port for x in instances if x.engine == e.name]
     draft = dataclasses.replace(cfg, engines=[
         dataclasses.replace(x, port=_one(ports)) if x.name == e.name else x
         for x in cfg.engines])
@@ -317,6 +313,14 @@ def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Pla
     engines = list(plan.engines)
     engines[i] = dataclasses.replace(proc, spec=spec, port=port)
     return dataclasses.replace(plan, config=config, engines=engines)
+
+
+def _free_port(host: str, start: int, taken: set[int], port_free: PortFree) -> int | None:
+    """The first port from ``start`` that is neither ``taken`` nor in use; None if none."""
+    for port in range(start, 65536):
+        if port not in taken and port_free(host, port):
+            return port
+    return None
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -49,8 +49,7 @@ def launch(plan: Plan, console: Console, demo: bool = False) -> int:
     """Run the cluster of ``plan``; return the launcher's exit code."""
     la = plan.config.launcher
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    plan.config_path.write_text(f"# Resolved by the launcher from {plan.config.source}; "
-                                "the router loads this file.\n" + plan.config.to_toml())
+    plan.write_resolved()
     (plan.run_dir / "plan.txt").write_text(plan.render() + "\n")
     console.log_path = plan.run_dir / "launcher.log"
     sup = Supervisor(plan.run_dir, health_timeout_s=la.health_timeout_s,
@@ -129,15 +128,15 @@ def _supervise(sup: Supervisor, plan: Plan, routers: list[Managed], console: Con
         file is rewritten, so a restarted router reads it too."""
         if m in routers:
             return None
-        moved = move_engine(current[0], m.spec.name)
+        name = m.spec.name
+        moved = move_engine(current[0], name)
         if moved is None:
             return None
-        old = next(p.port for p in current[0].engines if p.spec.name == m.spec.name)
-        current[0] = moved
-        m.spec = next(p.spec for p in moved.engines if p.spec.name == m.spec.name)
-        moved.config_path.write_text(f"# Resolved by the launcher from {moved.config.source}"
-                                     "; the router loads this file.\n" + moved.config.to_toml())
-        return f"port {old} is taken; restarting on port {_port(m.spec.argv)}"
+        old = next(p for p in current[0].engines if p.spec.name == name)
+        new = next(p for p in moved.engines if p.spec.name == name)
+        current[0], m.spec = moved, new.spec
+        moved.write_resolved()
+        return f"port {old.port} is taken; restarting on port {new.port}"
 
     sup.before_restart = before_restart
     while not stop.signum:
@@ -151,9 +150,8 @@ def _supervise(sup: Supervisor, plan: Plan, routers: list[Managed], console: Con
             if ev.kind == "moved":
                 console.line(f"{name} {ev.detail}")
                 if router_url:
-                    url = ev.proc.spec.health_url or ""
-                    _admin(console, router_url, name, "move", admin_key,
-                           {"url": url.removesuffix("/health")})
+                    url = next(i.url for i in current[0].config.instances() if i.name == name)
+                    _admin(console, router_url, name, "move", admin_key, {"url": url})
                 continue
             if ev.kind == "up":
                 console.line(f"{name} is up again (restart {ev.proc.restarts})")
@@ -167,10 +165,6 @@ def _supervise(sup: Supervisor, plan: Plan, routers: list[Managed], console: Con
             return client.returncode
         time.sleep(_TICK_S)
     return 0
-
-
-def _port(argv: list[str]) -> str:
-    return argv[argv.index("--port") + 1]
 
 
 def _admin(console: Console, router_url: str, instance: str, action: str,

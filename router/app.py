@@ -29,7 +29,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from router.auth import Keys, load_keys
+from router.auth import Keys, engine_key, load_keys
 from router.config import ClusterConfig, ConfigError, EngineInstance, is_loopback
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
@@ -479,16 +479,9 @@ FRONT = web.AppKey("front", Front)
 
 def _engine_auth(instances: Iterable[EngineInstance]) -> dict[str, str]:
     """The ``Authorization`` value of each engine that requires an API key
-    (``api_key_env``; ValueError when its variable is not set)."""
-    out = {}
-    for inst in instances:
-        if inst.api_key_env:
-            key = os.environ.get(inst.api_key_env)
-            if not key:
-                raise ValueError(f"engines.{inst.engine}.api_key_env: the environment "
-                                 f"variable {inst.api_key_env} is not set")
-            out[inst.name] = f"Bearer {key}"
-    return out
+    (``api_key_env``; KeysError, a ValueError, when its variable is not set)."""
+    return {inst.name: f"Bearer {engine_key(inst.engine, inst.api_key_env)}"
+            for inst in instances if inst.api_key_env}
 
 
 def _redispatch(exc: UpstreamError) -> bool:

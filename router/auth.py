@@ -48,6 +48,16 @@ def load_keys(file: str | None, env: str | None, what: str) -> frozenset[str]:
     return frozenset(keys)
 
 
+def engine_key(engine: str, var: str) -> str:
+    """The API key engine entry ``engine`` requires, from the variable its ``api_key_env``
+    names (the launcher gives it to the engine, the router sends it); KeysError if unset."""
+    key = os.environ.get(var)
+    if not key:
+        raise KeysError(f"engines.{engine}.api_key_env: the environment variable {var} is "
+                        "not set")
+    return key
+
+
 def bearer(headers: Mapping[str, str]) -> str | None:
     """The key of an ``Authorization: Bearer <key>`` header, if any."""
     scheme, _, key = headers.get("authorization", "").partition(" ")

@@ -25,7 +25,7 @@ import ipaddress
 import os
 import re
 import tomllib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -612,13 +612,21 @@ def _port_owners(cfg: ClusterConfig) -> dict[int, str]:
                 claim(parts.port, f"{key}.url")
         for i, port in enumerate(_replica_ports(e) or []):
             claim(port, f"{key}.port" + (f" (replica {i})" if e.replicas > 1 else ""))
-        for k in ("telemetry_endpoint", "kv_events_endpoint"):
-            for ep in _replica_values(getattr(e, k), e.replicas) or []:
-                port = _tcp_loopback_port(ep)
-                if port is not None and ep not in endpoints:
-                    endpoints.add(ep)
-                    claim(port, f"{key}.{k}")
+        for k, _, ep in _endpoints_of(e):
+            port = _tcp_loopback_port(ep)
+            if port is not None and ep not in endpoints:
+                endpoints.add(ep)
+                claim(port, f"{key}.{k}")
     return owners
+
+
+def _endpoints_of(e: EngineConfig) -> Iterator[tuple[str, str, str]]:
+    """Each replica's telemetry and KV-event endpoint: (key, owner, endpoint), the owner
+    naming the replica when there are several."""
+    for k in ("telemetry_endpoint", "kv_events_endpoint"):
+        values = _replica_values(getattr(e, k), e.replicas) or []
+        for i, ep in enumerate(values):
+            yield k, f"engines.{e.name}.{k}" + (f" (replica {i})" if len(values) > 1 else ""), ep
 
 
 def _check_workers(cfg: ClusterConfig) -> None:
@@ -638,12 +646,11 @@ def _check_workers(cfg: ClusterConfig) -> None:
         raise ConfigError(cfg.source, "router.workers", "vinelm keeps each program's plan in "
                           "its router process; run one worker")
     for e in cfg.engines:
-        for k in ("telemetry_endpoint", "kv_events_endpoint"):
-            for ep in _replica_values(getattr(e, k), e.replicas) or []:
-                if subscriber_binds(ep):
-                    raise ConfigError(cfg.source, f"engines.{e.name}.{k}", f"{ep!r} is bound "
-                                      f"by the router, which {r.workers} workers cannot share: "
-                                      "use ipc://, or tcp://*:PORT bound by the engine")
+        for k, _, ep in _endpoints_of(e):
+            if subscriber_binds(ep):
+                raise ConfigError(cfg.source, f"engines.{e.name}.{k}", f"{ep!r} is bound by "
+                                  f"the router, which {r.workers} workers cannot share: use "
+                                  "ipc://, or tcp://*:PORT bound by the engine")
 
 
 def _check_endpoints(cfg: ClusterConfig) -> None:
@@ -653,21 +660,18 @@ def _check_endpoints(cfg: ClusterConfig) -> None:
     streams: dict[str, tuple[str, str]] = {}
     r = cfg.router
     for e in cfg.engines:
-        for k in ("telemetry_endpoint", "kv_events_endpoint"):
-            values = _replica_values(getattr(e, k), e.replicas) or []
-            for i, ep in enumerate(values):
-                owner = f"engines.{e.name}.{k}" + (f" (replica {i})" if len(values) > 1 else "")
-                if not (is_loopback_endpoint(ep) or r.telemetry_keys_dir or r.insecure):
-                    raise ConfigError(cfg.source, owner, f"{ep!r} is beyond loopback: anyone "
-                                      "who reaches it could read or inject telemetry; set "
-                                      "[router] telemetry_keys_dir (keys from python -m "
-                                      "engine_ext.curve DIR), or insecure = true")
-                if ep in streams:
-                    prev_owner, prev_kind = streams[ep]
-                    if publisher_binds(ep) or prev_kind != k:
-                        raise ConfigError(cfg.source, owner, f"endpoint clash: {ep!r} is also "
-                                          f"{prev_owner}")
-                streams.setdefault(ep, (owner, k))
+        for k, owner, ep in _endpoints_of(e):
+            if not (is_loopback_endpoint(ep) or r.telemetry_keys_dir or r.insecure):
+                raise ConfigError(cfg.source, owner, f"{ep!r} is beyond loopback: anyone "
+                                  "who reaches it could read or inject telemetry; set "
+                                  "[router] telemetry_keys_dir (keys from python -m "
+                                  "engine_ext.curve DIR), or insecure = true")
+            if ep in streams:
+                prev_owner, prev_kind = streams[ep]
+                if publisher_binds(ep) or prev_kind != k:
+                    raise ConfigError(cfg.source, owner, f"endpoint clash: {ep!r} is also "
+                                      f"{prev_owner}")
+            streams.setdefault(ep, (owner, k))
 
 
 def _check_gpu_shares(cfg: ClusterConfig) -> None:
