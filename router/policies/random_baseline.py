@@ -22,6 +22,7 @@ class RandomSettings:
 class RandomPolicy(Policy[RandomSettings]):
     name = "random"
     Settings = RandomSettings
+    uses_prompt = False
 
     def __init__(self, settings: RandomSettings, *args: Any) -> None:
         super().__init__(settings, *args)

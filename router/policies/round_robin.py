@@ -20,6 +20,7 @@ class RoundRobinSettings:
 class RoundRobin(Policy[RoundRobinSettings]):
     name = "round_robin"
     Settings = RoundRobinSettings
+    uses_prompt = False
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
