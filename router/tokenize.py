@@ -10,15 +10,20 @@ OpenAI server so that the router's KV prefix estimates match the engine:
   (vLLM's "string" content format);
 - completion: the prompt encoded with ``add_special_tokens`` (default True), or the
   client's token ids as given.
+
+For policies that read no prompt, ``max_prompt_tokens`` bounds the count without
+tokenizing (``TokenBound``): the rendered text's UTF-8 bytes plus the special tokens the
+post-processor adds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from engine_ext.builtin_models import resolve_model
 from router.request import ParsedRequest, RequestError
@@ -34,6 +39,57 @@ so the model's template renders only what the body holds."""
 _PROBES = (" Hello world", "<|im_start|>user\nhi<|im_end|>\n", "a  b\t\n  c", "héllo 你好")
 _TOKENIZER_FILE_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "added_tokens",
                             "chat_template")
+_ASCII_STABLE = frozenset({"NFC", "NFD", "NFKC", "NFKD"})
+"""Normalizers that leave ASCII text unchanged (and may lengthen other text)."""
+_SPLITTERS = frozenset({"Split", "Digits", "Punctuation"})
+"""Pre-tokenizers that only cut the text (or drop parts of it)."""
+
+
+@dataclass(frozen=True)
+class TokenBound:
+    """An upper bound on a byte-level BPE tokenizer's token count, from the text alone.
+
+    Sound for the tokenizers ``of`` accepts: the text is split, each piece mapped to one
+    character per UTF-8 byte (``ByteLevel``, no prefix space) and merged by BPE, so every
+    token covers at least one byte; an added (special) token found in the text covers its
+    own, non-empty, text. Only the post-processor adds tokens of its own. A Unicode
+    normalizer may lengthen non-ASCII text, so with one only ASCII text is bounded."""
+
+    ascii_only: bool
+    special_tokens: int
+    """Tokens the post-processor adds with ``add_special_tokens``."""
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> TokenBound | None:
+        """The bound of a ``tokenizers.Tokenizer``, or None when its pipeline is not one
+        the argument above covers."""
+        spec = json.loads(tokenizer.to_str())
+        pre = spec.get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+        byte_level = [s for s in steps if s.get("type") == "ByteLevel"]
+        norm = spec.get("normalizer")
+        norms = (norm.get("normalizers", []) if norm.get("type") == "Sequence" else [norm]) \
+            if norm else []
+        if ((spec.get("model") or {}).get("type") != "BPE" or spec.get("padding")
+                or len(byte_level) != 1 or byte_level[0].get("add_prefix_space")
+                or any(s.get("type") not in _SPLITTERS | {"ByteLevel"} for s in steps)
+                or any(n.get("type") not in _ASCII_STABLE for n in norms)
+                or any(not t.get("content") for t in spec.get("added_tokens") or ())):
+            return None
+        post = tokenizer.post_processor
+        return cls(bool(norms), 0 if post is None else post.num_special_tokens_to_add(False))
+
+    def tokens(self, text: str, add_special_tokens: bool) -> int | None:
+        """At least as many tokens as ``text`` encodes to (None: no bound for it)."""
+        extra = self.special_tokens if add_special_tokens else 0
+        if text.isascii():
+            return len(text) + extra
+        if self.ascii_only:
+            return None
+        try:
+            return len(text.encode()) + extra
+        except UnicodeEncodeError:  # lone surrogates: the tokenizer decides
+            return None
 
 
 @dataclass(frozen=True)
@@ -66,6 +122,8 @@ class ModelTokenizer:
                     text, add_special_tokens=special))
                 for text in _PROBES for special in (True, False)):
             self._fast = None
+        self.bound = None if self._fast is None else TokenBound.of(self._fast)
+        """The token count bound of ``encode``, if its tokenizer is one it covers."""
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """``text``'s token ids, as ``tokenizer.encode`` gives them."""
@@ -80,20 +138,44 @@ class ModelTokenizer:
             return self._chat(parsed)
         return self._completion(parsed)
 
-    def _chat(self, parsed: ParsedRequest) -> PromptInfo:
-        body, messages = parsed.body, parsed.messages or []
+    def max_prompt_tokens(self, parsed: ParsedRequest) -> int | None:
+        """At least as many tokens as ``prompt(parsed)`` has, without tokenizing (the chat
+        template is rendered: 400 if it fails); None when there is no sound bound."""
+        if parsed.kind == "completion" and not isinstance(parsed.prompt, str):
+            return None  # token ids: ``prompt`` checks them
+        if self.bound is None:
+            return None
+        if parsed.kind == "chat":
+            return self.bound.tokens(self._render(parsed),
+                                     bool(parsed.body.get("add_special_tokens", False)))
+        assert isinstance(parsed.prompt, str)
+        return self.bound.tokens(parsed.prompt,
+                                 bool(parsed.body.get("add_special_tokens", True)))
+
+    def _render(self, parsed: ParsedRequest) -> str:
+        """The chat template applied to the request's messages (400 if it fails)."""
+        body = parsed.body
         extra = body.get("chat_template_kwargs")
         try:
-            text = self._tok.apply_chat_template(
-                messages,
+            return self._tok.apply_chat_template(
+                parsed.messages or [],
                 tools=body.get("tools"),
                 tokenize=False,
                 add_generation_prompt=body.get("add_generation_prompt", True),
                 continue_final_message=body.get("continue_final_message", False),
                 **(extra if isinstance(extra, dict) else {}),
             )
-            ids = self.encode(text, bool(body.get("add_special_tokens", False)))
         except Exception as exc:  # templates raise anything on bad user input
+            raise RequestError(400, f"the chat template of this model rejected the "
+                               f"messages: {exc}", param="messages",
+                               code="chat_template_error") from None
+
+    def _chat(self, parsed: ParsedRequest) -> PromptInfo:
+        messages = parsed.messages or []
+        text = self._render(parsed)
+        try:
+            ids = self.encode(text, bool(parsed.body.get("add_special_tokens", False)))
+        except Exception as exc:  # e.g. lone surrogates in a message
             raise RequestError(400, f"the chat template of this model rejected the "
                                f"messages: {exc}", param="messages",
                                code="chat_template_error") from None
@@ -158,4 +240,11 @@ class Tokenizers:
         if parsed.body_bytes <= INLINE_BYTES:
             return tok.prompt(parsed)
         return await asyncio.to_thread(tok.prompt, parsed)
+
+    async def max_prompt_tokens(self, model: str, parsed: ParsedRequest) -> int | None:
+        """``ModelTokenizer.max_prompt_tokens`` with ``model``'s tokenizer."""
+        tok = self._by_model[model]
+        if parsed.body_bytes <= INLINE_BYTES:
+            return tok.max_prompt_tokens(parsed)
+        return await asyncio.to_thread(tok.max_prompt_tokens, parsed)
 
