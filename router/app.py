@@ -3,8 +3,9 @@
 ``create_app(config)`` serves ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/models``, ``/health``, ``/metrics`` and, to loopback or unix-socket clients only (or
 with an admin key), ``POST /admin/engines/{instance}/down|up|move``. Per request: parse and
-validate (``router.request``), tokenize with the model's tokenizer (``router.tokenize``),
-ask the core for a decision, forward to the chosen engine (``router.upstream``) with the
+validate (``router.request``), tokenize with the model's tokenizer (``router.tokenize``;
+for a policy that reads no prompt, only when a bound on the token count does not show
+that the prompt fits every candidate's context), ask the core for a decision, forward to the chosen engine (``router.upstream``) with the
 chosen ``model``, ``priority`` and ``max_tokens``, and report the completion to the core
 exactly once (success, engine error, client disconnect or abort).
 
@@ -193,6 +194,8 @@ class Front:
         self.models = served_models(config)
         self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
         self.upstream: Upstream | None = None
+        self.tokenize_always = True
+        """Tokenize every prompt (the policy reads it); else only when it may not fit."""
         self.created = int(time.time())
         self.inflight = 0
         """Generation requests being handled (``[router] max_inflight`` bounds it)."""
@@ -204,6 +207,8 @@ class Front:
                         "tokenized with %s's, KV prefix estimates for the others are "
                         "approximate", next(iter(self.models)))
         await self.core.start()
+        assert self.core.policy is not None
+        self.tokenize_always = self.core.policy.uses_prompt
         r = self.config.router
         self.upstream = Upstream(r.request_timeout_s, r.max_inflight,
                                  StreamTimeouts(r.stream_first_byte_timeout_s,
@@ -337,13 +342,18 @@ class Front:
                                    f"{', '.join(self.models)}", param=f"per_model.{key}",
                                    code="model_not_found")
 
-    async def _prompt(self, parsed: ParsedRequest) -> PromptInfo:
-        """Tokenize for the requested model, or for ``auto`` with the shared tokenizer."""
+    async def _prompt(self, parsed: ParsedRequest) -> PromptInfo | None:
+        """Tokenize for the requested model, or for ``auto`` with the shared tokenizer;
+        None (not tokenized) when the policy reads no prompt and its bound fits."""
         names = [parsed.model] if parsed.model is not None else list(self.models)
         if parsed.model is not None and parsed.model not in self.models:
             raise RequestError(404, f"model '{parsed.model}' does not exist; served models: "
                                f"{', '.join([*self.models, AUTO_MODEL])}", param="model",
                                code="model_not_found")
+        if not self.tokenize_always:
+            bound = await self.tokenizers.max_prompt_tokens(names[0], parsed)
+            if bound is not None and self._fits(parsed, names, bound):
+                return None
         start = time.perf_counter()
         prompt = await self.tokenizers.prompt(names[0], parsed)
         self.metrics.tokenize_latency.observe(time.perf_counter() - start)
@@ -360,9 +370,23 @@ class Front:
             raise error
         return prompt
 
+    def _fits(self, parsed: ParsedRequest, names: list[str], tokens: int) -> bool:
+        """Whether a prompt of ``tokens`` tokens fits every one of ``names`` (so does any
+        shorter one: the exact check in ``_prompt`` would pass them all)."""
+        return tokens <= MAX_PROMPT_TOKENS and all(
+            context_error(parsed, n, length, tokens) is None
+            for n in names if (length := self.models[n].max_model_len) is not None)
+
     @staticmethod
-    def _routing_request(parsed: ParsedRequest, prompt: PromptInfo,
+    def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
                          arrival: float) -> RoutingRequest:
+        """The core's request; without ``prompt`` (not tokenized), an empty prompt of
+        0 tokens: every engine it may go to fits it, and its policy reads none of it."""
+        if prompt is None:
+            return RoutingRequest(request_id=request_id(), requested_model=parsed.model,
+                                  max_tokens=parsed.max_tokens,
+                                  workflow=WorkflowMeta(**parsed.workflow),
+                                  arrival_time=arrival)
         return RoutingRequest(
             request_id=request_id(),
             requested_model=parsed.model,

@@ -72,6 +72,8 @@ class RoutingRequest:
     prompt_token_ids: Sequence[int] | None = None
     """The prompt as the engine tokenizes it (chat template applied), if known."""
     num_prompt_tokens: int = 0
+    """``len(prompt_token_ids)``; 0, with no text or ids, when the router did not tokenize
+    (a policy that reads no prompt, ``Policy.uses_prompt``, and a prompt that fits)."""
     max_tokens: int | None = None
     workflow: WorkflowMeta = field(default_factory=WorkflowMeta)
     arrival_time: float = 0.0
