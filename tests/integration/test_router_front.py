@@ -343,6 +343,23 @@ def test_bad_input_through_openai_client(cluster: Cluster) -> None:
                                                  max_tokens=5000)
 
 
+def test_round_robin_tokenizes_only_prompts_that_may_not_fit(cluster: Cluster) -> None:
+    """Round robin reads no prompt: a short one is forwarded untokenized (its byte bound
+    fits), an over-long one is tokenized and refused before any engine sees it."""
+    tokenized = ("hetserve_tokenize_latency_seconds_count", ())
+    before = cluster.metrics()[tokenized]
+    reply = cluster.client().chat.completions.create(model="tiny-a", messages=MESSAGES,
+                                                     max_tokens=4)
+    assert reply.usage.prompt_tokens > 0 and cluster.metrics()[tokenized] == before
+    resp = httpx.post(cluster.url + "/v1/chat/completions", timeout=30, json={
+        "model": "tiny-a", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "x " * (2 * MAX_MODEL_LEN)}]})
+    error = resp.json()["error"]
+    assert (resp.status_code, error["code"]) == (400, "context_length_exceeded"), error
+    assert f"has a context of {MAX_MODEL_LEN} tokens" in error["message"]
+    assert cluster.metrics()[tokenized] == before + 1
+
+
 NASTY = [
     # bodies that reach the tokenizer or the engine with odd but well-typed values
     ("/v1/completions", {"model": "tiny-a", "prompt": [10**9], "max_tokens": 2}),
