@@ -189,8 +189,7 @@ class Front:
         self.core = core or RouterCore(config, load_configured_predictors(config),
                                        worker=worker)
         self.metrics = RouterMetrics(self.core, config.router.policy)
-        self.instances = {i.name: i for i in config.instances()}
-        self.engine_auth = _engine_auth(self.instances.values())
+        self.engine_auth = _engine_auth(config.instances())
         self.models = served_models(config)
         self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
         self.upstream: Upstream | None = None
@@ -240,7 +239,10 @@ class Front:
         engines = self.core.engines()
         up = sum(1 for e in engines if e.up)
         body = {"status": "ok" if up else "no engine up", "engines_up": up,
-                "engines": len(engines)}
+                "engines": len(engines),
+                "instances": [{"name": e.name, "model": e.model, "up": e.up,
+                               "inflight": self.core.open_requests[e.name], "url": e.url,
+                               "node": self.core.nodes.get(e.name)} for e in engines]}
         return _json(body, 200 if up else 503)
 
     async def metrics_endpoint(self, _request: web.Request) -> web.Response:
@@ -249,27 +251,66 @@ class Front:
 
     async def admin(self, request: web.Request) -> web.Response:
         """``POST /admin/engines/{instance}/down|up``: the launcher's health verdicts;
-        ``.../move?url=http://HOST:PORT``: it restarted the engine on another port."""
+        ``.../move?url=http://HOST:PORT[&node=N]``: it restarted the engine elsewhere;
+        ``.../add`` (body: the engine's cluster-file entry, with ``url``): it started one
+        more replica of a served model; ``.../remove``: it drained (marked down, nothing
+        in flight) and stops one."""
         if not self.keys.admin_allowed(request.headers, self._local(request)):
             return _error(RequestError(403, "admin endpoints need an admin key"
                                        if self.keys.admin else "admin endpoints answer only "
                                        "on loopback and unix-socket listeners",
                                        type_="permission_error"))
         name, state = request.match_info["instance"], request.match_info["state"]
-        if state not in ("up", "down", "move") or name not in self.instances:
+        instances = self.core.instances
+        if state == "add" and name not in instances:
+            return await self._admin_add(request, name)
+        if state not in ("up", "down", "move", "remove") or name not in instances:
             return _error(RequestError(404, f"no engine instance '{name}' (known: "
-                                       f"{', '.join(self.instances)}) or action '{state}' "
-                                       "(up, down, move)", code="not_found"))
+                                       f"{', '.join(instances)}) or action '{state}' "
+                                       "(up, down, move, add, remove)", code="not_found"))
+        if state == "remove":
+            try:
+                await self.core.admin_remove(name)
+            except ValueError as exc:
+                return _error(RequestError(409, str(exc), code="conflict"))
+            self.engine_auth.pop(name, None)
+            return _json({"instance": name, "removed": True})
         if state == "move":
             url = request.query.get("url", "")
             try:
-                self.core.admin_move(name, url)
+                self.core.admin_move(name, url, request.query.get("node"))
             except ValueError as exc:
                 return _error(RequestError(400, str(exc), param="url"))
-            return _json({"instance": name, "url": self.core.table[name].url})
+            return _json({"instance": name, "url": self.core.table[name].url,
+                          "node": self.core.nodes.get(name)})
         reason = request.query.get("reason", "admin")
         self.core.admin_mark(name, state == "up", reason)
         return _json({"instance": name, "up": state == "up", "reason": reason})
+
+    async def _admin_add(self, request: web.Request, name: str) -> web.Response:
+        try:
+            entry = msgspec.json.decode(await read_body(request.content))
+        except msgspec.DecodeError as exc:
+            return _error(RequestError(400, f"the body must be a JSON object: {exc}"))
+        if not isinstance(entry, dict) or entry.get("name") != name:
+            return _error(RequestError(400, f"the body must be the engine's entry, a JSON "
+                                       f"object with \"name\": \"{name}\"", param="name"))
+        try:
+            if isinstance(env := entry.get("api_key_env"), str):
+                engine_key(name, env)  # its key must be here before anything routes to it
+            inst = self.core.admin_add(entry)
+        except ValueError as exc:  # ConfigError, KeysError
+            return _error(RequestError(400, str(exc)))
+        return _json({"instance": inst.name, "url": inst.url, "model": inst.served_model_name,
+                      "node": inst.node})
+
+    def _auth(self, instance: str) -> str | None:
+        """The ``Authorization`` value for ``instance`` (an added engine's on first use)."""
+        auth = self.engine_auth.get(instance)
+        inst = self.core.instances.get(instance)
+        if auth is None and inst is not None and inst.api_key_env:
+            auth = self.engine_auth[instance] = _engine_auth([inst])[instance]
+        return auth
 
     def _local(self, request: web.Request) -> bool:
         transport = request.transport
@@ -438,7 +479,7 @@ class Front:
         body = upstream_body(parsed, decision.model, priority, max_tokens)
         path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
         headers = {"content-type": "application/json", "x-request-id": request_id}
-        auth = self.engine_auth.get(decision.instance)
+        auth = self._auth(decision.instance)
         if auth is not None:
             headers["authorization"] = auth
         response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}

@@ -88,14 +88,20 @@ class _CoreCollector(Collector):
         staleness = GaugeMetricFamily(
             "hetserve_telemetry_staleness_seconds", "seconds since the engine's last "
             "telemetry snapshot (absent before the first one)", labels=labels)
+        info = GaugeMetricFamily("hetserve_engine_info", "1 per engine: where it runs (its "
+                                 "URL; its Ray node when the launcher placed it on one)",
+                                 labels=["engine", "model", "url", "node"])
         for view in self._core.engines():
             values = [view.name, view.model]
+            info.add_metric([*values, self._core.table[view.name].url,
+                             self._core.nodes.get(view.name) or ""], 1.0)
             for name, family in families.items():
                 family.add_metric(values, float(getattr(view, name)))
             if view.last_seen_age_s is not None:
                 staleness.add_metric(values, view.last_seen_age_s)
         yield from families.values()
         yield staleness
+        yield info
 
     def _telemetry(self) -> Iterator[Metric]:
         stats = self._core.stats

@@ -14,12 +14,15 @@ max_model_len``) and ``config.router``: ``policy``, ``policies``,
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
+from collections import Counter
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
+import msgspec
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
@@ -28,8 +31,9 @@ from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_deco
                                   snapshot_decoder)
 from router.dispatch.collector import BatchCollector
 from router.dispatch.health_probe import HealthProber
-from router.dispatch.peers import (Completed, Marked, Moved, PeerEvent, Peers, Routed,
-                                   sync_endpoints)
+from router.config import with_engine, without_engine
+from router.dispatch.peers import (Added, Completed, Marked, Moved, PeerEvent, Peers, Removed,
+                                   Routed, sync_endpoints)
 from router.dispatch.subscriber import StreamSubscriber
 from router.policies.base import Policy
 from router.policies.registry import build_policy
@@ -76,7 +80,13 @@ class RouterCore:
         self.hasher = BlockHasher(getattr(r, "kv_hash_algo", None) or "sha256",
                                   getattr(r, "kv_hash_seed", None))
         self._stats = RouterStats(engines={i.name: StreamCounters() for i in instances})
-        names = frozenset(self.table.engines)
+        self.nodes: dict[str, str | None] = {i.name: getattr(i, "node", None)
+                                             for i in instances}
+        """Where each engine runs, when the launcher placed it on a Ray node; such an
+        engine may move to another host (``move_engine``)."""
+        self.instances: dict[str, Any] = {i.name: i for i in instances}
+        """The engine instances routed to (``config.instances()``, plus added ones)."""
+        names = set(self.table.engines)  # the decoders' topics, grown by add_engine
         keys_dir = getattr(r, "telemetry_keys_dir", None)
         self.curve = router_curve(keys_dir) if keys_dir else None
         self.snapshots = StreamSubscriber(
@@ -85,6 +95,13 @@ class RouterCore:
         self.kv_events = StreamSubscriber(
             "kv", [i.kv_events_endpoint for i in instances if i.kv_events_endpoint],
             kv_event_decoder(names), self._on_kv_batch, self.curve)
+        self._names = names
+        self.open_requests: Counter[str] = Counter()
+        """Requests sent to each engine whose answer has not ended, whatever its marks
+        (a down mark releases its load from the ledger, not its requests): what a
+        drain waits for."""
+        self._cleanup: set[asyncio.Task[None]] = set()
+        """Unsubscribing from a removed engine's endpoints (a peer's removal)."""
         self._zap: AsyncioAuthenticator | None = None
         self.policy: Policy[Any] | None = None
         self._batching: tuple[BatchWindow, BatchCollector] | None = None
@@ -280,10 +297,17 @@ class RouterCore:
             if self.peers is not None:
                 self.peers.publish(Routed(dec.program_id, dec.model))
         self._stats.decisions[(dec.policy, dec.model)] += 1
+        self.open_requests[dec.instance] += 1
         return dataclasses.replace(dec, cached_tokens=cached)
+
+    def _closed(self, instance: str) -> None:
+        self.open_requests[instance] -= 1
+        if self.open_requests[instance] <= 0:
+            del self.open_requests[instance]
 
     def _abandon(self, dec: Decision) -> None:
         self.ledger.release(dec.request_id)
+        self._closed(dec.instance)
 
     # ---- completion and liveness ----
 
@@ -291,6 +315,7 @@ class RouterCore:
                     error: str | None) -> None:
         """A routed request ended (completion, error, client disconnect or abort)."""
         self.ledger.release(decision.request_id)
+        self._closed(decision.instance)
         if error is None:
             self.prober.succeeded(decision.instance)
         if decision.program_id is not None:
@@ -307,15 +332,16 @@ class RouterCore:
         if self.peers is not None:
             self.peers.publish(Marked(instance, up, reason))
 
-    def admin_move(self, instance: str, url: str) -> None:
-        """The launcher restarted ``instance`` on another port (same host): route to
-        ``url`` from now on, here and in the other router workers (ValueError: an unknown
-        instance, or a URL that is not ``http://<the same host>:PORT``)."""
-        self.move_engine(instance, url)
+    def admin_move(self, instance: str, url: str, node: str | None = None) -> None:
+        """The launcher restarted ``instance`` on another port (same host; any host for an
+        engine it placed on a Ray node): route to ``url`` from now on, here and in the
+        other router workers (ValueError: an unknown instance, or a URL that is not
+        ``http://<the same host>:PORT``). ``node``: its new Ray node."""
+        self.move_engine(instance, url, node)
         if self.peers is not None:
-            self.peers.publish(Moved(instance, url))
+            self.peers.publish(Moved(instance, url, node))
 
-    def move_engine(self, instance: str, url: str) -> None:
+    def move_engine(self, instance: str, url: str, node: str | None = None) -> None:
         if instance not in self.table.engines:
             raise ValueError(f"unknown instance '{instance}'")
         old, new = urlsplit(self.table[instance].url), urlsplit(url)
@@ -323,18 +349,101 @@ class RouterCore:
             port = new.port
         except ValueError:
             port = None
-        if (new.scheme != "http" or new.hostname != old.hostname or port is None
+        placed = self.nodes.get(instance) is not None
+        if (new.scheme != "http" or not new.hostname or port is None
+                or (new.hostname != old.hostname and not placed)
                 or new.path.strip("/") or new.query or new.username or new.password):
-            raise ValueError(f"url must be http://{old.hostname}:PORT (the engine's host; "
-                             f"only its port may change), got {url[:200]!r}")
+            rule = ("http://HOST:PORT" if placed else f"http://{old.hostname}:PORT (the "
+                    "engine's host; only its port may change)")
+            raise ValueError(f"url must be {rule}, got {url[:200]!r}")
+        if node is not None and not placed:
+            raise ValueError(f"engine '{instance}' was not placed on a Ray node: no node")
         self.table[instance].url = self.prober.urls[instance] = url.rstrip("/")
-        log.warning("engine %s moved to %s", instance, url)
+        if node is not None:
+            self.nodes[instance] = node
+        log.warning("engine %s moved to %s%s", instance, url, f" on {node}" if node else "")
+
+    def admin_add(self, entry: dict[str, Any]) -> Any:
+        """The launcher started one more replica of a served model: validate its
+        cluster-file ``entry`` (``router.config.with_engine``; ConfigError, a ValueError)
+        and route to it, here and in the other router workers; the new instance."""
+        inst = self._add(entry)
+        if self.peers is not None:
+            self.peers.publish(Added(msgspec.json.encode(entry).decode()))
+        return inst
+
+    def _add(self, entry: dict[str, Any]) -> Any:
+        self.config = with_engine(self.config, entry)
+        inst = next(i for i in self.config.instances() if i.name == entry["name"])
+        model = inst.served_model_name
+        like = self.table.models[model][0].name
+        self.table.add(inst)
+        self.instances[inst.name] = inst
+        self._names.add(inst.name)
+        self._stats.engines.setdefault(inst.name, StreamCounters())
+        self.nodes[inst.name] = inst.node
+        self.prober.urls[inst.name] = inst.url
+        if self._ctx is not None:
+            self.snapshots.add(inst.telemetry_endpoint)
+            self.kv_events.add(inst.kv_events_endpoint)
+        if self.policy is not None:
+            self.policy.add_engine(inst.name, model, like)
+        log.warning("engine %s added (%s at %s)", inst.name, model, inst.url)
+        return inst
+
+    async def admin_remove(self, instance: str) -> None:
+        """The launcher drained ``instance`` (marked down, nothing in flight) and stops
+        it: forget it here and in the other router workers (ValueError: not marked down,
+        requests still in flight, or not removable: ``without_engine``)."""
+        unused = self._remove(instance)
+        if self.peers is not None:
+            self.peers.publish(Removed(instance))
+        await self._unsubscribe(unused)
+
+    def _remove(self, instance: str) -> list[tuple[StreamSubscriber, str]]:
+        """Forget ``instance``; the endpoints no other engine uses, to unsubscribe."""
+        e = self.table.engines.get(instance)
+        if e is None:
+            raise ValueError(f"unknown instance '{instance}'")
+        if e.marked_down is None:
+            raise ValueError(f"mark '{instance}' down first (POST .../down), then remove it "
+                             "once nothing is in flight")
+        inflight = self.open_requests[instance]
+        if inflight:
+            raise ValueError(f"'{instance}' still has {inflight} request(s) in flight")
+        self.config = without_engine(self.config, instance)
+        inst = self.instances.pop(instance)
+        self.table.remove(instance)
+        self._names.discard(instance)
+        self.nodes.pop(instance, None)
+        self.prober.urls.pop(instance, None)
+        self.prober.forget(instance)
+        if self.policy is not None:
+            self.policy.remove_engine(instance)
+        log.warning("engine %s removed", instance)
+        used = {ep for i in self.instances.values()
+                for ep in (i.telemetry_endpoint, i.kv_events_endpoint)}
+        return [(sub, ep) for sub, ep in ((self.snapshots, inst.telemetry_endpoint),
+                                          (self.kv_events, inst.kv_events_endpoint))
+                if ep not in used]
+
+    @staticmethod
+    async def _unsubscribe(unused: list[tuple[StreamSubscriber, str]]) -> None:
+        for sub, ep in unused:
+            await sub.remove(ep)
 
     def _apply_peer(self, event: PeerEvent) -> None:
         """A change another router worker made (ValueError: one naming what is not here)."""
         now = self.clock()
-        if isinstance(event, Moved):
-            self.move_engine(event.instance, event.url)
+        if isinstance(event, Added):
+            self._add(msgspec.json.decode(event.entry))
+        elif isinstance(event, Removed):
+            unused = self._remove(event.instance)
+            self._cleanup.add(task := asyncio.get_running_loop().create_task(
+                self._unsubscribe(unused)))
+            task.add_done_callback(self._cleanup.discard)
+        elif isinstance(event, Moved):
+            self.move_engine(event.instance, event.url, event.node)
         elif isinstance(event, Marked):
             self.mark_engine(event.instance, event.up, event.reason)
         elif isinstance(event, Routed):

@@ -65,13 +65,27 @@ class Marked(msgspec.Struct, tag="marked", array_like=True, frozen=True):
 
 
 class Moved(msgspec.Struct, tag="moved", array_like=True, frozen=True):
-    """The launcher restarted ``instance`` on another port: its URL is now ``url``."""
+    """The launcher restarted ``instance`` on another port (or Ray node ``node``): its URL
+    is now ``url``."""
 
     instance: _Name
     url: Annotated[str, msgspec.Meta(max_length=1024)]
+    node: Annotated[str, msgspec.Meta(max_length=1024)] | None = None
 
 
-PeerEvent = Routed | Completed | Marked | Moved
+class Added(msgspec.Struct, tag="added", array_like=True, frozen=True):
+    """The launcher added an engine: ``entry`` is its cluster-file table, as JSON."""
+
+    entry: Annotated[str, msgspec.Meta(max_length=16384)]
+
+
+class Removed(msgspec.Struct, tag="removed", array_like=True, frozen=True):
+    """The launcher removed ``instance`` (drained and stopped)."""
+
+    instance: _Name
+
+
+PeerEvent = Routed | Completed | Marked | Moved | Added | Removed
 
 log = logging.getLogger("hetserve.router.peers")
 

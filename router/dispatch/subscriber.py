@@ -81,51 +81,74 @@ class StreamSubscriber:
         self._warn_error = _RateLimitedWarning(f"{stream} telemetry: state update failed")
         self._warn_dropped = _RateLimitedWarning(f"{stream} telemetry: connection dropped, "
                                                  "reconnecting")
-        self._sockets: list[zmq.asyncio.Socket] = []
-        """SUB sockets and the monitors of the connecting ones."""
-        self._tasks: list[asyncio.Task[None]] = []
-        self._watchers: list[asyncio.Task[None]] = []
+        self._open: dict[str, tuple[list[zmq.asyncio.Socket], list[asyncio.Task[None]]]] = {}
+        """Per endpoint: its SUB socket (and monitor, if it connects) and its tasks (the
+        receive loop, and the reconnect watcher)."""
+        self._ctx: zmq.asyncio.Context | None = None
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         """The receive loops, one per endpoint."""
-        return list(self._tasks)
+        return [tasks[0] for _, tasks in self._open.values()]
 
     async def start(self, ctx: zmq.asyncio.Context) -> None:
+        self._ctx = ctx
         for ep in self.endpoints:
-            sock = ctx.socket(zmq.SUB)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, 100_000)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-            sock.setsockopt(zmq.SUBSCRIBE, b"")  # topics are filtered exactly, not by prefix
-            if self.curve is not None:
-                self.curve.apply(sock)
-            self._sockets.append(sock)
-            binds = subscriber_binds(ep)
             try:
-                sock.bind(ep) if binds else sock.connect(ep)
-            except zmq.ZMQError as exc:
+                self.add(ep)
+            except ValueError:
                 await self.stop()
-                raise ValueError(f"cannot {'bind' if binds else 'connect'} telemetry "
-                                 f"endpoint {ep}: {exc}") from None
-            self._tasks.append(asyncio.create_task(self._run(sock),
-                                                   name=f"sub {self.stream} {ep}"))
-            if not binds:
-                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-                self._sockets.append(monitor)
-                self._watchers.append(asyncio.create_task(
-                    self._reconnect(sock, monitor, ep), name=f"reconnect {self.stream} {ep}"))
+                raise
+
+    def add(self, ep: str) -> None:
+        """Subscribe to one more endpoint (nothing if it is subscribed already;
+        ValueError if it cannot be bound or connected)."""
+        if ep in self._open:
+            return
+        assert self._ctx is not None, "start() first"
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")  # topics are filtered exactly, not by prefix
+        if self.curve is not None:
+            self.curve.apply(sock)
+        binds = subscriber_binds(ep)
+        try:
+            sock.bind(ep) if binds else sock.connect(ep)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ValueError(f"cannot {'bind' if binds else 'connect'} telemetry "
+                             f"endpoint {ep}: {exc}") from None
+        sockets, tasks = [sock], [asyncio.create_task(self._run(sock),
+                                                      name=f"sub {self.stream} {ep}")]
+        if not binds:
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            sockets.append(monitor)
+            tasks.append(asyncio.create_task(self._reconnect(sock, monitor, ep),
+                                             name=f"reconnect {self.stream} {ep}"))
+        self._open[ep] = (sockets, tasks)
+        if ep not in self.endpoints:
+            self.endpoints = sorted({*self.endpoints, ep})
+
+    async def remove(self, ep: str) -> None:
+        """Stop listening on ``ep`` (nothing if it is not subscribed)."""
+        await self._close(ep)
+        self.endpoints = [e for e in self.endpoints if e != ep]
 
     async def stop(self) -> None:
-        tasks = self._tasks + self._watchers
+        for ep in list(self._open):
+            await self._close(ep)
+
+    async def _close(self, ep: str) -> None:
+        sockets, tasks = self._open.pop(ep, ([], []))
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for sock in self._sockets:
+        for sock in sockets:
             sock.close(linger=0)
-        self._tasks, self._watchers, self._sockets = [], [], []
 
     def feed(self, frames: list[bytes]) -> None:
         """Decode and dispatch one multipart message; never raises for a bad frame."""

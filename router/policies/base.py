@@ -74,6 +74,14 @@ class Policy(ABC, Generic[S]):
         """Batched predictions for ``reqs`` (one object per request)."""
         return [None] * len(reqs)
 
+    def add_engine(self, name: str, model: str, like: str) -> None:
+        """A replica of ``model`` joined while the router runs; ``like`` is one it had
+        (same model): per-engine knowledge (a latency head) may be taken from it. Policies
+        that only read the candidates they are given need nothing."""
+
+    def remove_engine(self, name: str) -> None:
+        """A replica was removed for good (after ``add_engine`` or at a scale-down)."""
+
     @abstractmethod
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
                pred: Any) -> Decision:

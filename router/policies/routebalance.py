@@ -184,8 +184,18 @@ class RouteBalance(Policy[RouteBalanceSettings]):
             "router.predictors.tpot", s.static_prior,
             {"decode_ms_per_token": s.decode_ms_per_token},
             lambda: StaticTpot(cluster.engine_models, s.decode_ms_per_token), models)
+        self.tpot_of: dict[str, str] = {}
+        """An engine added while running -> the engine whose TPOT head it uses."""
         self.default_weights = Weights(s.w_quality, s.w_cost, s.w_latency)
         self.window: AdaptiveWindow = AdaptiveWindow(s.max_batch, s.max_window_ms / 1e3)
+
+    def add_engine(self, name: str, model: str, like: str) -> None:
+        """A new replica's TPOT is predicted with the head of ``like`` (same model; the
+        heads are per engine, trained on each one's telemetry)."""
+        self.tpot_of[name] = self.tpot_of.get(like, like)
+
+    def remove_engine(self, name: str) -> None:
+        self.tpot_of.pop(name, None)
 
     async def predict(self, reqs: Sequence[RoutingRequest]
                       ) -> list[Mapping[str, QualityLength]]:
@@ -232,7 +242,8 @@ class RouteBalance(Policy[RouteBalanceSettings]):
         if not admitted:
             raise ValueError(f"cost budget {budget:g} is below the cheapest predicted cost "
                              f"{min(cost.values()):g} of this request on any candidate model")
-        tpots = self.tpot.tpot_ms([TpotQuery(e.name, local[e.name].batch_size,
+        tpots = self.tpot.tpot_ms([TpotQuery(self.tpot_of.get(e.name, e.name),
+                                             local[e.name].batch_size,
                                              int(local[e.name].decode_tokens), prompt,
                                              e.kv_usage) for e in admitted])
         lat = {e.name: predicted_latency_ms(local[e.name].decode_tokens,

@@ -51,14 +51,34 @@ class EngineTable:
         self.stall_timeout_s = stall_timeout_s
         self.engines: dict[str, EngineState] = {}
         """Engines in name order."""
-        for inst in sorted(instances, key=lambda i: i.name):
+        self.ordered: list[EngineState] = []
+        self.models: dict[str, list[EngineState]] = {}
+        """Served model -> its engines, in name order."""
+        for inst in instances:
             if inst.name in self.engines:
                 raise ValueError(f"two instances are named '{inst.name}'")
             self.engines[inst.name] = EngineState(
                 inst.name, inst.served_model_name, inst.url, inst.max_model_len)
+        self._index()
+
+    def add(self, inst: Any) -> EngineState:
+        """One more engine (a replica started while the router runs)."""
+        if inst.name in self.engines:
+            raise ValueError(f"two instances are named '{inst.name}'")
+        e = self.engines[inst.name] = EngineState(inst.name, inst.served_model_name,
+                                                  inst.url, inst.max_model_len)
+        self._index()
+        return e
+
+    def remove(self, name: str) -> None:
+        """An engine stops being routed to for good (a replica scaled away)."""
+        del self.engines[name]
+        self._index()
+
+    def _index(self) -> None:
+        self.engines = dict(sorted(self.engines.items()))
         self.ordered = list(self.engines.values())
-        self.models: dict[str, list[EngineState]] = {}
-        """Served model -> its engines, in name order."""
+        self.models = {}
         for e in self.ordered:
             self.models.setdefault(e.model, []).append(e)
 

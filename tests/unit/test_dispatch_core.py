@@ -209,3 +209,17 @@ def test_start_subscribes_tcp_by_binding_and_ipc_by_connecting(tmp_path: Any) ->
             await core.stop()
     asyncio.run(scenario())
     assert core.engines()[0].batch_size == 2 and 7 in core.table["e0"].kv
+
+
+def test_only_an_engine_placed_on_a_ray_node_may_move_to_another_host() -> None:
+    """The launcher re-places a Ray engine on any node; a local one keeps its host."""
+    core = core_for("round_robin")
+    core.nodes["e1"] = "10.0.0.5 (abcdef12)"
+    with pytest.raises(ValueError, match="only its port may change"):
+        core.move_engine("e0", "http://10.0.0.9:8000")
+    core.move_engine("e0", "http://e0:8001")
+    core.move_engine("e1", "http://10.0.0.9:8000")
+    assert core.table["e1"].url == "http://10.0.0.9:8000"
+    for bad in ("http://10.0.0.9:8000/v1", "ftp://10.0.0.9:8000", "http://:8000"):
+        with pytest.raises(ValueError, match="http://HOST:PORT"):
+            core.move_engine("e1", bad)
