@@ -1,4 +1,5 @@
-"""``python -m launcher CLUSTER.toml [--dry-run] [--demo] [--only NAME] [--run-dir DIR]``."""
+"""``python -m launcher CLUSTER.toml [--dry-run] [--demo] [--only NAME] [--run-dir DIR]
+[--scale NAME=N]``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from launcher.console import Console
 from launcher.devices import detect_devices
 from launcher.plan import make_plan
 from launcher.run import launch
-from router.config import ConfigError, load_cluster_config
+from launcher.ray_backend import RayBackend
+from launcher.scale import ask_to_scale
+from router.config import MAX_REPLICAS, ClusterConfig, ConfigError, load_cluster_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="start only this engine entry (repeatable) and no router: for a "
                    "host that serves engines to a router elsewhere")
+    p.add_argument("--scale", action="append", default=[], metavar="NAME=N",
+                   type=_scale_arg,
+                   help="ask the launcher running this cluster (on Ray, in --run-dir) to "
+                   "run N replicas of engine NAME: new ones join routing when healthy, "
+                   "removed ones are drained first (repeatable)")
     p.add_argument("--run-dir", type=Path,
                    help="logs, sockets and the resolved cluster file (default: "
                    "launcher.run_dir, else runs/<timestamp> in the current directory)")
@@ -39,9 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.demo and args.only:
         build_parser().error("--demo needs the router, which --only does not start")
+    if args.scale and (args.demo or args.only or args.dry_run):
+        build_parser().error("--scale talks to a running launcher: give it alone")
     try:
         cfg = load_cluster_config(args.config)
+        if args.scale:
+            return _scale(cfg, args.run_dir, args.scale)
         run_dir = _run_dir(args.run_dir or cfg.launcher.run_dir)
+        if cfg.cluster.backend == "ray" and not args.only:
+            return _on_ray(cfg, run_dir, args.dry_run, args.demo)
         plan = make_plan(cfg, detect_devices(), run_dir, only=args.only)
         if args.dry_run:
             Console().raw(plan.render())
@@ -52,6 +66,46 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _scale_arg(text: str) -> tuple[str, int]:
+    name, _, n = text.partition("=")
+    if not name or not n.isdigit() or not 1 <= int(n) <= MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=N, N from 1 to "
+                                         f"{MAX_REPLICAS}")
+    return name, int(n)
+
+
+def _scale(cfg: ClusterConfig, run_dir: Path | None, wanted: list[tuple[str, int]]) -> int:
+    """``--scale``: ask the running launcher; 0 if it took every change."""
+    if cfg.cluster.backend != "ray":
+        raise LaunchError('--scale needs [cluster] backend = "ray" (engines placed on a Ray '
+                          "cluster); on one machine, edit replicas and restart")
+    given = run_dir or cfg.launcher.run_dir
+    if given is None:
+        raise LaunchError("--scale: give --run-dir of the running cluster (or set "
+                          "launcher.run_dir in the file)")
+    ok = True
+    for name, n in wanted:
+        reply = ask_to_scale(Path(given).absolute(), name, n)
+        print(("" if reply.ok else "refused: ") + reply.message)
+        ok = ok and reply.ok
+    return 0 if ok else 1
+
+
+def _on_ray(cfg: ClusterConfig, run_dir: Path, dry_run: bool, demo: bool) -> int:
+    """Plan and run the cluster with its engines on the Ray cluster ``[cluster]`` names."""
+    backend = RayBackend(cfg.cluster, run_dir)
+    try:
+        plan = make_plan(cfg, detect_devices(), run_dir, ray_host=backend.telemetry_host)
+        if dry_run:
+            fit = backend.fit([(p.spec.name, p.spec.placement) for p in plan.engines])
+            Console().raw(plan.render() + "\n\nplacement on the Ray cluster's free "
+                          "resources now:\n" + "\n".join(f"  {ln}" for ln in fit))
+            return 0
+        return launch(plan, Console(), demo=demo, backend=backend)
+    finally:
+        backend.close()
 
 
 def _run_dir(given: str | Path | None) -> Path:

@@ -5,21 +5,25 @@ the cluster file (every port and telemetry endpoint filled in, re-validated exac
 the router will load it), places engines on GPUs (``CUDA_VISIBLE_DEVICES``, tensor
 parallel groups packed onto the least-loaded GPUs) or, with no GPU visible, on disjoint
 CPU core sets (``VLLM_CPU_OMP_THREADS_BIND``, ``--kv-cache-memory-bytes``), and builds
-the command line and environment of each engine and of the router.
+the command line and environment of each engine and of the router. With ``[cluster]
+backend = "ray"`` engines are not placed here: each replica gets a ``RayPlacement``
+(``launcher.ray_backend``) and TCP telemetry endpoints on ``ray_host``, and its address
+is known once it runs (``Plan.placed`` turns it into the entry the router loads).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shlex
-import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import LaunchError
 from launcher.devices import Devices, format_ids
+from launcher.ports import PortFree, free_port, port_is_free
+from launcher.ray_backend import NODE_HOST, NODE_PORT, RayPlacement, placement
 from launcher.supervisor import ProcessSpec
 from router.auth import KeysError, engine_key
 from router.config import (
@@ -29,6 +33,7 @@ from router.config import (
     EngineInstance,
     default_kv_cache_bytes,
     http_url,
+    is_loopback,
     parse_cluster_config,
 )
 from router.dispatch.peers import sync_endpoints
@@ -39,9 +44,6 @@ BASE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERE
 SECRET_ENV = frozenset({"VLLM_API_KEY"})
 """Environment variables the plan never prints."""
 _MAX_IPC_PATH = 107  # bytes in sockaddr_un.sun_path, less the NUL
-
-PortFree = Callable[[str, int], bool]
-
 
 @dataclass(frozen=True)
 class ProcessPlan:
@@ -68,6 +70,9 @@ class Plan:
     remote: list[EngineInstance]
     devices: Devices
     warnings: list[str]
+    ray_host: str | None = None
+    """With engines on Ray: where they reach the router's telemetry sockets."""
+    python: str = sys.executable
 
     @property
     def config_path(self) -> Path:
@@ -79,6 +84,52 @@ class Plan:
                                     "the router loads this file.\n" + self.config.to_toml())
 
     @property
+    def ray(self) -> bool:
+        """Engines go to a Ray cluster (``[cluster] backend = "ray"``)."""
+        return self.config.cluster.backend == "ray"
+
+    def placed(self, where: dict[str, tuple[str, str]]) -> Plan:
+        """The plan once Ray placed its engines: ``where`` maps each instance to its base
+        URL and node; each becomes an entry of its own in the router's file, with its
+        URL, node and telemetry endpoints (re-validated)."""
+        cfg = self.config
+        by_name = {p.spec.name: p for p in self.engines}
+        entries: list[dict[str, object]] = []
+        for e, table in zip(cfg.engines, cfg.to_dict()["engines"]):
+            if e.remote:
+                entries.append(table)
+                continue
+            entries += [placed_entry(e, name, by_name[name].spec.placement, *where[name])
+                        for name in (f"{e.name}-{r}" for r in range(e.replicas))
+                        if name in where]
+        draft = cfg.to_dict() | {"engines": entries}
+        return dataclasses.replace(self, config=parse_cluster_config(draft, cfg.source,
+                                                                     self.run_dir))
+
+    def with_replicas(self, name: str, replicas: int,
+                      port_free: PortFree | None = None) -> Plan:
+        """The plan with Ray engine entry ``name`` at ``replicas`` replicas: new ones get
+        their processes (and telemetry endpoints), the last ones beyond go
+        (LaunchError: no such entry placed by Ray)."""
+        cfg = self.config
+        e = next((x for x in cfg.engines if x.name == name and not x.remote), None)
+        if not self.ray or e is None or self.ray_host is None:
+            raise LaunchError(f"no engine entry {name!r} placed on Ray here (entries: "
+                              f"{', '.join(x.name for x in cfg.engines if not x.remote)})")
+        config = dataclasses.replace(cfg, engines=[
+            dataclasses.replace(x, replicas=replicas) if x is e else x for x in cfg.engines])
+        keep = [p for p in self.engines if p.spec.name not in
+                {f"{name}-{r}" for r in range(replicas, e.replicas)}]
+        taken = cfg.claimed_ports() | {
+            int(ep.rsplit(":", 1)[1]) for p in self.engines
+            for ep in (p.spec.placement.telemetry_endpoint, p.spec.placement.kv_events_endpoint)}
+        added = _ray_engines(config, self.run_dir, self.python, self.ray_host,
+                             port_free or port_is_free, [], only=(name, range(e.replicas,
+                                                                             replicas)),
+                             taken=taken)
+        return dataclasses.replace(self, config=config, engines=keep + added)
+
+    @property
     def router(self) -> ProcessPlan | None:
         """The (first) router process."""
         return self.routers[0] if self.routers else None
@@ -88,10 +139,13 @@ class Plan:
 
     def render(self) -> str:
         """The plan as ``--dry-run`` prints it."""
-        lines = [f"run dir  {self.run_dir}", f"devices  {self.devices.describe()}", ""]
+        where = (f"Ray cluster {self.config.cluster.address}" if self.ray
+                 else self.devices.describe())
+        lines = [f"run dir  {self.run_dir}", f"devices  {where}", ""]
         for p in self.processes():
             where = f"  {p.devices}" if p.devices else ""
-            lines.append(f"{p.spec.name}  ({p.kind}, {p.model})  port {p.port}{where}")
+            lines.append(f"{p.spec.name}  ({p.kind}, {p.model})  port {p.port or NODE_PORT}"
+                         f"{where}")
             lines.append("  env  " + " ".join(
                 f"{k}={'<secret>' if k in SECRET_ENV else shlex.quote(v)}"
                 for k, v in p.spec.env.items()))
@@ -106,14 +160,27 @@ class Plan:
 
 def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
               only: Sequence[str] = (), port_free: PortFree | None = None,
-              python: str = sys.executable) -> Plan:
+              python: str = sys.executable, ray_host: str | None = None) -> Plan:
     """Plan the cluster of ``cfg`` in ``run_dir`` (absolute); with ``only``, just those
-    engines and no router (for a host that runs part of a cluster)."""
+    engines and no router (for a host that runs part of a cluster). ``ray_host``: the
+    address engines on a Ray cluster reach the router's telemetry at (backend ray)."""
     port_free = port_free or port_is_free
+    if cfg.cluster.backend == "ray" and only:
+        raise LaunchError('--only: with [cluster] backend = "ray" the launcher places every '
+                          "engine on the Ray cluster itself; run it once, on one host")
     cfg = _select(cfg, only)
     resolved = _resolve(cfg, run_dir, start_router=not only, port_free=port_free)
-    local = [i for i in resolved.instances() if not i.remote]
     warnings: list[str] = []
+    routers = [] if only else _routers(resolved, run_dir, python)
+    if resolved.cluster.backend == "ray":
+        if ray_host is None:
+            raise LaunchError("the Ray backend needs the router host's address (ray_host)")
+        engines = _ray_engines(resolved, run_dir, python, ray_host, port_free, warnings)
+        remote = dataclasses.replace(
+            resolved, engines=[e for e in resolved.engines if e.remote]).instances()
+        return Plan(resolved, run_dir, engines, routers, remote, devices, warnings, ray_host,
+                    python)
+    local = [i for i in resolved.instances() if not i.remote]
     if devices.gpus:
         placed = place_gpus(resolved, devices.gpus)
     else:
@@ -127,23 +194,87 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
         else:
             env = {"VLLM_CPU_OMP_THREADS_BIND": _omp_bind(ids, e.tensor_parallel_size)}
             where = "cpu"
-        if e.api_key_env:
-            try:
-                env["VLLM_API_KEY"] = engine_key(e.name, e.api_key_env)
-            except KeysError as exc:
-                raise LaunchError(f"{cfg.source}: {exc}") from None
         engines.append(ProcessPlan(
             spec=ProcessSpec(
                 name=inst.name,
                 argv=engine_argv(python, resolved, e, inst, gpu=bool(devices.gpus)),
-                env={**BASE_ENV, **env, **e.env},
+                env={**BASE_ENV, **env, **_key_env(resolved, e), **e.env},
                 log_path=run_dir / f"{inst.name}.log",
                 health_url=inst.url + "/health", nice=e.nice),
             kind="engine", port=inst.port, devices=f"{where} {format_ids(ids)}",
             model=inst.served_model_name))
-    routers = [] if only else _routers(resolved, run_dir, python)
     remote = [i for i in resolved.instances() if i.remote]
     return Plan(resolved, run_dir, engines, routers, remote, devices, warnings)
+
+
+def placed_entry(e: EngineConfig, name: str, where: RayPlacement, url: str,
+                 node: str) -> dict[str, object]:
+    """The router's file entry of replica ``name`` of ``e``, running at ``url`` on
+    ``node`` (also the body of ``POST /admin/engines/{name}/add``)."""
+    entry = {"name": name, "url": url, "model": e.model,
+             "served_model_name": e.served_model_name,
+             "telemetry_endpoint": where.telemetry_endpoint,
+             "kv_events_endpoint": where.kv_events_endpoint,
+             "max_model_len": e.max_model_len, "max_num_seqs": e.max_num_seqs,
+             "api_key_env": e.api_key_env, "node": node}
+    return {k: v for k, v in entry.items() if v is not None}
+
+
+def _ray_engines(cfg: ClusterConfig, run_dir: Path, python: str, host: str,
+                 port_free: PortFree, warnings: list[str],
+                 only: tuple[str, range] | None = None,
+                 taken: set[int] | None = None) -> list[ProcessPlan]:
+    """One process per replica (or per replica of ``only``: an entry and its replica
+    indexes), placed by Ray: its command with the node's address and port left open
+    (``NODE_HOST``, ``NODE_PORT``), telemetry to the router on ``host``; ``taken``:
+    ports of ``host`` in use besides the file's."""
+    taken = taken if taken is not None else cfg.claimed_ports()
+
+    def endpoint() -> str:
+        port = free_port(host, cfg.launcher.base_port, taken, port_free)
+        if port is None:
+            raise LaunchError(f"no free port on {host} from launcher.base_port "
+                              f"{cfg.launcher.base_port} upwards")
+        taken.add(port)
+        return f"tcp://{host}:{port}"
+
+    replicas = [(e, EngineInstance(
+        name=f"{e.name}-{r}", engine=e.name, replica=r, model=e.model,
+        served_model_name=e.served_model_name, url="", port=0, telemetry_endpoint=endpoint(),
+        kv_events_endpoint=endpoint(), max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs, remote=False))
+        for e in cfg.engines if not e.remote
+        for r in (only[1] if only and only[0] == e.name else
+                  () if only else range(e.replicas))]
+    if not is_loopback(host):
+        warnings += [f"engines.{e.name}: its replicas listen on their Ray node's address "
+                     "with no API key (set api_key_env)"
+                     for e in cfg.engines if not e.remote and not e.api_key_env]
+    out = []
+    for e, inst in replicas:
+        gpus = e.num_gpus or 0
+        argv = engine_argv(python, cfg, e, inst, gpu=bool(gpus))
+        argv[argv.index("--host") + 1] = NODE_HOST
+        argv[argv.index("--port") + 1] = NODE_PORT
+        where = placement(gpus, e.num_cpus or 1, e.resources, cfg.launcher.base_port,
+                          frozenset(taken), inst.telemetry_endpoint, inst.kv_events_endpoint)
+        out.append(ProcessPlan(
+            spec=ProcessSpec(
+                name=inst.name, argv=argv, env={**BASE_ENV, **_key_env(cfg, e), **e.env},
+                log_path=run_dir / f"{inst.name}.log", health_url=None, nice=e.nice,
+                placement=where),
+            kind="engine", port=0, devices=where.describe(), model=e.served_model_name))
+    return out
+
+
+def _key_env(cfg: ClusterConfig, e: EngineConfig) -> dict[str, str]:
+    """The engine's API key (``VLLM_API_KEY``), if it has one."""
+    if not e.api_key_env:
+        return {}
+    try:
+        return {"VLLM_API_KEY": engine_key(e.name, e.api_key_env)}
+    except KeysError as exc:
+        raise LaunchError(f"{cfg.source}: {exc}") from None
 
 
 def _routers(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
@@ -219,7 +350,7 @@ def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
     next_port = [cfg.launcher.base_port]
 
     def alloc(host: str) -> int:
-        port = _free_port(host, next_port[0], taken, port_free)
+        port = free_port(host, next_port[0], taken, port_free)
         if port is None:
             raise LaunchError(f"no free port from launcher.base_port "
                               f"{cfg.launcher.base_port} upwards")
@@ -250,7 +381,7 @@ def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
                 _check_ipc_length(ep.removeprefix("ipc://"), "router.sync_dir")
     engines = []
     for e in cfg.engines:
-        if e.remote:
+        if e.remote or cfg.cluster.backend == "ray":  # placed by Ray: _ray_engines
             engines.append(e)
             continue
         names = [f"{e.name}-{i}" for i in range(e.replicas)]
@@ -297,7 +428,7 @@ def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Pla
     e = cfg.engine(next(x.engine for x in instances if x.name == name))
     if port_free(e.host, proc.port):
         return None
-    port = _free_port(e.host, cfg.launcher.base_port, cfg.claimed_ports(), port_free)
+    port = free_port(e.host, cfg.launcher.base_port, cfg.claimed_ports(), port_free)
     if port is None:
         raise LaunchError(f"{name}: its port {proc.port} is taken and no port is free "
                           f"from launcher.base_port {cfg.launcher.base_port} upwards")
@@ -313,28 +444,6 @@ def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Pla
     engines = list(plan.engines)
     engines[i] = dataclasses.replace(proc, spec=spec, port=port)
     return dataclasses.replace(plan, config=config, engines=engines)
-
-
-def _free_port(host: str, start: int, taken: set[int], port_free: PortFree) -> int | None:
-    """The first port from ``start`` that is neither ``taken`` nor in use; None if none."""
-    for port in range(start, 65536):
-        if port not in taken and port_free(host, port):
-            return port
-    return None
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a TCP server could listen on ``host:port`` now. With ``SO_REUSEADDR``, as
-    the engines' and the router's servers bind: connections of a process that just died
-    (TIME_WAIT) do not hold its port, a listener does."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 # ---------------------------------------------------------------- placement

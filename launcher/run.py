@@ -6,6 +6,10 @@ engine that exits is marked down at the router (``POST /admin/engines/{id}/down`
 restarted with exponential backoff up to ``launcher.max_restarts``; when it is healthy
 again it is marked up. Ctrl-C or SIGTERM: graceful shutdown (``Supervisor.stop_all``); a
 second one kills at once.
+
+With engines on a Ray cluster (``launcher.ray_backend``) the router's file is written once
+they run (their addresses are known then) and rewritten when one is re-placed elsewhere;
+the router is told of the move (``POST /admin/engines/{id}/move``).
 """
 
 from __future__ import annotations
@@ -18,12 +22,17 @@ import textwrap
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import tomli_w
+import zmq
 
 from launcher.console import Console, table
 from launcher.plan import BASE_ENV, Plan, move_engine
+from launcher.ray_backend import RayBackend
+from launcher.scale import Scaler
 from launcher.supervisor import Managed, State, Supervisor
 from router.auth import load_keys
 from router.config import LOOPBACK, http_url
@@ -45,8 +54,10 @@ class _StopRequest:
         self.signum = signum
 
 
-def launch(plan: Plan, console: Console, demo: bool = False) -> int:
-    """Run the cluster of ``plan``; return the launcher's exit code."""
+def launch(plan: Plan, console: Console, demo: bool = False,
+           backend: RayBackend | None = None) -> int:
+    """Run the cluster of ``plan`` (its engines on ``backend``'s Ray cluster if it has
+    one); return the launcher's exit code."""
     la = plan.config.launcher
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     plan.write_resolved()
@@ -56,7 +67,8 @@ def launch(plan: Plan, console: Console, demo: bool = False) -> int:
                      max_restarts=la.max_restarts, backoff_s=la.restart_backoff_s,
                      backoff_max_s=la.restart_backoff_max_s,
                      health_interval_s=la.health_interval_s,
-                     unhealthy_after=la.unhealthy_after, stable_s=la.stable_s)
+                     unhealthy_after=la.unhealthy_after, stable_s=la.stable_s,
+                     remote_start=backend.start if backend is not None else None)
     stop = _StopRequest(sup)
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     routers: list[Managed] = []
@@ -68,6 +80,10 @@ def launch(plan: Plan, console: Console, demo: bool = False) -> int:
         engines = [sup.start(p.spec) for p in plan.engines]
         if not _wait_up(sup, engines, console, stop, "engines"):
             return 128 + stop.signum if stop.signum else 1
+        unplaced = plan
+        if plan.ray:
+            plan = plan.placed(_where(engines))
+            plan.write_resolved()
         if plan.routers:
             routers = [sup.start(p.spec) for p in plan.routers]
             if not _wait_up(sup, routers, console, stop, "the router"):
@@ -79,7 +95,7 @@ def launch(plan: Plan, console: Console, demo: bool = False) -> int:
             client = sup.spawn_plain([sys.executable, str(DEMO_CLIENT), "--base-url",
                                       plan.config.router_url() + "/v1"], dict(BASE_ENV))
             helpers.append(client)
-        return _supervise(sup, plan, routers, console, stop, client)
+        return _supervise(sup, plan, unplaced, routers, console, stop, client)
     finally:
         console.done()
         console.line("stopping the cluster")
@@ -113,10 +129,18 @@ def _wait_up(sup: Supervisor, procs: list[Managed], console: Console, stop: _Sto
     return False
 
 
-def _supervise(sup: Supervisor, plan: Plan, routers: list[Managed], console: Console,
-               stop: _StopRequest, client: subprocess.Popen[bytes] | None) -> int:
+def _where(engines: list[Managed]) -> dict[str, tuple[str, str]]:
+    """Each placed engine's base URL and node."""
+    return {m.spec.name: (m.remote.url, m.remote.where) for m in engines
+            if m.remote is not None}
+
+
+def _supervise(sup: Supervisor, plan: Plan, unplaced: Plan, routers: list[Managed],
+               console: Console, stop: _StopRequest,
+               client: subprocess.Popen[bytes] | None) -> int:
     """Restart what dies until a stop request (exit 0), a router process gives up (1), or
-    the demo ``client`` ends (its exit code)."""
+    the demo ``client`` ends (its exit code). ``unplaced``: the plan before Ray placed its
+    engines (``plan`` then), to re-place a moved one and to scale (``launcher.scale``)."""
     router_url = plan.config.router_url() if routers else None
     r = plan.config.router
     admin_key = min(load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"),
@@ -138,55 +162,107 @@ def _supervise(sup: Supervisor, plan: Plan, routers: list[Managed], console: Con
         moved.write_resolved()
         return f"port {old.port} is taken; restarting on port {new.port}"
 
-    sup.before_restart = before_restart
-    while not stop.signum:
-        for ev in sup.step(restart=True):
-            name = ev.proc.spec.name
-            if ev.proc in routers:
-                console.line(f"{name} {'is up again' if ev.kind == 'up' else ev.detail}")
-                if ev.kind == "failed":
-                    return 1
-                continue
-            if ev.kind == "moved":
-                console.line(f"{name} {ev.detail}")
-                if router_url:
-                    url = next(i.url for i in current[0].config.instances() if i.name == name)
-                    _admin(console, router_url, name, "move", admin_key, {"url": url})
-                continue
-            if ev.kind == "up":
-                console.line(f"{name} is up again (restart {ev.proc.restarts})")
-            else:
-                console.line(f"{name} {ev.detail}" + ("; the other engines keep serving"
-                                                      if ev.kind == "failed" else ""))
-            if router_url:
-                _admin(console, router_url, name, "up" if ev.kind == "up" else "down",
-                       admin_key)
-        if client is not None and client.poll() is not None:
-            return client.returncode
-        time.sleep(_TICK_S)
-    return 0
+    def admin(name: str, action: str, params: dict[str, str] | None = None,
+              body: Any = None) -> int:
+        if router_url is None:
+            return 0
+        return _admin(console, router_url, name, action, admin_key, params, body)
+
+    def placed(unplaced_now: Plan) -> None:
+        """Rewrite the router's file from where the engines run now."""
+        current[0] = unplaced_now.placed(_where([m for m in sup.procs if m not in routers]))
+        current[0].write_resolved()
+
+    scaler = None
+    if plan.ray and router_url is not None:
+        try:
+            scaler = Scaler(unplaced, sup, console, admin,
+                            lambda name: _inflight(router_url, name), r.request_timeout_s,
+                            plan.config.launcher.grace_period_s, placed)
+        except zmq.ZMQError as e:
+            console.line(f"warning: --scale is not available ({e}: {plan.run_dir} too deep "
+                         "for an ipc:// socket?); the engines keep being supervised")
+    if not plan.ray:
+        sup.before_restart = before_restart
+    try:
+        while not stop.signum:
+            for ev in sup.step(restart=True):
+                name = ev.proc.spec.name
+                if ev.proc in routers:
+                    console.line(f"{name} {'is up again' if ev.kind == 'up' else ev.detail}")
+                    if ev.kind == "failed":
+                        return 1
+                    continue
+                if ev.kind == "moved":
+                    console.line(f"{name} {ev.detail}")
+                    if plan.ray:
+                        placed(scaler.plan if scaler is not None else unplaced)
+                    inst = next((i for i in current[0].config.instances() if i.name == name),
+                                None)
+                    if inst is not None:  # not before it joined routing
+                        admin(name, "move", {"url": inst.url} | (
+                            {"node": inst.node} if inst.node else {}))
+                    continue
+                if scaler is not None and ev.kind == "up" and name in scaler.joining:
+                    console.line(f"{name} is up")
+                    scaler.joined(ev.proc)
+                    continue
+                if ev.kind == "up":
+                    console.line(f"{name} is up again (restart {ev.proc.restarts})")
+                else:
+                    console.line(f"{name} {ev.detail}" + ("; the other engines keep serving"
+                                                          if ev.kind == "failed" else ""))
+                if scaler is None or not scaler.busy(name):
+                    admin(name, "up" if ev.kind == "up" else "down")
+            if scaler is not None:
+                scaler.step()
+            if client is not None and client.poll() is not None:
+                return client.returncode
+            time.sleep(_TICK_S)
+        return 0
+    finally:
+        if scaler is not None:
+            scaler.close()
 
 
 def _admin(console: Console, router_url: str, instance: str, action: str,
-           admin_key: str | None, params: dict[str, str] | None = None) -> None:
-    """Tell the router an engine is down, up or moved (best effort: it also sees
-    telemetry; a restarted router reads the resolved file)."""
+           admin_key: str | None, params: dict[str, str] | None = None,
+           body: Any = None) -> int:
+    """Tell the router an engine is down, up, moved, added or removed; its HTTP status
+    (0: no answer). Best effort for marks: the router also sees telemetry, and a
+    restarted router reads the resolved file."""
     url = f"{router_url}/admin/engines/{instance}/{action}"
     headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     try:
-        r = httpx.post(url, timeout=2.0, headers=headers, params=params)
-        console.log(f"POST {url}: {r.status_code}")
+        r = httpx.post(url, timeout=10.0, headers=headers, params=params, json=body)
     except httpx.HTTPError as e:
         console.log(f"POST {url} failed: {e!r}")
+        return 0
+    console.log(f"POST {url}: {r.status_code} {r.text[:300]}")
+    return r.status_code
+
+
+def _inflight(router_url: str, instance: str) -> int | None:
+    """Requests the router has open on ``instance`` (0 if it does not route to it; None
+    if it does not answer)."""
+    try:
+        body = httpx.get(f"{router_url}/health", timeout=5.0).json()
+        return next((int(e["inflight"]) for e in body["instances"] if e["name"] == instance),
+                    0)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _summary(plan: Plan, engines: list[Managed], routers: list[Managed]) -> str:
     rows: list[list[object]] = [
-        [p.spec.name, p.model, p.devices, p.port, m.pid, m.state.value]
+        [p.spec.name, p.model, p.devices,
+         m.remote.where if m.remote is not None else "local",
+         urlsplit(m.remote.url).port if m.remote is not None else p.port, m.pid,
+         m.state.value]
         for p, m in zip(plan.engines, engines)]
-    rows += [[i.name, i.served_model_name, "remote", i.url, "-", "remote"]
+    rows += [[i.name, i.served_model_name, "remote", i.node or "-", i.url, "-", "remote"]
              for i in plan.remote]
-    lines = [table(["ENGINE", "MODEL", "DEVICES", "PORT", "PID", "STATE"], rows), ""]
+    lines = [table(["ENGINE", "MODEL", "DEVICES", "NODE", "PORT", "PID", "STATE"], rows), ""]
     if routers:
         r = plan.config.router
         uds = f", unix socket {r.uds}" if r.uds else ""

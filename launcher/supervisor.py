@@ -10,6 +10,11 @@ marker alone misses them, and they outlive a killed API server. ``stop_all`` kil
 tree and finally by the marker, so no process of the cluster outlives the launcher. The
 supervisor is single-threaded: the caller drives it with ``step()``.
 
+A process whose spec has a ``placement`` runs elsewhere (a Ray actor's engine on some
+node, ``launcher.ray_backend``): the supervisor starts it with ``remote_start`` and
+polls, stops and restarts it through the ``RemoteProcess`` it returns; a restart may
+land it at another address (a ``moved`` event).
+
 A process that is up keeps being health-checked every ``health_interval_s``; after
 ``unhealthy_after`` failed checks in a row it is taken as wedged (hung, stopped, deadlocked):
 its tree is killed and it is restarted like a process that exited. A process that has
@@ -30,10 +35,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Protocol
 
 import httpx
 import psutil
+
+from launcher import LaunchError
 
 MARKER_ENV = "HETSERVE_RUN_DIR"
 """Environment variable set in every process of a cluster: its run directory."""
@@ -54,6 +61,33 @@ class ProcessSpec:
     """Healthy once this answers 200 (``None``: once started)."""
     nice: int = 0
     """Niceness added to the process (and so to its children)."""
+    placement: Any = None
+    """Where a remote process runs (``launcher.ray_backend.RayPlacement``); None: here."""
+
+
+class RemoteProcess(Protocol):
+    """A process the supervisor runs through another system (``Supervisor.remote_start``)."""
+
+    pid: int
+    url: str
+    """Its base URL (health is ``url + "/health"``)."""
+    where: str
+    """Where it runs (node address and id), as the launcher's table shows it."""
+
+    def poll(self) -> str | None:
+        """None while it runs; else why it ended."""
+
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM: it stops its own children)."""
+
+    def alive(self) -> bool:
+        """Whether any process of it is still running."""
+
+    def kill(self) -> None:
+        """Kill whatever is left of it and release what it held (idempotent)."""
+
+    def tail(self, lines: int) -> str:
+        """The last lines of its log."""
 
 
 class State(enum.Enum):
@@ -72,6 +106,7 @@ class Managed:
 
     spec: ProcessSpec
     popen: subprocess.Popen[bytes] | None = None
+    remote: RemoteProcess | None = None
     state: State = State.STARTING
     started_at: float = 0.0
     restarts: int = 0
@@ -89,7 +124,20 @@ class Managed:
 
     @property
     def pid(self) -> int | None:
+        if self.remote is not None:
+            return self.remote.pid
         return self.popen.pid if self.popen else None
+
+    @property
+    def health_url(self) -> str | None:
+        if self.remote is not None:
+            return self.remote.url + "/health"
+        return self.spec.health_url
+
+    @property
+    def running(self) -> bool:
+        """Started (here or remotely) and not yet cleaned up."""
+        return self.popen is not None or self.remote is not None
 
 
 @dataclass(frozen=True)
@@ -108,8 +156,12 @@ class Supervisor:
     def __init__(self, run_dir: Path, *, health_timeout_s: float, max_restarts: int,
                  backoff_s: float, backoff_max_s: float, health_interval_s: float = 5.0,
                  unhealthy_after: int = 3, stable_s: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 remote_start: Callable[[ProcessSpec], RemoteProcess] | None = None) -> None:
+        """``remote_start``: starts a spec with a ``placement`` (LaunchError: it cannot be
+        placed now)."""
         self.run_dir = run_dir
+        self.remote_start = remote_start
         self.health_timeout_s = health_timeout_s
         self.health_interval_s = health_interval_s
         self.unhealthy_after = unhealthy_after
@@ -129,9 +181,11 @@ class Supervisor:
     # ---- starting and watching
 
     def start(self, spec: ProcessSpec) -> Managed:
+        """Start ``spec`` and supervise it (LaunchError, OSError: it did not start, and
+        is not supervised)."""
         m = Managed(spec)
-        self.procs.append(m)
         self._spawn(m)
+        self.procs.append(m)
         return m
 
     def spawn_plain(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -144,13 +198,11 @@ class Supervisor:
         now = self.clock()
         for m in self.procs:
             if m.state in (State.STARTING, State.UP):
-                assert m.popen is not None
-                self._remember_tree(m)
-                code = m.popen.poll()
-                if code is not None:
-                    events.append(self._exited(m, _describe_exit(code), restart))
+                ended = self._poll(m)
+                if ended is not None:
+                    events.append(self._exited(m, ended, restart))
                 elif m.state is State.STARTING:
-                    if self._healthy(m.spec.health_url):
+                    if self._healthy(m.health_url):
                         m.state = State.UP
                         m.up_since = m.checked_at = now
                         m.failed_checks = 0
@@ -165,17 +217,39 @@ class Supervisor:
                 moved = self.before_restart(m) if self.before_restart else None
                 if moved:
                     events.append(Event("moved", m, moved))
-                self._spawn(m)
+                events += self._respawn(m, restart)
         return events
+
+    def _poll(self, m: Managed) -> str | None:
+        """None while ``m`` runs, else why it ended."""
+        if m.remote is not None:
+            return m.remote.poll()
+        assert m.popen is not None
+        self._remember_tree(m)
+        code = m.popen.poll()
+        return None if code is None else _describe_exit(code)
+
+    def _respawn(self, m: Managed, restart: bool) -> list[Event]:
+        """Restart ``m``; a remote one may land elsewhere (``moved``) or find no room."""
+        before = (m.remote.url, m.remote.where) if m.remote is not None else None
+        try:
+            self._spawn(m)
+        except LaunchError as e:
+            return [self._exited(m, str(e), restart)]
+        if (m.remote is not None and before is not None
+                and (m.remote.url, m.remote.where) != before):
+            return [Event("moved", m, f"re-placed on {m.remote.where} at {m.remote.url} "
+                                      f"(was {before[1]} at {before[0]})")]
+        return []
 
     def _watch(self, m: Managed, now: float, restart: bool) -> list[Event]:
         """A process that is up: the periodic health check and the stable-period reset."""
         if m.restarts and now - m.up_since >= self.stable_s:
             m.restarts = 0
-        if m.spec.health_url is None or now - m.checked_at < self.health_interval_s:
+        if m.health_url is None or now - m.checked_at < self.health_interval_s:
             return []
         m.checked_at = now
-        if self._healthy(m.spec.health_url):
+        if self._healthy(m.health_url):
             m.failed_checks = 0
             return []
         m.failed_checks += 1
@@ -185,6 +259,14 @@ class Supervisor:
                              restart)]
 
     def _spawn(self, m: Managed) -> None:
+        if m.spec.placement is not None:
+            if self.remote_start is None:
+                raise LaunchError(f"{m.spec.name}: a placed process needs remote_start")
+            m.remote = None  # the old one is released; a failed placement leaves none
+            m.remote = self.remote_start(m.spec)
+            m.state = State.STARTING
+            m.started_at = self.clock()
+            return
         mode = "ab" if m.restarts else "wb"
         with open(m.spec.log_path, mode) as log:
             if m.restarts:
@@ -197,8 +279,11 @@ class Supervisor:
 
     def _exited(self, m: Managed, reason: str, restart: bool) -> Event:
         """Clean up what is left of ``m``'s tree and decide on its restart."""
-        _kill(self._tree(m), m.popen, signal.SIGKILL)
-        _reap(m.popen, 5.0)
+        if m.remote is not None:
+            m.remote.kill()
+        else:
+            kill_procs(self._tree(m), m.popen, signal.SIGKILL)
+            reap(m.popen, 5.0)
         m.last_exit = reason
         if restart and m.restarts < self.max_restarts:
             delay = min(self.backoff_s * 2 ** m.restarts, self.backoff_max_s)
@@ -230,9 +315,9 @@ class Supervisor:
         the grace period has passed; SIGKILL whatever is left when it ends."""
         t0 = self.clock()
         for h in helpers:
-            _kill([], h, signal.SIGTERM)
-        first = [m for m in first if m.popen]
-        rest = [m for m in self.procs if m.popen and m not in first]
+            kill_procs([], h, signal.SIGTERM)
+        first = [m for m in first if m.running]
+        rest = [m for m in self.procs if m.running and m not in first]
         for m in first:
             self._terminate(m)
         self._wait(first, t0 + grace_s / 2)
@@ -241,35 +326,55 @@ class Supervisor:
         self._wait(self.procs, t0 + grace_s)
         leftovers = self.marked()
         for m in self.procs:
-            if m.popen:
+            if m.remote is not None:
+                m.remote.kill()
+            elif m.popen:
                 leftovers += self._tree(m)
-                _kill(self._tree(m), m.popen, signal.SIGKILL)
+                kill_procs(self._tree(m), m.popen, signal.SIGKILL)
         for h in helpers:
-            _kill([], h, signal.SIGKILL)
-        _kill(leftovers, None, signal.SIGKILL)
+            kill_procs([], h, signal.SIGKILL)
+        kill_procs(leftovers, None, signal.SIGKILL)
         deadline = self.clock() + 5.0
-        while any(_alive(p) for p in leftovers) and self.clock() < deadline:
+        while any(alive(p) for p in leftovers) and self.clock() < deadline:
             time.sleep(0.05)
         for m in self.procs:
-            _reap(m.popen, 5.0)
+            reap(m.popen, 5.0)
             m.state = State.STOPPED
         for h in helpers:
-            _reap(h, 5.0)
+            reap(h, 5.0)
         self._http.close()
+
+    def retire(self, m: Managed, grace_s: float) -> None:
+        """Stop ``m`` for good (a replica scaled away): SIGTERM, SIGKILL after
+        ``grace_s``, and no restart."""
+        if m.running:
+            self._terminate(m)
+            self._wait([m], self.clock() + grace_s)
+            if m.remote is not None:
+                m.remote.kill()
+            else:
+                kill_procs(self._tree(m), m.popen, signal.SIGKILL)
+                reap(m.popen, 5.0)
+        m.state = State.STOPPED
+        self.procs.remove(m)
 
     def _terminate(self, m: Managed) -> None:
         """SIGTERM to the process itself (it stops its own children), or to what is left
         of its tree if it is gone already."""
+        if m.remote is not None:
+            m.remote.terminate()
+            return
         self._remember_tree(m)
         assert m.popen is not None
         if m.popen.poll() is None:
             m.popen.send_signal(signal.SIGTERM)
         else:
-            _kill(self._tree(m), None, signal.SIGTERM)
+            kill_procs(self._tree(m), None, signal.SIGTERM)
 
     def _wait(self, procs: list[Managed], deadline: float) -> None:
         while not self.force and self.clock() < deadline:
-            if not any(_alive(p) for m in procs for p in self._tree(m)):
+            if not any(m.remote.alive() if m.remote is not None else
+                       any(alive(p) for p in self._tree(m)) for m in procs):
                 return
             time.sleep(0.1)
 
@@ -278,7 +383,7 @@ class Supervisor:
         out = []
         for p in psutil.process_iter():
             try:
-                if p.environ().get(MARKER_ENV) == str(self.run_dir) and _alive(p):
+                if p.environ().get(MARKER_ENV) == str(self.run_dir) and alive(p):
                     out.append(p)
             except (psutil.Error, OSError):
                 continue
@@ -297,7 +402,7 @@ class Supervisor:
         """The live processes of ``m``: members of its sessions and descendants seen
         (they may have been re-parented). Dead descendants and empty sessions are
         forgotten."""
-        m.seen = {pid: p for pid, p in m.seen.items() if _alive(p)}
+        m.seen = {pid: p for pid, p in m.seen.items() if alive(p)}
         out = dict(m.seen)
         occupied: set[int] = set()
         for p in psutil.process_iter():
@@ -305,7 +410,7 @@ class Supervisor:
                 sid = os.getsid(p.pid)
             except OSError:
                 continue
-            if sid in m.sessions and _alive(p):
+            if sid in m.sessions and alive(p):
                 occupied.add(sid)
                 out.setdefault(p.pid, p)
         m.sessions &= occupied
@@ -313,6 +418,8 @@ class Supervisor:
 
     def tail(self, m: Managed, lines: int = 20) -> str:
         """The last lines of ``m``'s log."""
+        if m.remote is not None:
+            return m.remote.tail(lines)
         try:
             with open(m.spec.log_path, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
@@ -352,7 +459,7 @@ def _preexec(parent: int, nice: int) -> Callable[[], None]:
     return preexec
 
 
-def _kill(procs: list[psutil.Process], popen: subprocess.Popen[bytes] | None,
+def kill_procs(procs: list[psutil.Process], popen: subprocess.Popen[bytes] | None,
           sig: signal.Signals) -> None:
     """Signal ``popen``'s process group (while its leader lives) and each of ``procs``."""
     if popen is not None and popen.poll() is None:
@@ -367,7 +474,7 @@ def _kill(procs: list[psutil.Process], popen: subprocess.Popen[bytes] | None,
             pass
 
 
-def _reap(popen: subprocess.Popen[bytes] | None, timeout: float) -> None:
+def reap(popen: subprocess.Popen[bytes] | None, timeout: float) -> None:
     if popen is None:
         return
     try:
@@ -377,7 +484,7 @@ def _reap(popen: subprocess.Popen[bytes] | None, timeout: float) -> None:
         popen.wait()
 
 
-def _alive(p: psutil.Process) -> bool:
+def alive(p: psutil.Process) -> bool:
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -3,7 +3,8 @@
 One TOML file describes a cluster; the launcher and the router both load it with
 ``load_cluster_config``. Tables: ``[router]`` (listen address, policy and its settings,
 predictor artifacts), ``[[engines]]`` (one entry per model deployment, with replicas) and
-``[launcher]`` (run directory, ports, health timeout, restarts, grace period). The keys
+``[launcher]`` (run directory, ports, health timeout, restarts, grace period) and
+``[cluster]`` (where the launcher runs the engines: this machine or a Ray cluster). The keys
 are the fields of the dataclasses below; docs/cluster.md documents every one of them.
 
 Relative paths in the file are relative to the file's folder. Ports and telemetry
@@ -217,6 +218,13 @@ class EngineConfig:
     ``--api-key``): the launcher gives it to the engine (as ``VLLM_API_KEY``, never on a
     command line), the router sends it (``Authorization: Bearer``) on every call. The
     variable must be set where the launcher and the router run."""
+    resources: dict[Annotated[str, Field(min_length=1, max_length=128)],
+                    Annotated[float, Field(gt=0, le=1e6)]] = field(default_factory=dict)
+    """Ray custom resources each replica needs (``[cluster] backend = "ray"``), e.g.
+    ``{ "gpu-h100" = 1 }``: the replica goes only to a node that offers them."""
+    node: str | None = None
+    """Where a remote engine runs (informational: shown by ``/health`` and ``/metrics``);
+    the launcher sets it for engines it placed on a Ray cluster."""
 
     @property
     def remote(self) -> bool:
@@ -248,6 +256,29 @@ class LauncherConfig:
     """A process up this long gets its restart budget and backoff back."""
 
 
+@dataclass(frozen=True, config=STRICT)
+class BackendConfig:
+    """``[cluster]``: where the launcher runs the engines (the router ignores it)."""
+
+    backend: Literal["local", "ray"] = "local"
+    """``local``: processes on this machine, placed on its GPUs or CPU cores. ``ray``:
+    each replica a Ray actor owning its engine process, in a placement group of its own
+    on any node of a running Ray cluster that has the replica's resources
+    (``launcher.ray_backend``, docs/cluster.md "A cluster on Ray")."""
+    address: str = "auto"
+    """The Ray cluster (``ray.init(address=...)``): ``auto`` (the one this machine
+    belongs to), ``HOST:PORT`` of its head, or ``ray://HOST:PORT`` (Ray client)."""
+    namespace: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")] = "hetserve"
+    """Ray namespace of the launcher's actors."""
+    telemetry_host: str | None = None
+    """The address engines on other nodes reach the router's telemetry sockets at;
+    default: this node's address as Ray knows it. Beyond loopback it needs
+    ``[router] telemetry_keys_dir`` (or ``insecure``)."""
+    placement_timeout_s: Positive = 120.0
+    """How long a replica may wait for a node with its resources before the launcher
+    reports that it does not fit."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineInstance:
     """One engine process (a replica of an entry), as the router sees it."""
@@ -268,6 +299,7 @@ class EngineInstance:
     max_num_seqs: int | None
     remote: bool
     api_key_env: str | None = None
+    node: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +311,7 @@ class ClusterConfig:
     router: RouterConfig
     engines: list[EngineConfig]
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    cluster: BackendConfig = field(default_factory=BackendConfig)
 
     def engine(self, name: str) -> EngineConfig:
         for e in self.engines:
@@ -308,7 +341,7 @@ class ClusterConfig:
                     url=e.url.rstrip("/") if e.url else http_url(e.host, ports[i]),
                     port=ports[i], telemetry_endpoint=tele[i], kv_events_endpoint=kv[i],
                     max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
-                    remote=e.remote, api_key_env=e.api_key_env))
+                    remote=e.remote, api_key_env=e.api_key_env, node=e.node))
         return out
 
     def claimed_ports(self) -> set[int]:
@@ -326,6 +359,7 @@ class ClusterConfig:
             "router": _table(self.router),
             "engines": [_table(e) for e in self.engines],
             "launcher": _table(self.launcher),
+            "cluster": _table(self.cluster),
         }
 
     def to_toml(self) -> str:
@@ -370,7 +404,7 @@ MANAGED_FLAGS: dict[str, str] = {
 
 _REMOTE_KEYS = frozenset({"name", "url", "model", "served_model_name", "replicas",
                           "telemetry_endpoint", "kv_events_endpoint", "max_model_len",
-                          "max_num_seqs", "api_key_env"})
+                          "max_num_seqs", "api_key_env", "node"})
 _MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus", "VLLM_CPU_OMP_THREADS_BIND": "cpus",
                 "VLLM_API_KEY": "api_key_env"}
 
@@ -400,6 +434,7 @@ class _File:
     router: dict[str, Any]
     engines: Annotated[list[Any], Field(min_length=1)]
     launcher: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> ClusterConfig:
@@ -409,6 +444,7 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
         top = decode(_File, data, "")
         router = decode(RouterConfig, top.router, "router")
         launcher = decode(LauncherConfig, top.launcher, "launcher")
+        backend = decode(BackendConfig, top.cluster, "cluster")
         engines = [_parse_engine(source, i, raw, base_dir) for i, raw in enumerate(top.engines)]
     except SettingsError as e:
         raise ConfigError(source, e.key, e.problem) from None
@@ -424,7 +460,8 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
         policies={name: _abs_paths(table, base_dir) for name, table in router.policies.items()},
     )
     launcher = dataclasses.replace(launcher, run_dir=_abs(launcher.run_dir, base_dir))
-    cfg = ClusterConfig(source=source, router=router, engines=engines, launcher=launcher)
+    cfg = ClusterConfig(source=source, router=router, engines=engines, launcher=launcher,
+                        cluster=backend)
     if not router.policy.strip():
         raise ConfigError(source, "router.policy", "must not be empty")
     if (not is_loopback(router.host) and not router.insecure
@@ -433,6 +470,7 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
         raise ConfigError(source, "router.host", f"{router.host!r} listens beyond loopback "
                           "without API keys: set api_keys_file or api_keys_env, or "
                           "insecure = true")
+    _check_backend(cfg)
     _check_workers(cfg)
     _check_names(cfg)
     _port_owners(cfg)
@@ -627,6 +665,70 @@ def _endpoints_of(e: EngineConfig) -> Iterator[tuple[str, str, str]]:
         values = _replica_values(getattr(e, k), e.replicas) or []
         for i, ep in enumerate(values):
             yield k, f"engines.{e.name}.{k}" + (f" (replica {i})" if len(values) > 1 else ""), ep
+
+
+_RAY_PLACED = ("host", "port", "gpus", "cpus", "telemetry_endpoint", "kv_events_endpoint")
+"""Keys of an engine that the Ray backend sets itself (the replica's node decides)."""
+
+
+def with_engine(cfg: ClusterConfig, table: Mapping[str, Any]) -> ClusterConfig:
+    """``cfg`` with one more engine entry: a replica the launcher started while the router
+    runs (``POST /admin/engines/{name}/add``). It must be an entry with a ``url``, a new
+    instance name and a model already served (a new model needs a router restart: its
+    policy was built for the models it had); checked as in a file (ConfigError)."""
+    source = f"{cfg.source} (added engine)"
+    e = _parse_engine(source, len(cfg.engines), dict(table), Path(cfg.source).parent)
+    key = f"engines.{e.name}"
+    if not e.remote:
+        raise ConfigError(source, f"{key}.url", "an added engine needs its url")
+    if e.name in {i.name for i in cfg.instances()}:
+        raise ConfigError(source, f"{key}.name", f"{e.name!r} is already an engine instance")
+    if e.served_model_name not in {x.served_model_name for x in cfg.engines}:
+        raise ConfigError(source, f"{key}.served_model_name", f"{e.served_model_name!r} is "
+                          "not served here; a new model needs a restart of the router")
+    new = dataclasses.replace(cfg, source=source, engines=[*cfg.engines, e])
+    _check_names(new)
+    _port_owners(new)
+    _check_endpoints(new)
+    return dataclasses.replace(new, source=cfg.source)
+
+
+def without_engine(cfg: ClusterConfig, name: str) -> ClusterConfig:
+    """``cfg`` without the engine entry ``name``: one with a ``url`` (the launcher's
+    placed or added replicas), not the last of its model (ConfigError)."""
+    e = next((x for x in cfg.engines if x.name == name), None)
+    if e is None or not e.remote:
+        raise ConfigError(cfg.source, f"engines.{name}", "no engine entry of that name with a "
+                          "url (only engines the launcher placed or added can be removed)")
+    if sum(x.replicas for x in cfg.engines if x.served_model_name == e.served_model_name) == 1:
+        raise ConfigError(cfg.source, f"engines.{name}", f"the last engine of model "
+                          f"{e.served_model_name!r}")
+    return dataclasses.replace(cfg, engines=[x for x in cfg.engines if x is not e])
+
+
+def _check_backend(cfg: ClusterConfig) -> None:
+    """Ray resources need the Ray backend; engines it places take their node's address,
+    a port free there and the launcher's telemetry endpoints, and GPU or core counts,
+    not ids."""
+    ray = cfg.cluster.backend == "ray"
+    if ray and cfg.router.workers > 1:
+        raise ConfigError(cfg.source, "router.workers", 'with [cluster] backend = "ray" one '
+                          "router process reads the engines' telemetry (each engine sends to "
+                          "one socket of the router's host)")
+    for e in cfg.engines:
+        key = f"engines.{e.name}"
+        if e.resources and not ray:
+            raise ConfigError(cfg.source, f"{key}.resources", "Ray resources need "
+                              '[cluster] backend = "ray"')
+        if not ray or e.remote:
+            continue
+        for k in _RAY_PLACED:
+            value = getattr(e, k)
+            if value is not None and (k != "host" or value != LOOPBACK):
+                hint = {"gpus": "num_gpus", "cpus": "num_cpus"}.get(k)
+                raise ConfigError(cfg.source, f"{key}.{k}", "set by the Ray backend from the "
+                                  "node each replica lands on" + (f"; give `{hint}`" if hint
+                                                                  else ""))
 
 
 def _check_workers(cfg: ClusterConfig) -> None:

@@ -40,6 +40,7 @@ class Launcher:
     """``python -m launcher examples/demo.toml ARGS`` with its output in a file."""
 
     def __init__(self, tmp_path: Path, *args: str, config: Path = DEMO) -> None:
+        self.config = config
         self.run_dir = tmp_path / "run"
         self.out_path = tmp_path / "launcher.out"
         with open(self.out_path, "wb") as out:

@@ -444,7 +444,8 @@ def test_values_tomllib_cannot_hold_are_a_syntax_error(tmp_path: Path, value: st
 
 _TABLES = {"router": (cc.RouterConfig, ROUTER, ENGINE_A),
            "engines.a": (cc.EngineConfig, ROUTER + ENGINE_A, ""),
-           "launcher": (cc.LauncherConfig, ROUTER + ENGINE_A + "[launcher]\n", "")}
+           "launcher": (cc.LauncherConfig, ROUTER + ENGINE_A + "[launcher]\n", ""),
+           "cluster": (cc.BackendConfig, ROUTER + ENGINE_A + "[cluster]\n", "")}
 
 
 @pytest.mark.parametrize("table,name", [(t, f) for t, (cls, _, _) in _TABLES.items()
@@ -455,7 +456,7 @@ def test_a_wrong_type_anywhere_names_its_key(tmp_path: Path, table: str, name: s
     where it takes a table), fails naming that key."""
     _, head, tail = _TABLES[table]
     problem = error(tmp_path, head + f"{name} = {{ z = [1] }}\n" + tail,
-                    f"{table}.{name}" + (".z" if name in ("policies", "predictors", "env")
+                    f"{table}.{name}" + (".z" if name in ("policies", "predictors", "env", "resources")
                                          else ""))
     assert problem.startswith("expected "), problem
 

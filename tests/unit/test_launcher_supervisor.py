@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.plan import port_is_free
+from launcher.ports import port_is_free
 from launcher.supervisor import Event, Managed, ProcessSpec, State, Supervisor
 
 STAND_IN = r'''
