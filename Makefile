@@ -3,10 +3,15 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-unit bench-scheduler artifacts replay peers bench-front bench-faults
+.PHONY: setup ray demo test test-unit bench-scheduler artifacts replay peers bench-front bench-faults
 
 setup:
 	@scripts/setup_venv.sh
+
+# Ray, for engines placed on a Ray cluster (docs/cluster.md "A cluster on Ray"); with it
+# installed, make test also runs the tests on a multi-node Ray cluster made on this machine.
+ray: setup
+	$(PY) -m pip --disable-pip-version-check -q install -e ".[ray]" -c constraints/cpu.txt
 
 demo: setup
 	$(PY) -m launcher examples/demo.toml --demo
