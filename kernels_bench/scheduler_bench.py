@@ -73,7 +73,7 @@ class _Run:
         t0 = time.perf_counter()
         out = self.sched.schedule()
         elapsed = time.perf_counter() - t0
-        self.sched.update_from_output(out, fake_output(out))
+        self.sched.update_from_output(out, fake_output(self.sched, out))
         return elapsed
 
     def timed_step(self) -> float:

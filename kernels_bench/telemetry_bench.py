@@ -126,7 +126,7 @@ def step_overhead(n_waiting: int, steps: int, max_num_seqs: int) -> list[dict[st
         for name, s in scheds.items():
             t0 = time.perf_counter()
             out = s.schedule()
-            s.update_from_output(out, fake_output(out))
+            s.update_from_output(out, fake_output(s, out))
             samples[name].append(time.perf_counter() - t0)
     for s in scheds.values():
         s.shutdown()
