@@ -29,6 +29,7 @@ from engine_ext.telemetry import (
     DEFAULT_INTERVAL_S,
     FinishedRequest,
     SchedulerSnapshot,
+    SnapshotSink,
     TelemetryPublisher,
 )
 from scheduler_patches.queues import CountingFCFSQueue, CountingPriorityQueue
@@ -67,17 +68,21 @@ class TelemetryMixin:
         self.waiting = with_token_ledger(self.waiting)
         self.kv_holding_waiting = with_token_ledger(self.kv_holding_waiting)
         endpoint = table.get("telemetry_endpoint")
-        self.telemetry: TelemetryPublisher | None = None
+        self.telemetry: SnapshotSink | None = None
         if endpoint:
-            self.telemetry = TelemetryPublisher(
+            self.attach_telemetry(TelemetryPublisher(
                 endpoint,
                 topic=self.engine_id,
                 interval_s=float(table.get("telemetry_interval_ms", DEFAULT_INTERVAL_S * 1e3)) / 1e3,
                 heartbeat_s=float(table.get("telemetry_heartbeat_ms", DEFAULT_HEARTBEAT_S * 1e3)) / 1e3,
                 curve=curve,
-            )
-            # Announce the (idle) engine at once; heartbeats repeat it until work arrives.
-            self.telemetry.publish(self.snapshot(self.telemetry.next_seq()))
+            ))
+
+    def attach_telemetry(self, sink: SnapshotSink) -> None:
+        """Send snapshots to ``sink`` from now on, announcing the engine's state at once
+        (an engine's publisher then repeats it as heartbeats until work arrives)."""
+        self.telemetry = sink
+        sink.publish(self.snapshot(sink.next_seq()))
 
     # -- hooks --
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -137,7 +142,7 @@ class TelemetryMixin:
         return SchedulerSnapshot(
             engine_id=self.engine_id,
             seq=seq,
-            ts=time.time(),
+            ts=self.telemetry.now() if self.telemetry is not None else time.time(),
             step=self.telemetry_step,
             batch_size=len(self.running),
             num_waiting=len(self.waiting) + len(self.kv_holding_waiting),

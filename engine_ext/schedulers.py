@@ -52,9 +52,14 @@ _CLASSES = {
 }
 
 
-def scheduler_class(policy: str, async_scheduling: bool) -> str:
-    """Dotted path of the scheduler class for an engine policy."""
+def scheduler_type(policy: str, async_scheduling: bool) -> type[Scheduler]:
+    """The scheduler class for an engine policy."""
     if policy not in ENGINE_POLICIES:
         raise ValueError(f"unknown engine policy {policy!r}; choose one of {ENGINE_POLICIES}")
-    cls = _CLASSES[(policy, async_scheduling)]
+    return _CLASSES[(policy, async_scheduling)]
+
+
+def scheduler_class(policy: str, async_scheduling: bool) -> str:
+    """Dotted path of the scheduler class for an engine policy (``--scheduler-cls``)."""
+    cls = scheduler_type(policy, async_scheduling)
     return f"{cls.__module__}.{cls.__qualname__}"

@@ -28,7 +28,7 @@ from typing import Any
 
 from engine_ext.curve import engine_curve
 from engine_ext.telemetry import DEFAULT_INTERVAL_S
-from scheduler_patches.settings import ENGINE_POLICIES
+from scheduler_patches.settings import ENGINE_POLICIES, vllm_scheduling_policy
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,7 +119,7 @@ def vllm_argv(ns: argparse.Namespace, passthrough: list[str]) -> list[str]:
     if not _has_flag(args, "--enable-prefix-caching", "--no-enable-prefix-caching"):
         out += ["--enable-prefix-caching"]
     if not _has_flag(args, "--scheduling-policy"):
-        out += ["--scheduling-policy", "fcfs" if ns.sched_policy == "fcfs" else "priority"]
+        out += ["--scheduling-policy", vllm_scheduling_policy(ns.sched_policy)]
     out += ["--scheduler-cls", scheduler_class(ns.sched_policy, _async_scheduling(args))]
     out += ["--additional-config", json.dumps(extra)]
     out += ["--middleware", "engine_ext.priority_guard.PriorityGuard"]

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Collection, Sequence
+from typing import Annotated, Any, Collection, Protocol, Sequence
 
 import msgspec
 import zmq
@@ -293,6 +293,25 @@ def encode_snapshot(snapshot: SchedulerSnapshot) -> bytes:
 # ---- publishing ----
 
 
+class SnapshotSink(Protocol):
+    """Where an instrumented scheduler sends its snapshots: ``TelemetryPublisher`` in an
+    engine, a virtual-clock sink in the twin (``kernels_bench.twin``)."""
+
+    def now(self) -> float:
+        """The snapshot timestamp (``SchedulerSnapshot.ts``)."""
+        ...
+
+    def due(self) -> bool:
+        """Whether the rate limit lets a snapshot go now."""
+        ...
+
+    def next_seq(self) -> int: ...
+
+    def publish(self, snapshot: SchedulerSnapshot) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class TelemetryPublisher:
     """Sends snapshots from a background thread; the engine step never blocks on I/O.
 
@@ -327,6 +346,9 @@ class TelemetryPublisher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hetserve-telemetry", daemon=True)
         self._thread.start()
+
+    def now(self) -> float:
+        return time.time()
 
     def due(self) -> bool:
         return time.monotonic() - self._last_sent >= self.interval_s

@@ -12,6 +12,12 @@ ENGINE_POLICIES = ("stjf", "fcfs", "priority", "mlfq")
 """Engine scheduler policies: ours (stjf, mlfq) and vLLM's own (fcfs, priority)."""
 
 
+def vllm_scheduling_policy(policy: str) -> str:
+    """vLLM's ``--scheduling-policy`` for an engine policy: ``fcfs`` for fcfs, else
+    ``priority`` (the request's ``priority`` field reaches our schedulers)."""
+    return "fcfs" if policy == "fcfs" else "priority"
+
+
 def hetserve_config(vllm_config: Any) -> dict[str, Any]:
     """The ``hetserve`` table of ``vllm_config.additional_config`` (empty if absent)."""
     extra = getattr(vllm_config, "additional_config", None) or {}
