@@ -1,0 +1,111 @@
+"""What an engine twin is sized by: one engine instance of a cluster file, as vLLM sizes it.
+
+The KV capacity is vLLM's for a model with only full-attention layers (``FullAttentionSpec``
+page size x layers): ``num_blocks = kv_cache_bytes // (block_size x bytes per token)``,
+``bytes per token = 2 (K and V) x layers x KV heads x head size x dtype bytes``, with the
+model's shape from its ``config.json``. It matches the engines' own logs here
+(``builtin:tiny-a``, 128 MiB: 131,072 tokens; ``builtin:tiny-b``: 21,760).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_ext.builtin_models import BUILTIN_MODELS, PREFIX
+from engine_ext.serve import build_parser
+from router.config import ClusterConfig, EngineConfig, default_kv_cache_bytes
+
+CPU_BLOCK_SIZE = 128
+"""vLLM's block size on CPU when none is given (``vllm/platforms/cpu.py``; 16 on CUDA)."""
+CPU_MAX_NUM_BATCHED_TOKENS = 2048
+"""vLLM's OpenAI server default on CPU (``EngineArgs.get_batch_defaults``; chunked prefill)."""
+CPU_MAX_NUM_SEQS = 128
+"""vLLM's OpenAI server default on CPU."""
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+_AGING_KEYS = ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
+               "mlfq_base_quantum")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine instance as its twin builds it."""
+
+    name: str
+    """The engine id (``<entry>-<replica>``), also its telemetry and KV-event topic."""
+    entry: str
+    served_model_name: str
+    sched_policy: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The scheduler's settings (aging S and Q, MLFQ levels), as ``engine_ext.serve``
+    passes them in the ``hetserve`` table."""
+
+
+def model_config(model: str, base_dir: Path) -> dict[str, Any]:
+    """The model's ``config.json``: a built-in's, or read from a local folder."""
+    if model.startswith(PREFIX):
+        return BUILTIN_MODELS[model[len(PREFIX):]].hf_config()
+    path = Path(model).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model {model!r}: no config.json to size the twin's KV cache from "
+                         "(give a built-in model or a local folder)")
+    return json.loads((path / "config.json").read_text())
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype: str | None) -> int:
+    """2 x layers x KV heads x head size x dtype bytes (``dtype`` None or auto: the
+    model's ``torch_dtype``)."""
+    name = config.get("torch_dtype", "float32") if dtype in (None, "auto") else dtype
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"dtype {name!r}: the twin knows {', '.join(DTYPE_BYTES)}")
+    heads = config["num_attention_heads"]
+    head_size = config.get("head_dim") or config["hidden_size"] // heads
+    return (2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads)
+            * head_size * DTYPE_BYTES[name])
+
+
+def _block_size(extra_args: list[str]) -> int:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--block-size", type=int, default=CPU_BLOCK_SIZE)
+    return p.parse_known_args(extra_args)[0].block_size
+
+
+def engine_specs(cfg: ClusterConfig) -> list[EngineSpec]:
+    """One spec per local engine instance of a cluster file, in file order."""
+    base_dir = Path(cfg.source).parent
+    default_policy = build_parser().get_default("sched_policy")
+    out = []
+    for e in cfg.engines:
+        if e.remote or e.model is None:
+            raise ValueError(f"engines.{e.name}: a remote engine has no model to twin")
+        out += [_spec(e, i, base_dir, default_policy) for i in range(e.replicas)]
+    return out
+
+
+def _spec(e: EngineConfig, replica: int, base_dir: Path, default_policy: str) -> EngineSpec:
+    assert e.model is not None
+    config = model_config(e.model, base_dir)
+    block_size = _block_size(e.extra_args)
+    kv_bytes = e.kv_cache_bytes or default_kv_cache_bytes(e.model)
+    num_blocks = kv_bytes // (block_size * kv_bytes_per_token(config, e.dtype))
+    max_model_len = e.max_model_len or int(config["max_position_embeddings"])
+    max_num_seqs = e.max_num_seqs or CPU_MAX_NUM_SEQS
+    batched = e.max_num_batched_tokens or min(CPU_MAX_NUM_BATCHED_TOKENS,
+                                              max_num_seqs * max_model_len)
+    return EngineSpec(
+        name=f"{e.name}-{replica}", entry=e.name, served_model_name=e.served_model_name,
+        sched_policy=e.sched_policy or default_policy,
+        max_num_seqs=min(max_num_seqs, batched) if e.max_num_seqs is None else max_num_seqs,
+        max_num_batched_tokens=batched, max_model_len=max_model_len,
+        block_size=block_size, num_blocks=num_blocks,
+        settings={k: getattr(e, k) for k in _AGING_KEYS if getattr(e, k) is not None},
+    )

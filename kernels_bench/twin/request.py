@@ -1,0 +1,42 @@
+"""A request sent to an engine twin, and what happened to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler_patches.contract import NO_PRIORITY
+
+
+@dataclass(frozen=True)
+class TwinRequest:
+    """One call as the engine receives it: real prompt token ids (prefix caching and block
+    hashes are real), the forced output length (``max_tokens`` with ``ignore_eos``) and
+    the router's priority (``scheduler_patches.contract``; absent: ``NO_PRIORITY``)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_tokens: int
+    priority: int = NO_PRIORITY
+
+
+@dataclass
+class RequestRecord:
+    """Per-request timestamps on the virtual clock (seconds)."""
+
+    request_id: str
+    engine: str
+    prompt_tokens: int
+    output_tokens: int
+    priority: int
+    arrival: float
+    """When the engine received it."""
+    first_scheduled: float | None = None
+    """Start of the first step that computed any of its tokens."""
+    cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache when first scheduled."""
+    first_token: float | None = None
+    """End of the step that sampled its first output token."""
+    finish: float | None = None
+    """End of the step that sampled its last output token."""
+    generated: int = 0
+    """Output tokens sampled so far."""

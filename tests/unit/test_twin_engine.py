@@ -1,0 +1,95 @@
+"""One engine twin: exact step arithmetic with chunked prefill and prefix caching, and the
+engine's own scheduler class deciding the order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from tests.unit.twin_helpers import flat_spec, write_profile
+from engine_ext.schedulers import STJFScheduler, VLLMScheduler
+from kernels_bench.twin.request import RequestRecord, TwinRequest
+from kernels_bench.twin.sim import Simulator
+from kernels_bench.twin.step_time import StepTimeModel
+from router.policies.base import priority_for
+
+FLAT = [(1, 128, 10.0, 10.0, 10.0), (8, 128, 10.0, 10.0, 10.0)]
+"""Decode step 10 ms at any batch and context."""
+
+
+def run_flat(tmp_path: Path, policy: str, max_num_seqs: int,
+             arrivals: list[tuple[float, TwinRequest]]) -> tuple[Simulator, list[str]]:
+    sim = Simulator()
+    model = StepTimeModel(write_profile(tmp_path / "e.json", FLAT, prefill_ms_per_token=1.0))
+    sim.add_engine(flat_spec("e-0", policy, max_num_seqs=max_num_seqs), model)
+    order: list[str] = []
+    sim.on_finish(lambda r: order.append(r.request_id))
+    for at, request in arrivals:
+        sim.submit("e-0", request, at)
+    sim.run()
+    return sim, order
+
+
+def test_hand_computed_completion_times(tmp_path: Path) -> None:
+    """Profile: decode step 10 ms at any batch, prefill 1 ms per prompt token. Engine:
+    FCFS, 16-token blocks, max_num_batched_tokens 256 (chunked prefill), 8 sequences.
+    A: 300 prompt tokens, 3 output tokens, arrives at 0 s. B: 100 prompt tokens whose
+    first 64 are A's, 2 output tokens, arrives at 0.100 s.
+
+    step 1, 0.000-0.256: A's first chunk, 256 tokens (the budget): 256 ms, no token.
+    step 2, 0.256-0.336: B joined the queue at 0.100 (between steps). A's last 44 prompt
+      tokens, then B: its first 4 blocks (64 tokens) are A's, cached since step 1, so 36
+      tokens to compute: 80 tokens, 80 ms. Both prompts complete: first tokens at 0.336.
+    step 3, 0.336-0.346: A and B decode (10 ms): B has its 2 tokens, finishes at 0.346.
+    step 4, 0.346-0.356: A decodes its 3rd token, finishes at 0.356.
+    """
+    a_prompt = tuple(range(100, 400))
+    b_prompt = a_prompt[:64] + tuple(range(1000, 1036))
+    sim, order = run_flat(tmp_path, "fcfs", 8, [(0.0, TwinRequest("A", a_prompt, 3)),
+                                                (0.1, TwinRequest("B", b_prompt, 2))])
+    twin = sim.engines["e-0"]
+    a, b = twin.records["A"], twin.records["B"]
+    assert order == ["B", "A"] and twin.steps == 4
+    exact = pytest.approx  # float sums of milliseconds: equal to 1e-12 s
+    assert (a.arrival, a.first_scheduled, a.cached_tokens) == (0.0, 0.0, 0)
+    assert (a.first_token, a.finish) == (exact(0.336, abs=1e-12), exact(0.356, abs=1e-12))
+    assert (b.arrival, b.cached_tokens) == (0.1, 64)
+    assert b.first_scheduled == exact(0.256, abs=1e-12)
+    assert (b.first_token, b.finish) == (exact(0.336, abs=1e-12), exact(0.346, abs=1e-12))
+    assert (a.generated, b.generated) == (3, 2)
+    assert sim.now() == exact(0.356, abs=1e-12)
+
+
+def finish_order(tmp_path: Path, policy: str) -> tuple[list[str], dict[str, RequestRecord]]:
+    """One sequence at a time; long L1 arrives first and runs; long L2, then short S,
+    arrive while it runs, with the priorities the router gives them (predicted
+    remaining tokens of their workflows, ``priority_for``)."""
+    long_prio, short_prio = priority_for(400.0), priority_for(8.0)
+    assert long_prio is not None and short_prio is not None
+    sim, order = run_flat(tmp_path, policy, 1, [
+        (0.000, TwinRequest("L1", tuple(range(100, 200)), 40, long_prio)),
+        (0.001, TwinRequest("L2", tuple(range(200, 300)), 40, long_prio)),
+        (0.002, TwinRequest("S", tuple(range(300, 400)), 4, short_prio)),
+    ])
+    return order, sim.engines["e-0"].records
+
+
+def test_stjf_class_serves_the_short_job_first_fcfs_does_not(tmp_path: Path) -> None:
+    stjf, records = finish_order(tmp_path, "stjf")
+    fcfs, _ = finish_order(tmp_path, "fcfs")
+    assert stjf == ["L1", "S", "L2"]
+    assert fcfs == ["L1", "L2", "S"]
+    assert records["S"].first_scheduled == records["L1"].finish  # next in line after L1
+
+
+def test_each_policy_runs_the_engines_scheduler_class(tmp_path: Path) -> None:
+    model = StepTimeModel(write_profile(tmp_path / "e.json", FLAT, prefill_ms_per_token=1.0))
+    sim = Simulator()
+    stjf = sim.add_engine(flat_spec("s-0", "stjf"), model)
+    fcfs = sim.add_engine(flat_spec("f-0", "fcfs"), model)
+    assert type(stjf.scheduler) is STJFScheduler
+    assert type(fcfs.scheduler) is VLLMScheduler
+    assert stjf.scheduler.engine_id == "s-0"

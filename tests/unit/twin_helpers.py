@@ -1,0 +1,88 @@
+"""Shared builders of the twin tests: profiles, engine specs and a random workload."""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from dataclasses import astuple
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from kernels_bench.twin.engine_spec import EngineSpec, engine_specs
+from kernels_bench.twin.request import TwinRequest
+from kernels_bench.twin.sim import Simulator
+from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
+from router.config import load_cluster_config
+
+REPLAY_TOML = Path(__file__).resolve().parents[2] / "examples" / "replay.toml"
+
+
+def profile_dict(cells: list[tuple[int, int, float, float, float]], prefill_ms_per_token: float,
+                 decode_tokens: int = 128) -> dict[str, Any]:
+    """A profile in the format ``kernels_bench profile`` writes: cells are
+    (batch, context, step_ms, p10, p90)."""
+    return {"decode_curve": [{"batch_size": b, "context_tokens": c, "step_ms": ms,
+                              "step_ms_p10": p10, "step_ms_p90": p90, "samples": 5}
+                             for b, c, ms, p10, p90 in cells],
+            "decode_tokens": decode_tokens, "prefill_ms_per_token": prefill_ms_per_token,
+            "prefill_fixed_ms": 12.0, "max_num_seqs": 8}
+
+
+def write_profile(path: Path, cells: list[tuple[int, int, float, float, float]],
+                  prefill_ms_per_token: float) -> EngineProfile:
+    """Writes the profile file and reads it back as the twin does."""
+    path.write_text(json.dumps(profile_dict(cells, prefill_ms_per_token)))
+    return load_profile(path)
+
+
+def flat_spec(name: str, policy: str, *, max_num_seqs: int = 8,
+              max_num_batched_tokens: int = 256, block_size: int = 16,
+              num_blocks: int = 1000) -> EngineSpec:
+    return EngineSpec(name=name, entry=name.rsplit("-", 1)[0], served_model_name="m",
+                      sched_policy=policy, max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=max_num_batched_tokens, max_model_len=4096,
+                      block_size=block_size, num_blocks=num_blocks)
+
+
+REPLAY_PROFILES = {
+    # (batch, context, step_ms, p10, p90): CPU-like, step time grows with batch and context
+    "tiny-a": ([(1, 128, 3.3, 3.0, 3.9), (8, 128, 4.8, 4.2, 5.9),
+                (1, 2048, 4.1, 3.7, 4.8), (8, 2048, 7.5, 6.6, 9.0)], 0.02),
+    "tiny-b": ([(1, 128, 11.4, 10.5, 13.0), (8, 128, 16.2, 14.8, 19.0),
+                (1, 2048, 13.0, 12.0, 15.0), (8, 2048, 24.0, 21.5, 28.0)], 0.09),
+}
+
+
+def workload(seed: int, n: int, engines: list[str]) -> list[tuple[float, str, TwinRequest]]:
+    """``n`` requests with Poisson arrivals (about 40 per second): a shared 300-token
+    system prompt on half of them, random tails, 1-60 output tokens, priorities."""
+    rng = random.Random(seed)
+    system = [rng.randrange(100, 3000) for _ in range(300)]
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(40.0)
+        tail = [rng.randrange(100, 3000) for _ in range(rng.randint(20, 700))]
+        prompt = (system + tail) if rng.random() < 0.5 else tail
+        out.append((t, rng.choice(engines), TwinRequest(
+            f"r{i}", tuple(prompt), rng.randint(1, 60), rng.choice([0, 5, 50, 500]))))
+    return out
+
+
+def replay_records(seed: int, jitter_seed: int, n: int = 60) -> list[tuple[Any, ...]]:
+    """The replay cluster's two engines under ``workload(seed, n)``, jitter on: every
+    request's record, in finishing order."""
+    sim = Simulator()
+    for spec in engine_specs(load_cluster_config(REPLAY_TOML)):
+        cells, prefill = REPLAY_PROFILES[spec.entry]
+        profile = msgspec.convert(profile_dict(cells, prefill), EngineProfile)
+        sim.add_engine(spec, StepTimeModel(profile, jitter=True,
+                                           seed=zlib.crc32(f"{jitter_seed}/{spec.name}".encode())))
+    finished: list[tuple[Any, ...]] = []
+    sim.on_finish(lambda r: finished.append(astuple(r)))
+    for at, engine, request in workload(seed, n, sorted(sim.engines)):
+        sim.submit(engine, request, at)
+    sim.run()
+    return finished
