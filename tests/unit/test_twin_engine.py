@@ -64,24 +64,28 @@ def test_hand_computed_completion_times(tmp_path: Path) -> None:
 
 
 def finish_order(tmp_path: Path, policy: str) -> tuple[list[str], dict[str, RequestRecord]]:
-    """One sequence at a time; long L1 arrives first and runs; long L2, then short S,
-    arrive while it runs, with the priorities the router gives them (predicted
-    remaining tokens of their workflows, ``priority_for``)."""
+    """One sequence at a time; long L1 arrives first and runs; long L2, short S and U
+    (no prediction) arrive while it runs, with the priorities the router gives them:
+    ``priority_for`` the predicted remaining tokens of their workflows, none for U (the
+    engine sees NO_PRIORITY)."""
     long_prio, short_prio = priority_for(400.0), priority_for(8.0)
     assert long_prio is not None and short_prio is not None
     sim, order = run_flat(tmp_path, policy, 1, [
         (0.000, TwinRequest("L1", tuple(range(100, 200)), 40, long_prio)),
         (0.001, TwinRequest("L2", tuple(range(200, 300)), 40, long_prio)),
         (0.002, TwinRequest("S", tuple(range(300, 400)), 4, short_prio)),
+        (0.003, TwinRequest("U", tuple(range(400, 500)), 4)),
     ])
     return order, sim.engines["e-0"].records
 
 
 def test_stjf_class_serves_the_short_job_first_fcfs_does_not(tmp_path: Path) -> None:
+    """STJF: S before L2, and U (no prediction) after every predicted request. vLLM's
+    own priority policy would serve U first (priority 0 is its best); FCFS by arrival."""
     stjf, records = finish_order(tmp_path, "stjf")
     fcfs, _ = finish_order(tmp_path, "fcfs")
-    assert stjf == ["L1", "S", "L2"]
-    assert fcfs == ["L1", "L2", "S"]
+    assert stjf == ["L1", "S", "L2", "U"]
+    assert fcfs == ["L1", "L2", "S", "U"]
     assert records["S"].first_scheduled == records["L1"].finish  # next in line after L1
 
 
