@@ -11,10 +11,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.unit.twin_helpers import flat_spec, workload, write_profile
+from tests.unit.twin_helpers import flat_spec, write_profile
 from engine_ext.telemetry import (BlockStored, SchedulerSnapshot,
                                   kv_event_decoder, snapshot_decoder)
 from kernels_bench.twin.sim import Simulator
+from kernels_bench.twin.speed import synthetic_workload
 from kernels_bench.twin.step_time import StepTimeModel
 from router.state.kv_hash import BlockHasher
 from router.state.kv_index import KVPrefixIndex
@@ -33,7 +34,7 @@ def test_snapshots_and_kv_events_decode_and_index(tmp_path: Path) -> None:
     kv_frames: list[list[bytes]] = []
     sim.on_telemetry(lambda twin, s, k: (snap_frames.extend(map(list, s)),
                                          kv_frames.extend(map(list, k))))
-    requests = workload(seed=3, n=40, engines=names)
+    requests = synthetic_workload(seed=3, n=40, engines=names)
     for at, engine, request in requests:
         sim.submit(engine, request, at)
     sim.run()

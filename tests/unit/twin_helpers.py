@@ -1,9 +1,8 @@
-"""Shared builders of the twin tests: profiles, engine specs and a random workload."""
+"""Shared builders of the twin tests: profiles, engine specs, a run of the replay cluster."""
 
 from __future__ import annotations
 
 import json
-import random
 import zlib
 from dataclasses import astuple
 from pathlib import Path
@@ -12,8 +11,8 @@ from typing import Any
 import msgspec
 
 from kernels_bench.twin.engine_spec import EngineSpec, engine_specs
-from kernels_bench.twin.request import TwinRequest
 from kernels_bench.twin.sim import Simulator
+from kernels_bench.twin.speed import synthetic_workload
 from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
 from router.config import load_cluster_config
 
@@ -48,7 +47,8 @@ def flat_spec(name: str, policy: str, *, max_num_seqs: int = 8,
 
 
 REPLAY_PROFILES = {
-    # (batch, context, step_ms, p10, p90): CPU-like, step time grows with batch and context
+    # (batch, context, step_ms, p10, p90). Context 128: the decode speeds measured in
+    # engine_ext/builtin_models.py (1 and 8 streams); the rest is assumed, CPU-like.
     "tiny-a": ([(1, 128, 3.3, 3.0, 3.9), (8, 128, 4.8, 4.2, 5.9),
                 (1, 2048, 4.1, 3.7, 4.8), (8, 2048, 7.5, 6.6, 9.0)], 0.02),
     "tiny-b": ([(1, 128, 11.4, 10.5, 13.0), (8, 128, 16.2, 14.8, 19.0),
@@ -56,23 +56,8 @@ REPLAY_PROFILES = {
 }
 
 
-def workload(seed: int, n: int, engines: list[str]) -> list[tuple[float, str, TwinRequest]]:
-    """``n`` requests with Poisson arrivals (about 40 per second): a shared 300-token
-    system prompt on half of them, random tails, 1-60 output tokens, priorities."""
-    rng = random.Random(seed)
-    system = [rng.randrange(100, 3000) for _ in range(300)]
-    t, out = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(40.0)
-        tail = [rng.randrange(100, 3000) for _ in range(rng.randint(20, 700))]
-        prompt = (system + tail) if rng.random() < 0.5 else tail
-        out.append((t, rng.choice(engines), TwinRequest(
-            f"r{i}", tuple(prompt), rng.randint(1, 60), rng.choice([0, 5, 50, 500]))))
-    return out
-
-
 def replay_records(seed: int, jitter_seed: int, n: int = 60) -> list[tuple[Any, ...]]:
-    """The replay cluster's two engines under ``workload(seed, n)``, jitter on: every
+    """The replay cluster's two engines under ``synthetic_workload(seed, n)``, jitter on: every
     request's record, in finishing order."""
     sim = Simulator()
     for spec in engine_specs(load_cluster_config(REPLAY_TOML)):
@@ -82,7 +67,7 @@ def replay_records(seed: int, jitter_seed: int, n: int = 60) -> list[tuple[Any, 
                                            seed=zlib.crc32(f"{jitter_seed}/{spec.name}".encode())))
     finished: list[tuple[Any, ...]] = []
     sim.on_finish(lambda r: finished.append(astuple(r)))
-    for at, engine, request in workload(seed, n, sorted(sim.engines)):
+    for at, engine, request in synthetic_workload(seed, n, sorted(sim.engines)):
         sim.submit(engine, request, at)
     sim.run()
     return finished
