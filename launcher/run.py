@@ -203,10 +203,13 @@ def _supervise(sup: Supervisor, plan: Plan, unplaced: Plan, routers: list[Manage
                         admin(name, "move", {"url": inst.url} | (
                             {"node": inst.node} if inst.node else {}))
                     continue
-                if scaler is not None and ev.kind == "up" and name in scaler.joining:
-                    console.line(f"{name} is up")
-                    scaler.joined(ev.proc)
-                    continue
+                if scaler is not None and name in scaler.joining:
+                    if ev.kind == "up":
+                        console.line(f"{name} is up")
+                        scaler.joined(ev.proc)
+                        continue
+                    if ev.kind == "failed":  # never joined: scaling may go on
+                        del scaler.joining[name]
                 if ev.kind == "up":
                     console.line(f"{name} is up again (restart {ev.proc.restarts})")
                 else:
