@@ -2,6 +2,7 @@
 
 ``engine``: one engine instance (real scheduler and KV cache manager, modelled step time);
 ``engine_spec``: its sizes from a cluster file; ``step_time``: the step-time model from an
-engine profile; ``telemetry``: its snapshots and KV events as wire frames; ``sim``: the
-discrete-event core; ``request``: requests and their timestamps. docs/twin.md.
+engine profile; ``roofline``: modelled GPU profiles in the same format; ``telemetry``: its
+snapshots and KV events as wire frames; ``sim``: the discrete-event core; ``request``:
+requests and their timestamps. docs/twin.md.
 """

@@ -39,6 +39,9 @@ class EngineProfile(msgspec.Struct, frozen=True):
     decode_curve: Annotated[list[ProfileCell], msgspec.Meta(min_length=1)]
     decode_tokens: Annotated[int, msgspec.Meta(ge=0)]
     prefill_ms_per_token: NonNegMs
+    modelled: str | None = None
+    """Set in a modelled profile (``roofline.modelled_file``: ``"roofline <preset>"``);
+    absent from a measured one."""
 
 
 def load_profile(path: str | Path) -> EngineProfile:
