@@ -22,7 +22,7 @@ from pathlib import Path
 
 from launcher import LaunchError
 from launcher.devices import Devices, format_ids
-from launcher.ports import PortFree, free_port, port_is_free
+from launcher.ports import PortFree, free_port, port_is_free, take_port
 from launcher.ray_backend import NODE_HOST, NODE_PORT, RayPlacement, placement
 from launcher.supervisor import ProcessSpec
 from router.auth import KeysError, engine_key
@@ -172,12 +172,12 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
     resolved = _resolve(cfg, run_dir, start_router=not only, port_free=port_free)
     warnings: list[str] = []
     routers = [] if only else _routers(resolved, run_dir, python)
+    remote = dataclasses.replace(  # local entries placed by Ray have no port yet
+        resolved, engines=[e for e in resolved.engines if e.remote]).instances()
     if resolved.cluster.backend == "ray":
         if ray_host is None:
             raise LaunchError("the Ray backend needs the router host's address (ray_host)")
         engines = _ray_engines(resolved, run_dir, python, ray_host, port_free, warnings)
-        remote = dataclasses.replace(
-            resolved, engines=[e for e in resolved.engines if e.remote]).instances()
         return Plan(resolved, run_dir, engines, routers, remote, devices, warnings, ray_host,
                     python)
     local = [i for i in resolved.instances() if not i.remote]
@@ -203,7 +203,6 @@ def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
                 health_url=inst.url + "/health", nice=e.nice),
             kind="engine", port=inst.port, devices=f"{where} {format_ids(ids)}",
             model=inst.served_model_name))
-    remote = [i for i in resolved.instances() if i.remote]
     return Plan(resolved, run_dir, engines, routers, remote, devices, warnings)
 
 
@@ -231,12 +230,8 @@ def _ray_engines(cfg: ClusterConfig, run_dir: Path, python: str, host: str,
     taken = taken if taken is not None else cfg.claimed_ports()
 
     def endpoint() -> str:
-        port = free_port(host, cfg.launcher.base_port, taken, port_free)
-        if port is None:
-            raise LaunchError(f"no free port on {host} from launcher.base_port "
-                              f"{cfg.launcher.base_port} upwards")
-        taken.add(port)
-        return f"tcp://{host}:{port}"
+        base = cfg.launcher.base_port
+        return f"tcp://{host}:{take_port(host, base, taken, port_free, base)}"
 
     replicas = [(e, EngineInstance(
         name=f"{e.name}-{r}", engine=e.name, replica=r, model=e.model,
@@ -350,11 +345,7 @@ def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
     next_port = [cfg.launcher.base_port]
 
     def alloc(host: str) -> int:
-        port = free_port(host, next_port[0], taken, port_free)
-        if port is None:
-            raise LaunchError(f"no free port from launcher.base_port "
-                              f"{cfg.launcher.base_port} upwards")
-        taken.add(port)
+        port = take_port(host, next_port[0], taken, port_free, cfg.launcher.base_port)
         next_port[0] = port + 1
         return port
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
+from launcher import LaunchError
+
 PortFree = Callable[[str, int], bool]
 
 
@@ -15,6 +17,18 @@ def free_port(host: str, start: int, taken: set[int], port_free: PortFree) -> in
         if port not in taken and port_free(host, port):
             return port
     return None
+
+
+def take_port(host: str, start: int, taken: set[int], port_free: PortFree,
+              base_port: int | None = None) -> int:
+    """``free_port``, added to ``taken``; LaunchError if there is none (naming
+    ``launcher.base_port`` when the search started from it)."""
+    port = free_port(host, start, taken, port_free)
+    if port is None:
+        where = f"launcher.base_port {base_port}" if base_port is not None else str(start)
+        raise LaunchError(f"no free port on {host} from {where} upwards")
+    taken.add(port)
+    return port
 
 
 def port_is_free(host: str, port: int) -> bool:

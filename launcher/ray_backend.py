@@ -32,8 +32,9 @@ from typing import Any
 import psutil
 
 from launcher import LaunchError
-from launcher.ports import free_port, port_is_free
-from launcher.supervisor import MARKER_ENV, ProcessSpec, alive, kill_procs, reap, spawn
+from launcher.ports import port_is_free, take_port
+from launcher.supervisor import (MARKER_ENV, ProcessSpec, alive, describe_exit, kill_procs,
+                                 reap, spawn, tail_file)
 from router.config import BackendConfig, is_loopback
 
 NODE_HOST = "<node-address>"
@@ -105,9 +106,7 @@ class EngineHost:
               taken: list[int], gpu_ids: list[str]) -> tuple[int, int]:
         """Start the engine on a free port of this node; its (port, pid)."""
         host = self.node()[0]
-        port = free_port(host, base_port, set(taken), port_is_free)
-        if port is None:
-            raise LaunchError(f"no free port from {base_port} on {host}")
+        port = take_port(host, base_port, set(taken), port_is_free)
         argv = [sys.executable, "-m", "launcher.reaper", sys.executable,
                 *(host if a == NODE_HOST else str(port) if a == NODE_PORT else a
                   for a in argv[1:])]
@@ -144,11 +143,7 @@ class EngineHost:
         reap(self.popen, 5.0)
 
     def tail(self, lines: int) -> str:
-        if self.log_path is None:
-            return "(not started)"
-        with open(self.log_path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
-            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+        return "(not started)" if self.log_path is None else tail_file(self.log_path, lines)
 
     def _remember(self) -> None:
         try:
@@ -198,9 +193,7 @@ class RayProcess:
             return None  # a slow node: its health checks decide
         except RayActorError as e:
             return f"lost its Ray actor or node ({type(e).__name__})"
-        if code is None:
-            return None
-        return f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
+        return None if code is None else describe_exit(code)
 
     def _call(self, method: str, default: Any, *args: Any) -> Any:
         import ray

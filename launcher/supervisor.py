@@ -227,7 +227,7 @@ class Supervisor:
         assert m.popen is not None
         self._remember_tree(m)
         code = m.popen.poll()
-        return None if code is None else _describe_exit(code)
+        return None if code is None else describe_exit(code)
 
     def _respawn(self, m: Managed, restart: bool) -> list[Event]:
         """Restart ``m``; a remote one may land elsewhere (``moved``) or find no room."""
@@ -420,13 +420,7 @@ class Supervisor:
         """The last lines of ``m``'s log."""
         if m.remote is not None:
             return m.remote.tail(lines)
-        try:
-            with open(m.spec.log_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
-                text = f.read().decode(errors="replace")
-        except OSError as e:
-            return f"(no log: {e})"
-        return "\n".join(text.splitlines()[-lines:])
+        return tail_file(m.spec.log_path, lines)
 
 
 # ---------------------------------------------------------------- process helpers
@@ -491,7 +485,19 @@ def alive(p: psutil.Process) -> bool:
         return False
 
 
-def _describe_exit(code: int) -> str:
+def tail_file(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a log file (of its last 16 KiB)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError as e:
+        return f"(no log: {e})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def describe_exit(code: int) -> str:
+    """A process's exit, as the launcher reports it."""
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"

@@ -55,19 +55,20 @@ class EngineTable:
         self.models: dict[str, list[EngineState]] = {}
         """Served model -> its engines, in name order."""
         for inst in instances:
-            if inst.name in self.engines:
-                raise ValueError(f"two instances are named '{inst.name}'")
-            self.engines[inst.name] = EngineState(
-                inst.name, inst.served_model_name, inst.url, inst.max_model_len)
+            self._put(inst)
         self._index()
 
     def add(self, inst: Any) -> EngineState:
         """One more engine (a replica started while the router runs)."""
+        e = self._put(inst)
+        self._index()
+        return e
+
+    def _put(self, inst: Any) -> EngineState:
         if inst.name in self.engines:
             raise ValueError(f"two instances are named '{inst.name}'")
         e = self.engines[inst.name] = EngineState(inst.name, inst.served_model_name,
                                                   inst.url, inst.max_model_len)
-        self._index()
         return e
 
     def remove(self, name: str) -> None:

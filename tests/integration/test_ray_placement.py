@@ -69,6 +69,6 @@ def test_a_tensor_parallel_replica_sees_all_its_gpus(cluster: Cluster, tmp_path:
         deadline = time.monotonic() + 30
         while second.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert second.poll() == "killed by signal 15"
+        assert second.poll() == "killed by SIGTERM"
     finally:
         backend.close()
