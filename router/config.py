@@ -50,6 +50,8 @@ MAX_WORKERS = 256
 """Most replicas one ``[[engines]]`` entry may ask for."""
 RESERVED_MODEL_NAMES = ("auto",)
 """Served model names the router keeps for itself."""
+MAX_NODE_CHARS = 1024
+"""Longest ``node`` of an engine (where it runs: an address and a Ray node id)."""
 BUILTIN_PREFIX = "builtin:"
 TINY_KV_CACHE_BYTES = 64 * 2**20
 """Default CPU KV cache of a built-in tiny model (``builtin:tiny-*``)."""
@@ -222,7 +224,7 @@ class EngineConfig:
                     Annotated[float, Field(gt=0, le=1e6)]] = field(default_factory=dict)
     """Ray custom resources each replica needs (``[cluster] backend = "ray"``), e.g.
     ``{ "gpu-h100" = 1 }``: the replica goes only to a node that offers them."""
-    node: str | None = None
+    node: Annotated[str, Field(max_length=MAX_NODE_CHARS)] | None = None
     """Where a remote engine runs (informational: shown by ``/health`` and ``/metrics``);
     the launcher sets it for engines it placed on a Ray cluster."""
 

@@ -31,9 +31,9 @@ from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_deco
                                   snapshot_decoder)
 from router.dispatch.collector import BatchCollector
 from router.dispatch.health_probe import HealthProber
-from router.config import with_engine, without_engine
-from router.dispatch.peers import (Added, Completed, Marked, Moved, PeerEvent, Peers, Removed,
-                                   Routed, sync_endpoints)
+from router.config import MAX_NODE_CHARS, with_engine, without_engine
+from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Completed, Marked,
+                                   Moved, PeerEvent, Peers, Removed, Routed, sync_endpoints)
 from router.dispatch.subscriber import StreamSubscriber
 from router.policies.base import Policy
 from router.policies.registry import build_policy
@@ -350,6 +350,9 @@ class RouterCore:
         except ValueError:
             port = None
         placed = self.nodes.get(instance) is not None
+        if len(url) > MAX_URL_CHARS or (node is not None and len(node) > MAX_NODE_CHARS):
+            raise ValueError(f"url (at most {MAX_URL_CHARS} characters) or node (at most "
+                             f"{MAX_NODE_CHARS}) too long")
         if (new.scheme != "http" or not new.hostname or port is None
                 or (new.hostname != old.hostname and not placed)
                 or new.path.strip("/") or new.query or new.username or new.password):
@@ -367,9 +370,12 @@ class RouterCore:
         """The launcher started one more replica of a served model: validate its
         cluster-file ``entry`` (``router.config.with_engine``; ConfigError, a ValueError)
         and route to it, here and in the other router workers; the new instance."""
+        text = msgspec.json.encode(entry).decode()
+        if len(text) > MAX_ENTRY_CHARS:  # the other workers could not take it
+            raise ValueError(f"the entry is over {MAX_ENTRY_CHARS} characters as JSON")
         inst = self._add(entry)
         if self.peers is not None:
-            self.peers.publish(Added(msgspec.json.encode(entry).decode()))
+            self.peers.publish(Added(text))
         return inst
 
     def _add(self, entry: dict[str, Any]) -> Any:

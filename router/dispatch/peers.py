@@ -32,10 +32,15 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from router.config import MAX_NODE_CHARS
 from router.request import MAX_LABEL_CHARS
 
 MAX_PEER_MESSAGE_BYTES = 64 << 10
 """Largest message a worker takes from a peer (an event is a few hundred bytes)."""
+MAX_URL_CHARS = 1024
+"""Longest engine URL a ``Moved`` event carries."""
+MAX_ENTRY_CHARS = 16384
+"""Longest engine entry (JSON) an ``Added`` event carries."""
 
 _Label = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_CHARS)]
 _Name = Annotated[str, msgspec.Meta(max_length=256)]
@@ -69,14 +74,14 @@ class Moved(msgspec.Struct, tag="moved", array_like=True, frozen=True):
     is now ``url``."""
 
     instance: _Name
-    url: Annotated[str, msgspec.Meta(max_length=1024)]
-    node: Annotated[str, msgspec.Meta(max_length=1024)] | None = None
+    url: Annotated[str, msgspec.Meta(max_length=MAX_URL_CHARS)]
+    node: Annotated[str, msgspec.Meta(max_length=MAX_NODE_CHARS)] | None = None
 
 
 class Added(msgspec.Struct, tag="added", array_like=True, frozen=True):
     """The launcher added an engine: ``entry`` is its cluster-file table, as JSON."""
 
-    entry: Annotated[str, msgspec.Meta(max_length=16384)]
+    entry: Annotated[str, msgspec.Meta(max_length=MAX_ENTRY_CHARS)]
 
 
 class Removed(msgspec.Struct, tag="removed", array_like=True, frozen=True):

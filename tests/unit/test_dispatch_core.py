@@ -223,3 +223,7 @@ def test_only_an_engine_placed_on_a_ray_node_may_move_to_another_host() -> None:
     for bad in ("http://10.0.0.9:8000/v1", "ftp://10.0.0.9:8000", "http://:8000"):
         with pytest.raises(ValueError, match="http://HOST:PORT"):
             core.move_engine("e1", bad)
+    for url, node in (("http://" + "h" * 1100 + ":1", None), ("http://h:1", "n" * 1025)):
+        with pytest.raises(ValueError, match="too long"):  # more than a peer could take
+            core.move_engine("e1", url, node)
+    assert core.table["e1"].url == "http://10.0.0.9:8000"

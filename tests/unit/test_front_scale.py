@@ -52,11 +52,17 @@ def test_added_engines_are_routed_to_and_removed_ones_drained_first(tmp_path: Pa
                     async with client.post(path, **kw) as r:
                         return r.status, await r.json()
 
-                # refused: another model, a name taken, a body naming another engine
+                # refused: another model, a name taken, a body naming another engine, a
+                # node too long, an entry too long for the other router workers
                 for bad, name in ((entry(tmp_path, "x-0", b.port, model="tiny-z"), "x-0"),
-                                  (entry(tmp_path, "a-1", b.port), "a-2")):
+                                  (entry(tmp_path, "a-1", b.port), "a-2"),
+                                  (entry(tmp_path, "a-1", b.port) | {"node": "n" * 1025},
+                                   "a-1"),
+                                  (entry(tmp_path, "a-1", b.port) | {"model": "m" * 17000},
+                                   "a-1")):
                     status, body = await post(f"/admin/engines/{name}/add", json=bad)
                     assert status == 400, body
+                assert "over 16384 characters" in body["error"]["message"]
                 status, _ = await post("/admin/engines/a-0/add",
                                        json=entry(tmp_path, "a-0", b.port))
                 assert status == 404
