@@ -312,6 +312,11 @@ class SnapshotSink(Protocol):
     def close(self) -> None: ...
 
 
+def heartbeat_of(last: SchedulerSnapshot, seq: int, ts: float) -> SchedulerSnapshot:
+    """The heartbeat an idle engine sends: its last state again, nothing finished."""
+    return msgspec.structs.replace(last, seq=seq, ts=ts, finished=[], heartbeat=True)
+
+
 class TelemetryPublisher:
     """Sends snapshots from a background thread; the engine step never blocks on I/O.
 
@@ -373,9 +378,7 @@ class TelemetryPublisher:
         if last is None or time.monotonic() - self._last_sent < self.heartbeat_s:
             return None
         self._last_sent = time.monotonic()
-        return msgspec.structs.replace(
-            last, seq=self.next_seq(), ts=time.time(), finished=[], heartbeat=True
-        )
+        return heartbeat_of(last, self.next_seq(), time.time())
 
     def _run(self) -> None:
         sock = self._ctx.socket(zmq.PUB)

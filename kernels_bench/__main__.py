@@ -19,6 +19,8 @@ COMMANDS = {
                       "static, on recorded executions"),
     "vinelm": ("kernels_bench.vinelm.cli", "VineLM: collect executions, profile tries, "
                "sparse-profiling experiments"),
+    "twin": ("kernels_bench.twin.cli", "the replay on the digital twin: engine twins with "
+             "profiled step times, the real router, a virtual clock"),
     "results": ("kernels_bench.replay.results", "docs/results.md from the latest replay"),
     "predictors": ("kernels_bench.predictor_bench", "predictor latency alone and batched, batch 1/16/64"),
     "front": ("kernels_bench.front.cli", "the router's HTTP front under wrk load, beside "

@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import aiohttp
 import msgspec
@@ -195,19 +195,26 @@ class Front:
         self.upstream: Upstream | None = None
         self.tokenize_always = True
         """Tokenize every prompt (the policy reads it); else only when it may not fit."""
+        self.new_request_id: Callable[[], str] = request_id
+        """Request ids (the twin numbers its requests)."""
         self.created = int(time.time())
         self.inflight = 0
         """Generation requests being handled (``[router] max_inflight`` bounds it)."""
 
-    async def startup(self, _app: web.Application) -> None:
-        await asyncio.to_thread(self.tokenizers.load)
+    def prepare(self) -> None:
+        """What routing needs, blocking and with no socket: the tokenizers loaded and the
+        policy built (ValueError: bad settings). ``startup`` runs it, then starts the
+        core's streams; the twin (``kernels_bench.twin``) runs only this."""
+        self.tokenizers.load()
         if not self.tokenizers.same_tokenizer(list(self.models)):
             log.warning("served models use different tokenizers: 'auto' requests are "
                         "tokenized with %s's, KV prefix estimates for the others are "
                         "approximate", next(iter(self.models)))
+        self.tokenize_always = self.core.build_policy().uses_prompt
+
+    async def startup(self, _app: web.Application) -> None:
+        await asyncio.to_thread(self.prepare)
         await self.core.start()
-        assert self.core.policy is not None
-        self.tokenize_always = self.core.policy.uses_prompt
         r = self.config.router
         self.upstream = Upstream(r.request_timeout_s, r.max_inflight,
                                  StreamTimeouts(r.stream_first_byte_timeout_s,
@@ -352,18 +359,11 @@ class Front:
             self.metrics.requests.labels(request.path, str(status)).inc()
 
     async def _dispatch(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        arrival = time.time()
-        trusted = self.keys.check_api(request.headers)
-        parsed = parse_request(kind, await read_body(request.content), request.headers,
-                               allow_client_priority=self.config.router.allow_client_priority,
-                               trusted=trusted)
-        for name in parsed.ignored:
-            self.metrics.untrusted_fields.labels(name).inc()
-        self._check_per_model(parsed)
-        routing = self._routing_request(parsed, await self._prompt(parsed), arrival)
+        parsed, routing = await self.admit(kind, await read_body(request.content),
+                                           request.headers)
         attempt = 1
         while True:
-            completion = _Completion(self.core, await self._route(routing))
+            completion = _Completion(self.core, await self.route(routing))
             try:
                 return await self._forward(request, parsed, routing.request_id, completion)
             except UpstreamError as exc:
@@ -371,6 +371,22 @@ class Front:
                     raise exc.error() from None
             self.metrics.redispatched.inc()
             attempt += 1
+
+    async def admit(self, kind: Kind, raw: bytes, headers: Mapping[str, str]
+                    ) -> tuple[ParsedRequest, RoutingRequest]:
+        """A body validated, tokenized (when the policy reads the prompt, or it may not
+        fit) and made the core's request; RequestError (4xx) otherwise. The twin
+        (``kernels_bench.twin``) calls this as the HTTP handler does."""
+        arrival = self.core.wall_clock()
+        trusted = self.keys.check_api(headers)
+        parsed = parse_request(kind, raw, headers,
+                               allow_client_priority=self.config.router.allow_client_priority,
+                               trusted=trusted)
+        for name in parsed.ignored:
+            self.metrics.untrusted_fields.labels(name).inc()
+        self._check_per_model(parsed)
+        return parsed, self._routing_request(parsed, await self._prompt(parsed), arrival,
+                                             self.new_request_id())
 
     def _check_per_model(self, parsed: ParsedRequest) -> None:
         """Every model named in ``per_model`` must be served here (also in a
@@ -420,16 +436,16 @@ class Front:
 
     @staticmethod
     def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
-                         arrival: float) -> RoutingRequest:
+                         arrival: float, rid: str) -> RoutingRequest:
         """The core's request; without ``prompt`` (not tokenized), an empty prompt of
         0 tokens: every engine it may go to fits it, and its policy reads none of it."""
         if prompt is None:
-            return RoutingRequest(request_id=request_id(), requested_model=parsed.model,
+            return RoutingRequest(request_id=rid, requested_model=parsed.model,
                                   max_tokens=parsed.max_tokens,
                                   workflow=WorkflowMeta(**parsed.workflow),
                                   arrival_time=arrival)
         return RoutingRequest(
-            request_id=request_id(),
+            request_id=rid,
             requested_model=parsed.model,
             prompt_text=prompt.text,
             system_text=prompt.system_text,
@@ -441,7 +457,8 @@ class Front:
             arrival_time=arrival,
         )
 
-    async def _route(self, routing: RoutingRequest) -> Decision:
+    async def route(self, routing: RoutingRequest) -> Decision:
+        """The core's decision; its failures as RequestError (503, 429, 400, 500)."""
         try:
             return await self.core.route(routing)
         except NoEngineAvailable as exc:
@@ -469,13 +486,7 @@ class Front:
     async def _forward(self, request: web.Request, parsed: ParsedRequest, request_id: str,
                        completion: _Completion) -> web.StreamResponse:
         decision = completion.decision
-        priority = parsed.client_priority
-        if priority is None:
-            priority = parsed.model_priority.get(decision.model, decision.priority)
-        max_tokens = decision.max_tokens
-        forced = parsed.model_max_tokens.get(decision.model)
-        if forced is not None:  # the client's per-model length, within the policy's clamp
-            max_tokens = forced if max_tokens is None else min(forced, max_tokens)
+        priority, max_tokens = engine_settings(parsed, decision)
         body = upstream_body(parsed, decision.model, priority, max_tokens)
         path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
         headers = {"content-type": "application/json", "x-request-id": request_id}
@@ -540,6 +551,20 @@ class Front:
 
 
 FRONT = web.AppKey("front", Front)
+
+
+def engine_settings(parsed: ParsedRequest, decision: Decision) -> tuple[int | None, int | None]:
+    """(priority, max_tokens) sent to the engine: the client's priority (when allowed),
+    else its ``per_model.priority`` for the chosen model, else the policy's; the client's
+    ``per_model.max_tokens`` for the chosen model within the policy's clamp."""
+    priority = parsed.client_priority
+    if priority is None:
+        priority = parsed.model_priority.get(decision.model, decision.priority)
+    max_tokens = decision.max_tokens
+    forced = parsed.model_max_tokens.get(decision.model)
+    if forced is not None:
+        max_tokens = forced if max_tokens is None else min(forced, max_tokens)
+    return priority, max_tokens
 
 
 def _engine_auth(instances: Iterable[EngineInstance]) -> dict[str, str]:

@@ -29,11 +29,14 @@ MAIN_POLICIES = ["chimera:stjf", "chimera:fcfs", "lmetric", "routebalance", "laa
                  "vllm:fcfs", "round_robin", "oracle"]
 BASELINE = "vllm:fcfs"
 RESULTS_ROOT = Path("bench_results/replay")
+TWIN_ROOT = Path("bench_results/twin")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m kernels_bench replay", description: str = "",
+                 live: bool = True) -> argparse.ArgumentParser:
+    """The replay's options; ``live=False``: without those of live engines (the twin's)."""
     p = argparse.ArgumentParser(
-        prog="python -m kernels_bench replay", description=__doc__.split("\n\n")[0],
+        prog=prog, description=description or __doc__.split("\n\n")[0],
         epilog="Policy specs: ROUTER[:SCHED][+oracle]; 'oracle' = chimera:stjf+oracle. "
         "SCHED sets every engine's scheduler (stjf, fcfs, priority, mlfq); without it the "
         "cluster file's applies.")
@@ -66,22 +69,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with predictor artifacts: replay the problems every artifact's split "
                    "held out (default), those they trained on (to tune settings without "
                    "touching the evaluated problems), or all")
-    p.add_argument("--run-attempts", type=int, default=3, metavar="N",
-                   help="run a policy and rate again, up to N times in all, while the "
-                   "router marks an engine down during it (default 3)")
+    if live:
+        p.add_argument("--run-attempts", type=int, default=3, metavar="N",
+                       help="run a policy and rate again, up to N times in all, while the "
+                       "router marks an engine down during it (default 3)")
     p.add_argument("--priors-from-trace", action="store_true",
                    help="fill the static-prior tables a policy with static_prior = true "
                    "leaves out (confidence, quality, capability, mean_output_tokens) from "
                    "the trace")
     p.add_argument("--baseline", default=BASELINE, help=f"ratio reference (default {BASELINE})")
     p.add_argument("--out", type=Path, help="output folder (default: "
-                   f"{RESULTS_ROOT}/<timestamp>)")
-    p.add_argument("--run-dir", type=Path, help="engine and router logs and sockets "
-                   "(default: <out>/cluster)")
+                   f"{RESULTS_ROOT if live else TWIN_ROOT}/<timestamp>)")
+    if live:
+        p.add_argument("--run-dir", type=Path, help="engine and router logs and sockets "
+                       "(default: <out>/cluster)")
     return p
 
 
-def _portable(arg: str) -> str:
+def portable(arg: str) -> str:
     """An argument as the results may show it: an absolute path relative to the current
     folder when inside it, else by its name only (no path of this machine)."""
     path = Path(arg)
@@ -108,30 +113,42 @@ def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def check_args(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Path:
+    """Exit with usage on out-of-range numbers or a used ``--out``; the output folder."""
+    if (min(a.workflows, getattr(a, "run_attempts", 1), a.repeats) < 1 or a.retries < 0
+            or any(r <= 0 for r in a.rates)):
+        parser.error("--workflows, --repeats and --run-attempts must be >= 1, --retries >= 0 "
+                     "and every rate > 0")
+    root = RESULTS_ROOT if hasattr(a, "run_dir") else TWIN_ROOT
+    out: Path = a.out or root / time.strftime("%Y%m%d-%H%M%S")
+    if (out / SUMMARY).exists():
+        parser.error(f"{out} already holds a replay; give another --out")
+    return out
+
+
+def replay_options(a: argparse.Namespace, out: Path) -> ReplayOptions:
+    """The options of the parsed command line (SpecError, ValueError: a bad value)."""
+    return ReplayOptions(
+        policies=parse_policies(a.policies, POLICIES, SCHED_POLICIES), rates=a.rates,
+        arrival=a.arrival, cv=a.cv, workflows=a.workflows, seed=a.seed,
+        model_map=parse_model_map(a.model_map), max_attempts=a.retries + 1,
+        run_attempts=getattr(a, "run_attempts", 1), repeats=a.repeats, problems=a.problems,
+        artifacts=artifact_folders(a.artifacts) if a.artifacts else {},
+        priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
+        run_dir=getattr(a, "run_dir", None) or out / "cluster")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     a = parser.parse_args(argv)
-    if (min(a.workflows, a.run_attempts, a.repeats) < 1 or a.retries < 0
-            or any(r <= 0 for r in a.rates)):
-        parser.error("--workflows, --repeats and --run-attempts must be >= 1, --retries >= 0 "
-                     "and every rate > 0")
-    out = a.out or RESULTS_ROOT / time.strftime("%Y%m%d-%H%M%S")
-    if (out / SUMMARY).exists():
-        parser.error(f"{out} already holds a replay; give another --out")
+    out = check_args(parser, a)
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
-        specs = parse_policies(a.policies, POLICIES, SCHED_POLICIES)
-        opts = ReplayOptions(
-            policies=specs, rates=a.rates, arrival=a.arrival, cv=a.cv, workflows=a.workflows,
-            seed=a.seed, model_map=parse_model_map(a.model_map), max_attempts=a.retries + 1,
-            run_attempts=a.run_attempts, repeats=a.repeats, problems=a.problems,
-            artifacts=artifact_folders(a.artifacts) if a.artifacts else {},
-            priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
-            run_dir=a.run_dir or out / "cluster")
+        opts = replay_options(a, out)
         cfg = load_cluster_config(a.cluster)
         trace = merge_traces([load_trace(t) for t in a.trace])
-        command = "python -m kernels_bench replay " + shlex.join(map(_portable, argv))
+        command = "python -m kernels_bench replay " + shlex.join(map(portable, argv))
         summary = replay(cfg, trace, "+".join(t.name for t in a.trace), opts, command)
     except (ConfigError, SpecError, WorkloadError, TraceFormatError, ClusterError,
             LaunchError, ValueError, OSError) as e:

@@ -198,9 +198,28 @@ def _rotated(items: Sequence[Any], k: int) -> list[Any]:
     return [*items[k:], *items[:k]]
 
 
-def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
-           command: str) -> dict[str, Any]:
-    """Run every policy at every rate; write outputs after each run; return the summary."""
+@dataclass(frozen=True)
+class Prepared:
+    """What every run of a replay (live or twin) shares, checked before any run."""
+
+    model_map: dict[str, str]
+    """Served model -> trace model."""
+    routers: dict[str, RouterConfig]
+    """Per policy label, its router's settings."""
+    engines: dict[str, list[EngineConfig]]
+    """Per policy label, its engines."""
+    jobs: dict[float, list[Job]]
+    """Per rate, the workload."""
+    plan: list[tuple[int, PolicySpec, float]]
+    """(repeat, spec, rate) in run order."""
+    summary: dict[str, Any]
+    """``meta`` filled, ``runs`` empty."""
+
+
+def prepare(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
+            command: str) -> Prepared:
+    """Resolve the model map, the routers (priors, artifacts) and engines of every policy,
+    check them, draw the workload; ValueError (SpecError, ClusterError, ...) on a problem."""
     model_map = resolve_model_map(served_models(cfg), opts.model_map, trace.models)
     routers = {s.label: router_variant(cfg, s, None, opts.artifacts) for s in opts.policies}
     splits = trained_splits(routers.values())
@@ -214,18 +233,33 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
     engines = {s.label: engine_variant(cfg, s.sched) for s in opts.policies}
     jobs = make_jobs(trace, list(model_map.values()), opts, splits)
     summary: dict[str, Any] = {
-        "meta": _meta(cfg, trace, trace_name, opts, model_map, priors, command),
+        "meta": run_meta(cfg, trace, trace_name, opts, model_map, priors, command),
         "runs": []}
     summary["meta"]["problems"] = opts.problems
     summary["meta"]["held_out_splits"] = [{"seed": s, "fraction": f} for s, f in splits]
     summary["meta"]["inputs"] = {label: spec_inputs(r) for label, r in routers.items()}
-    opts.out.mkdir(parents=True, exist_ok=True)
     plan = schedule(opts.policies, opts.rates, opts.repeats, lambda s: engines[s.label])
+    return Prepared(model_map, routers, engines, jobs, plan, summary)
+
+
+def run_label(i: int, plan: Sequence[tuple[int, PolicySpec, float]], repeats: int) -> str:
+    """``[i/n] POLICY @ RATE/s (repeat k)``: a run in progress output."""
+    repeat, spec, rate = plan[i - 1]
+    return (f"[{i}/{len(plan)}] {spec.label} @ {rate:g}/s"
+            + (f" (repeat {repeat + 1})" if repeats > 1 else ""))
+
+
+def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
+           command: str) -> dict[str, Any]:
+    """Run every policy at every rate; write outputs after each run; return the summary."""
+    p = prepare(cfg, trace, trace_name, opts, command)
+    model_map, routers, engines, jobs, plan, summary = (
+        p.model_map, p.routers, p.engines, p.jobs, p.plan, p.summary)
+    opts.out.mkdir(parents=True, exist_ok=True)
     cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)
     try:
         for i, (repeat, spec, rate) in enumerate(plan, 1):
-            desc = (f"[{i}/{len(plan)}] {spec.label} @ {rate:g}/s"
-                    + (f" (repeat {repeat + 1})" if opts.repeats > 1 else ""))
+            desc = run_label(i, plan, opts.repeats)
             for attempt in range(1, opts.run_attempts + 1):
                 cluster.prepare(engines[spec.label])
                 url = cluster.start_router(routers[spec.label], desc)
@@ -243,7 +277,7 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
                                     if k not in ("requests", "workflows")})
             write_run(opts.out, run)
             write_summary(opts.out, summary)
-            tqdm.write(_one_line(run))
+            tqdm.write(one_line(run))
     finally:
         cluster.close()
     return summary
@@ -286,7 +320,8 @@ def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec
     }
 
 
-def _one_line(run: dict[str, Any]) -> str:
+def one_line(run: dict[str, Any]) -> str:
+    """A finished run in one line: E2E, queueing, score, errors."""
     s = run["summary"]
     e2e, q = s["e2e_s"], s["queue_s"]
     parts = [f"{run['policy']} @ {run['rate']:g}/s:",
@@ -303,7 +338,7 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3g}"
 
 
-def _meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
+def run_meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
           model_map: dict[str, str], priors: dict[str, dict[str, float]] | None,
           command: str) -> dict[str, Any]:
     """What the run was (file names only, never a path of this machine)."""

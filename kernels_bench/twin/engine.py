@@ -58,6 +58,8 @@ class EngineTwin:
         self.busy = False
         """A step is running or about to start (the simulator's flag)."""
         self.steps = 0
+        self.preemptions = 0
+        """Requests preempted (vLLM's ``vllm:num_preemptions``)."""
         self._inbox: list[Request] = []
         self._running: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
         self._hasher = block_hasher(spec.block_size)
@@ -107,6 +109,7 @@ class EngineTwin:
                                    "scheduled (a prompt larger than the KV cache?)")
             return finished, None
         self.steps += 1
+        self.preemptions += len(out.preempted_req_ids or ())
         now = self.clock()
         decode_contexts: list[int] = []
         prefill_tokens = 0

@@ -69,19 +69,38 @@ class Simulator:
         twin = self.engines[engine]
         self.call_at(at, lambda: self._arrive(twin, request))
 
+    def receive(self, engine: str, request: TwinRequest) -> None:
+        """``request`` arrives at ``engine`` now (ValueError, raised here: a request the
+        engine refuses)."""
+        self._arrive(self.engines[engine], request)
+
     def run(self, until: float | None = None) -> None:
         """Process events in time order until none is left (or the next is after
         ``until``; the clock then stops at ``until``). Telemetry made before (an added
         engine's announcement of its idle state) is handed on first."""
         for twin in self.engines.values():
             if twin.snapshots is not None:
-                self._hand_on(twin)
+                self.hand_on(twin)
         while self._queue:
             if until is not None and self._queue[0][0] > until:
                 self._now = until
                 return
             self._now, _, action = heapq.heappop(self._queue)
             action()
+
+    def next_time(self) -> float | None:
+        """When the next event runs (None: no event is queued)."""
+        return self._queue[0][0] if self._queue else None
+
+    def run_next(self, until: float) -> bool:
+        """Run the next event if it is due by ``until`` (True); else move the clock to
+        ``until`` (False). The twin's event loop (``loop.VirtualLoop``) steps with this."""
+        if self._queue and self._queue[0][0] <= until:
+            self._now, _, action = heapq.heappop(self._queue)
+            action()
+            return True
+        self._now = max(self._now, until)
+        return False
 
     def _arrive(self, twin: EngineTwin, request: TwinRequest) -> None:
         twin.receive(request)
@@ -96,12 +115,13 @@ class Simulator:
         else:
             self.call_at(self._now + duration, lambda: self._step(twin))
         if twin.snapshots is not None:
-            self._hand_on(twin)
+            self.hand_on(twin)
         for record in finished:
             for callback in self._on_finish:
                 callback(record)
 
-    def _hand_on(self, twin: EngineTwin) -> None:
+    def hand_on(self, twin: EngineTwin) -> None:
+        """Give ``on_telemetry`` the frames ``twin`` made since the last call."""
         assert twin.snapshots is not None and twin.kv_events is not None
         snaps, kv = twin.snapshots.frames, twin.kv_events.frames
         if not snaps and not kv:

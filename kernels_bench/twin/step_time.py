@@ -72,7 +72,12 @@ class _Row:
 class StepTimeModel:
     """Step time of one engine from its profile, with optional lognormal jitter."""
 
-    def __init__(self, profile: EngineProfile, jitter: bool = False, seed: int = 0) -> None:
+    def __init__(self, profile: EngineProfile, jitter: bool = False, seed: int = 0,
+                 slowdown: float = 1.0) -> None:
+        """``slowdown``: K of ``step_ms``, 1 for an engine with its cores to itself."""
+        if not 0 < slowdown <= 1000:
+            raise ValueError(f"slowdown {slowdown}: must be in (0, 1000]")
+        self.slowdown = slowdown
         self.prefill_ms_per_token = profile.prefill_ms_per_token
         by_ctx: dict[int, list[ProfileCell]] = {}
         for c in profile.decode_curve:
@@ -104,7 +109,7 @@ class StepTimeModel:
     def step_ms(self, decode_contexts: list[int], prefill_tokens: int) -> float:
         """Duration of one engine step, in ms::
 
-            step_ms = D(b, c) x J  +  P x n
+            step_ms = K x (D(b, c) x J  +  P x n)
 
         - b = ``len(decode_contexts)``, the requests that decode one token in the step;
           c = their mean context (tokens already computed, plus the one decoded);
@@ -118,7 +123,11 @@ class StepTimeModel:
           (interpolated like D): the measured spread around the median;
         - P = ``prefill_ms_per_token``, n = prompt tokens computed in the step (prefix
           cache hits excluded, chunks as scheduled; recomputation after a preemption
-          counts as prefill).
+          counts as prefill);
+        - K = ``slowdown``: 1, or what sharing the engine's cores costs where the
+          profile was measured alone (the live replay's API servers, router and client
+          on the same 2 cores; ``kernels_bench.twin.calibrate`` fits it on training
+          problems).
 
         Not modelled: the prefill fit's intercept (``prefill_fixed_ms``: per-request
         HTTP, tokenization and sampling outside the engine step) and attention's growth
@@ -129,4 +138,4 @@ class StepTimeModel:
                                        sum(decode_contexts) / len(decode_contexts))
             jitter = 1.0 if self._rng is None else math.exp(sigma * self._rng.standard_normal())
             decode = ms * jitter
-        return decode + self.prefill_ms_per_token * prefill_tokens
+        return self.slowdown * (decode + self.prefill_ms_per_token * prefill_tokens)

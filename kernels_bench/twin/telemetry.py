@@ -16,7 +16,8 @@ from collections.abc import Callable
 import msgspec
 from vllm.distributed.kv_events import EventBatch, EventPublisher
 
-from engine_ext.telemetry import DEFAULT_INTERVAL_S, SchedulerSnapshot, encode_snapshot
+from engine_ext.telemetry import (DEFAULT_HEARTBEAT_S, DEFAULT_INTERVAL_S, SchedulerSnapshot,
+                                  encode_snapshot, heartbeat_of)
 
 Frame = tuple[bytes, bytes, bytes]
 """``(topic, seq, payload)`` as on the wire."""
@@ -37,6 +38,7 @@ class SnapshotFrames:
         self.frames: list[Frame] = []
         self._seq = 0
         self._last_sent = float("-inf")
+        self._last: SchedulerSnapshot | None = None
 
     def now(self) -> float:
         return self.clock()
@@ -50,7 +52,17 @@ class SnapshotFrames:
 
     def publish(self, snapshot: SchedulerSnapshot) -> None:
         self._last_sent = self.clock()
+        self._last = snapshot
         self.frames.append(frame(self.topic, snapshot.seq, encode_snapshot(snapshot)))
+
+    def heartbeat(self, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> None:
+        """An idle engine's heartbeat: its last state again when nothing was sent for
+        ``heartbeat_s`` (``TelemetryPublisher``'s rule, on the virtual clock)."""
+        if self._last is None or self.clock() - self._last_sent < heartbeat_s:
+            return
+        self._last_sent = self.clock()
+        beat = heartbeat_of(self._last, self.next_seq(), self.clock())
+        self.frames.append(frame(self.topic, beat.seq, encode_snapshot(beat)))
 
     def close(self) -> None:
         """Nothing to release."""

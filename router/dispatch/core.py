@@ -140,8 +140,10 @@ class RouterCore:
         return self.policy
 
     async def start(self) -> None:
-        """Build the policy, then subscribe to every engine's telemetry and KV events."""
-        self.build_policy()
+        """Build the policy (unless built), then subscribe to every engine's telemetry
+        and KV events."""
+        if self.policy is None:
+            self.build_policy()
         self._ctx = zmq.asyncio.Context()
         if self.curve is not None:  # ZAP: only the engines' key gets a connection
             self._zap = AsyncioAuthenticator(self._ctx, log=log)

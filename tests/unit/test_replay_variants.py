@@ -108,12 +108,12 @@ def test_repeats_are_interleaved_and_rotated(cfg: ClusterConfig) -> None:
 
 def test_results_name_no_path_of_this_machine(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernels_bench.replay.cli import _portable
+    from kernels_bench.replay.cli import portable
 
     monkeypatch.chdir(tmp_path)
-    assert _portable(str(tmp_path / "runs" / "out")) == "runs/out"  # need not exist
-    assert _portable("/elsewhere/trace.jsonl.gz") == "trace.jsonl.gz"
-    assert _portable("chimera:stjf") == "chimera:stjf" and _portable("3") == "3"
+    assert portable(str(tmp_path / "runs" / "out")) == "runs/out"  # need not exist
+    assert portable("/elsewhere/trace.jsonl.gz") == "trace.jsonl.gz"
+    assert portable("chimera:stjf") == "chimera:stjf" and portable("3") == "3"
 
 
 def test_trained_splits_come_from_the_artifacts(tmp_path: Path, cfg: ClusterConfig) -> None:

@@ -1,0 +1,124 @@
+"""``python -m kernels_bench.twin.calibrate``: the twin's two costs of a shared machine,
+fitted on a live replay and a twin replay of the same runs (training problems only).
+
+A profile is measured with the engine alone; in a live replay on a small machine the
+engines share their cores with their API servers, the router and the client. Two numbers
+carry that cost into the twin (``calibration`` formulas, one function each):
+
+- per engine entry, the slowdown K of its steps (``StepTimeModel.step_ms``):
+  ``K_e = mean live TPOT / mean twin TPOT`` over the calls entry e served, in the runs
+  both replays hold (the twin run uncalibrated);
+- a fixed cost per call (``RouterCosts.request_overhead_s``): HTTP, the API server's
+  tokenization and first chunk, ``o = max(0, median live TTFT - median twin TTFT x K)``
+  over the same calls, K of the engine that served each call.
+
+Fit on runs of training problems (``replay --problems trained``), then compare on the
+held-out ones: never fit on what is evaluated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernels_bench.replay.output import load_summary, read_jsonl
+
+MIN_CALLS = 20
+"""Fewest calls per engine entry a slowdown is fitted on."""
+
+
+def _tpot(r: Mapping[str, Any]) -> float | None:
+    if r["error"] is not None or r["first_token_s"] is None or r["output_tokens"] < 2:
+        return None
+    return (r["end_s"] - r["first_token_s"]) / (r["output_tokens"] - 1)
+
+
+def _ttft(r: Mapping[str, Any]) -> float | None:
+    if r["error"] is not None or r["first_token_s"] is None:
+        return None
+    return r["first_token_s"] - r["send_s"]
+
+
+def entry_of(engine: str, entries: Iterable[str]) -> str | None:
+    """The cluster entry of an engine instance (``tiny-a-0`` -> ``tiny-a``)."""
+    for e in sorted(entries, key=len, reverse=True):
+        if engine == e or engine.startswith(f"{e}-"):
+            return e
+    return None
+
+
+def slowdowns(live: Sequence[Mapping[str, Any]], twin: Sequence[Mapping[str, Any]],
+              entries: Sequence[str]) -> dict[str, float]:
+    """``K_e = mean live TPOT / mean twin TPOT`` per entry e (ValueError: too few calls)."""
+    out = {}
+    for e in entries:
+        values = []
+        for rows in (live, twin):
+            xs = [t for r in rows if entry_of(r["engine"], entries) == e
+                  and (t := _tpot(r)) is not None]
+            if len(xs) < MIN_CALLS:
+                raise ValueError(f"engine {e}: {len(xs)} calls with a TPOT, at least "
+                                 f"{MIN_CALLS} are needed")
+            values.append(statistics.fmean(xs))
+        out[e] = values[0] / values[1]
+    return out
+
+
+def request_overhead_s(live: Sequence[Mapping[str, Any]], twin: Sequence[Mapping[str, Any]],
+                       k: Mapping[str, float]) -> float:
+    """``o = max(0, median live TTFT - median of twin TTFT x K_e)``."""
+    live_ttft = [t for r in live if (t := _ttft(r)) is not None]
+    twin_ttft = [t * k[e] for r in twin if (t := _ttft(r)) is not None
+                 and (e := entry_of(r["engine"], k)) is not None]
+    if not live_ttft or not twin_ttft:
+        raise ValueError("no call with a first token in one of the replays")
+    return max(0.0, statistics.median(live_ttft) - statistics.median(twin_ttft))
+
+
+def calibration(live_dir: Path, twin_dir: Path) -> dict[str, Any]:
+    """The fitted costs, over the (policy, rate, repeat) runs both folders hold."""
+    live_meta, twin_meta = load_summary(live_dir)["meta"], load_summary(twin_dir)["meta"]
+    if twin_meta.get("twin", {}).get("request_overhead_ms"):
+        raise ValueError(f"{twin_dir}: fit on an uncalibrated twin run "
+                         "(--request-overhead-ms 0, no --slowdown)")
+    for key in ("problems",):
+        if live_meta.get(key) != "trained":
+            raise ValueError(f"{live_dir}: a live replay of training problems is needed "
+                             "(--problems trained), never the evaluated ones")
+    live, twin = (read_jsonl(d / "requests.jsonl") for d in (live_dir, twin_dir))
+    runs = {(r["policy"], r["rate"]) for r in live} & {(r["policy"], r["rate"]) for r in twin}
+    if not runs:
+        raise ValueError("the two replays share no (policy, rate) run")
+    live = [r for r in live if (r["policy"], r["rate"]) in runs]
+    twin = [r for r in twin if (r["policy"], r["rate"]) in runs]
+    entries = [e["name"] for e in live_meta["engines"]]
+    k = slowdowns(live, twin, entries)
+    return {"slowdown": k, "request_overhead_ms": 1e3 * request_overhead_s(live, twin, k),
+            "fitted_on": {"live": live_meta["command"], "twin": twin_meta["command"],
+                          "runs": sorted(f"{p} @ {r:g}/s" for p, r in runs)}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.calibrate",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--live", type=Path, required=True, help="a live replay's folder "
+                   "(--problems trained)")
+    p.add_argument("--twin", type=Path, required=True, help="the twin replay of the same "
+                   "command, uncalibrated")
+    p.add_argument("--out", type=Path, required=True, help="calibration JSON, for "
+                   "kernels_bench twin --calibration")
+    a = p.parse_args(argv)
+    try:
+        cal = calibration(a.live, a.twin)
+    except (ValueError, OSError, KeyError) as e:
+        raise SystemExit(f"error: {e}") from None
+    a.out.write_text(json.dumps(cal, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({k: v for k, v in cal.items() if k != "fitted_on"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""``python -m kernels_bench twin``: the serving replay on the digital twin (engine twins
+with profiled step times, the real router, a virtual clock). Same options and outputs as
+``kernels_bench replay``, plus the twin's; see docs/twin.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from kernels_bench.replay.cli import (build_parser, check_args, portable, replay_options,
+                                      stop_on_sigterm)
+from kernels_bench.replay.report import markdown_tables
+from kernels_bench.replay.spec import SpecError
+from kernels_bench.replay.workload import WorkloadError, merge_traces
+from kernels_bench.twin.router import RouterCosts
+from kernels_bench.twin.run import TwinOptions, load_profiles, twin
+from router.config import ConfigError, load_cluster_config
+from router.trace_format import TraceFormatError, load_trace
+
+MAX_OVERHEAD_MS = 60_000.0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = build_parser("python -m kernels_bench twin", __doc__.split("\n\n")[0], live=False)
+    g = p.add_argument_group("twin")
+    g.add_argument("--profiles", type=Path, required=True, metavar="DIR",
+                   help="a profile per engine entry, DIR/<entry>.json (python -m "
+                   "kernels_bench profile on the engines, or python -m "
+                   "kernels_bench.twin.roofline for a GPU); e.g. docs/twin/profiles")
+    g.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
+                   help="runs simulated at once, a process each (default: 2 or the CPUs)")
+    g.add_argument("--jitter", action="store_true",
+                   help="step times drawn around the profile's median with its measured "
+                   "spread (repeat k: seed k); default: the median")
+    g.add_argument("--no-charge-decision", action="store_true",
+                   help="do not charge the router's measured time per call to the virtual "
+                   "clock (then a run repeats exactly)")
+    g.add_argument("--request-overhead-ms", type=float, default=0.0, metavar="MS",
+                   help="a fixed cost per call before the engine sees it: HTTP, the engine "
+                   "API server (default 0)")
+    g.add_argument("--calibration", type=Path, metavar="FILE",
+                   help="slowdowns and the per-call overhead fitted by python -m "
+                   "kernels_bench.twin.calibrate (on training problems)")
+    return p
+
+
+def calibration(path: Path | None, overhead_ms: float) -> tuple[dict[str, float], float]:
+    """(slowdown per entry, per-call overhead in ms): the calibration file's, or none and
+    ``--request-overhead-ms``; ValueError: a bad file, or both given."""
+    if path is None:
+        return {}, overhead_ms
+    if overhead_ms:
+        raise ValueError("give --calibration or --request-overhead-ms, not both")
+    try:
+        cal = json.loads(path.read_text(encoding="utf-8"))
+        slowdown = {str(k): float(v) for k, v in cal["slowdown"].items()}
+        overhead = float(cal["request_overhead_ms"])
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"--calibration {path}: not a calibration file ({e})") from None
+    if not 0 <= overhead <= MAX_OVERHEAD_MS:
+        raise ValueError(f"--calibration {path}: request_overhead_ms {overhead} out of range")
+    return slowdown, overhead
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    p = parser()
+    a = p.parse_args(argv)
+    out = check_args(p, a)
+    if a.jobs < 1 or not 0 <= a.request_overhead_ms <= MAX_OVERHEAD_MS:
+        p.error(f"--jobs must be >= 1 and --request-overhead-ms in [0, {MAX_OVERHEAD_MS:g}]")
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        opts = replay_options(a, out)
+        cfg = load_cluster_config(a.cluster)
+        if not a.profiles.is_dir():
+            raise ValueError(f"--profiles {a.profiles}: not a folder")
+        slowdown, overhead_ms = calibration(a.calibration, a.request_overhead_ms)
+        topts = TwinOptions(
+            load_profiles(a.profiles, [e.name for e in cfg.engines]),
+            RouterCosts(not a.no_charge_decision, overhead_ms / 1e3), slowdown,
+            a.jitter, a.jobs)
+        trace = merge_traces([load_trace(t) for t in a.trace])
+        command = "python -m kernels_bench twin " + shlex.join(map(portable, argv))
+        summary = twin(cfg, trace, "+".join(t.name for t in a.trace), opts, topts, command)
+    except (ConfigError, SpecError, WorkloadError, TraceFormatError, ValueError,
+            OSError) as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print("\n" + markdown_tables(summary))
+    print(f"\nwrote {out} (requests, workflows, summary, plots); "
+          f"`python -m kernels_bench results --run {out}` renders it")

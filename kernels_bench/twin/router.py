@@ -1,0 +1,149 @@
+"""The twin's router: the real front and core on the virtual clock, fed by engine twins.
+
+``TwinRouter`` holds a ``router.app.Front`` whose ``RouterCore`` runs on the simulator's
+clock, and takes the place of the HTTP handler and the upstream: a chat body goes through
+the front's ``admit`` (validation, tokenization) and ``route`` (policy, predictors, router
+state), then to the chosen engine twin with the priority and length
+``router.app.engine_settings`` gives it; the core hears of the call's end through
+``on_complete``, as after a real stream. The frames the engine twins make go through the
+core's own subscribers (``StreamSubscriber.feed``: decoders, sequence checks, state
+updates); idle engines send heartbeats as the engines' publisher does.
+
+Not run: HTTP, SSE relaying and the engines' API servers (their tokenization,
+detokenization and streaming), modelled as a fixed ``request_overhead_s`` per call. The
+router's own work on a call (tokenizing, predicting, deciding) is measured in wall time and
+charged to the virtual clock when ``charge_decision`` is on (then a run is no longer
+bit-for-bit repeatable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from engine_ext.telemetry import DEFAULT_HEARTBEAT_S
+from kernels_bench.replay.client import CallResult
+from kernels_bench.twin.engine import EngineTwin
+from kernels_bench.twin.loop import VirtualLoop
+from kernels_bench.twin.request import RequestRecord, TwinRequest
+from kernels_bench.twin.telemetry import Frame
+from router.app import Front, engine_settings
+from router.dispatch.core import RouterCore
+from router.predictors.base import PredictorSet
+from router.request import ParsedRequest, RequestError
+from router.types import RoutingRequest
+from scheduler_patches.contract import NO_PRIORITY
+
+
+@dataclass(frozen=True)
+class RouterCosts:
+    """What the twin charges to the virtual clock per call, before the engine sees it."""
+
+    charge_decision: bool = True
+    """The router's measured wall time on the call (admission and routing)."""
+    request_overhead_s: float = 0.0
+    """A fixed cost per call: HTTP, the engine API server's tokenization and streaming."""
+
+
+class TwinRouter:
+    """The router of a twin run; ``send`` is the replay client's ``Sender``."""
+
+    def __init__(self, config: Any, loop: VirtualLoop, predictors: PredictorSet | None,
+                 costs: RouterCosts | None = None,
+                 heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> None:
+        """``config``: the run's ``ClusterConfig`` (its router settings and engines);
+        ``loop.sim``: the engine twins, one per engine instance, telemetry on."""
+        self.loop, self.sim = loop, loop.sim
+        core = RouterCore(config, predictors, clock=self.sim.now, wall_clock=self.sim.now)
+        self.front = Front(config, core)
+        ids = itertools.count(1)
+        self.front.new_request_id = lambda: f"t{next(ids)}"
+        self.front.prepare()
+        self.core = core
+        self.costs = costs or RouterCosts()
+        self.heartbeat_s = heartbeat_s
+        self.decision_s: list[float] = []
+        """Measured router wall time per routed call."""
+        self._waiting: dict[str, asyncio.Future[RequestRecord]] = {}
+        self.sim.on_telemetry(self._telemetry)
+        self.sim.on_finish(self._finished)
+
+    def start(self) -> None:
+        """Hand on the engines' first snapshots and start the heartbeats (in the loop)."""
+        for twin in self.sim.engines.values():
+            self.sim.hand_on(twin)
+        self._beat()
+
+    def _beat(self) -> None:
+        for twin in self.sim.engines.values():
+            if not twin.busy and twin.snapshots is not None:
+                twin.snapshots.heartbeat(self.heartbeat_s)
+                self.sim.hand_on(twin)
+        self.loop.call_later(self.heartbeat_s / 4, self._beat)
+
+    def _telemetry(self, twin: EngineTwin, snaps: list[Frame], kv: list[Frame]) -> None:
+        for f in snaps:
+            self.core.snapshots.feed(list(f))
+        for f in kv:
+            self.core.kv_events.feed(list(f))
+
+    def _finished(self, record: RequestRecord) -> None:
+        future = self._waiting.pop(record.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(record)
+
+    async def send(self, body: dict[str, Any]) -> CallResult:
+        """One chat call through the router to an engine twin (the replay's ``Sender``)."""
+        res = CallResult()
+        wall0, engine0 = time.perf_counter(), self.loop.engine_wall_s
+        try:
+            parsed, routing = await self.front.admit("chat", msgspec.json.encode(body), {})
+            decision = await self.front.route(routing)
+        except RequestError as exc:
+            res.error = f"HTTP {exc.status}: {exc.message}"
+            res.end_s = self.sim.now()
+            return res
+        spent = time.perf_counter() - wall0 - (self.loop.engine_wall_s - engine0)
+        self.decision_s.append(spent)
+        res.model, res.engine = decision.model, decision.instance
+        res.predicted_remaining_tokens = decision.predicted_remaining_tokens
+        priority, max_tokens = engine_settings(parsed, decision)
+        res.priority = priority
+        prompt = await self._engine_prompt(parsed, routing, decision.model)
+        delay = (spent if self.costs.charge_decision else 0.0) + self.costs.request_overhead_s
+        if delay > 0:
+            await asyncio.sleep(delay)
+        twin = self.sim.engines[decision.instance]
+        request = TwinRequest(routing.request_id, prompt,
+                              max_tokens or twin.spec.max_model_len - len(prompt),
+                              NO_PRIORITY if priority is None else priority)
+        future: asyncio.Future[RequestRecord] = self.loop.create_future()
+        try:
+            self.sim.receive(decision.instance, request)
+        except ValueError as exc:
+            self.core.on_complete(decision, 0, str(exc))
+            res.error = f"engine {decision.instance} refused the call: {exc}"
+            res.end_s = self.sim.now()
+            return res
+        self._waiting[routing.request_id] = future
+        record = await future
+        self.core.on_complete(decision, record.generated, None)
+        res.output_tokens, res.prompt_tokens = record.generated, record.prompt_tokens
+        res.first_token_s, res.end_s = record.first_token, self.sim.now()
+        return res
+
+    async def _engine_prompt(self, parsed: ParsedRequest, routing: RoutingRequest,
+                             model: str) -> tuple[int, ...]:
+        """The prompt token ids the chosen model's engine computes: the router's own when
+        it tokenized with the same tokenizer, else the chosen model's rendering."""
+        tokenizers = self.front.tokenizers
+        used = parsed.model or next(iter(self.front.models))
+        if routing.prompt_token_ids and tokenizers.same_tokenizer([used, model]):
+            return tuple(routing.prompt_token_ids)
+        return tuple((await tokenizers.prompt(model, parsed)).token_ids)
+

@@ -1,0 +1,212 @@
+"""A twin replay: the serving replay's runs on engine twins and the real router, on a
+virtual clock, in parallel processes.
+
+Everything a live replay decides before its first run comes from the same function
+(``kernels_bench.replay.run.prepare``: model map, router settings, priors, engines,
+workload, run plan); every run builds a fresh cluster of engine twins
+(``engine_spec.engine_specs`` of the run's engines, each with its entry's profile) and a
+fresh ``TwinRouter``, and replays the jobs with the replay's own ``AgenticClient`` on the
+virtual loop. Records, summary, intervals and plots are the live replay's
+(``replay.output``), so ``kernels_bench results`` reads a twin's folder as a live one's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from kernels_bench.replay.client import AgenticClient, ClientSettings
+from kernels_bench.replay.engine_metrics import EngineCounters
+from kernels_bench.replay.metrics import summarize
+from kernels_bench.replay.output import write_run, write_summary
+from kernels_bench.replay.run import ReplayOptions, one_line, prepare
+from kernels_bench.replay.spec import PolicySpec
+from kernels_bench.replay.workload import Job
+from kernels_bench.twin.engine import EngineTwin
+from kernels_bench.twin.engine_spec import engine_specs
+from kernels_bench.twin.loop import VirtualLoop
+from kernels_bench.twin.router import RouterCosts, TwinRouter
+from kernels_bench.twin.sim import Simulator
+from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
+from router.config import ClusterConfig, EngineConfig, RouterConfig
+from router.predictors.base import PredictorSet
+from router.trace_format import Trace
+
+
+@dataclass(frozen=True)
+class TwinOptions:
+    """What a twin run adds to the replay's options."""
+
+    profiles: Mapping[str, EngineProfile]
+    """Engine entry name -> its profile (``kernels_bench profile``, or modelled)."""
+    costs: RouterCosts = dataclasses.field(default_factory=RouterCosts)
+    slowdown: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Engine entry name -> K of ``StepTimeModel.step_ms`` (absent: 1)."""
+    jitter: bool = False
+    """Step times drawn around the profile's median with its measured spread (repeat k
+    draws with seed k); off: the median."""
+    jobs: int = 1
+    """Runs simulated at once, one process each."""
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """One (repeat, policy, rate) run, as a worker process gets it."""
+
+    cfg: ClusterConfig
+    """The run's cluster: its engines and router settings."""
+    spec: PolicySpec
+    repeat: int
+    rate: float
+    jobs: list[Job]
+    model_map: dict[str, str]
+    max_attempts: int
+    twin: TwinOptions
+
+
+FIRST_PORT = 20_000
+"""Ports the twin writes into engines the file leaves to the launcher: the router's
+config needs a URL per instance; the twin never opens one."""
+
+
+def run_config(cfg: ClusterConfig, engines: list[EngineConfig],
+               router: RouterConfig) -> ClusterConfig:
+    """The cluster of one policy's runs: its engines (ports and telemetry endpoints the
+    launcher would assign filled with addresses nothing opens), its router."""
+    port, filled = FIRST_PORT, []
+    for e in engines:
+        if e.url is None and e.port is None:
+            e = dataclasses.replace(e, port=port)
+            port += e.replicas
+        filled.append(dataclasses.replace(
+            e, telemetry_endpoint=e.telemetry_endpoint or f"ipc://twin-{e.name}-telemetry",
+            kv_events_endpoint=e.kv_events_endpoint or f"ipc://twin-{e.name}-kv"))
+    return dataclasses.replace(cfg, engines=filled, router=router)
+
+
+_PREDICTORS: dict[tuple[tuple[str, str], ...], PredictorSet | None] = {}
+"""Predictors loaded in this process, by the folders they come from."""
+
+
+def predictors_of(cfg: ClusterConfig) -> PredictorSet | None:
+    """The run's predictors, in-process (the twin has no predictor service), loaded once
+    per process."""
+    key = tuple(sorted(cfg.router.predictors.items()))
+    if key not in _PREDICTORS:
+        from router.predictors.loader import load_cluster_predictors
+
+        _PREDICTORS[key] = load_cluster_predictors(cfg, service=None)
+    return _PREDICTORS[key]
+
+
+def engine_counters(engines: Sequence[EngineTwin]) -> EngineCounters:
+    """What the live replay reads from vLLM's counters, from the twins' records: prefix
+    cache queries and hits (prompt tokens, cached ones), queue time (engine arrival to
+    first scheduling), preemptions, prompt and generated tokens."""
+    c = EngineCounters()
+    for e in engines:
+        c.preemptions += e.preemptions
+        for r in e.records.values():
+            c.prefix_queries += r.prompt_tokens
+            c.prefix_hits += r.cached_tokens
+            c.prompt_tokens += r.prompt_tokens
+            c.generation_tokens += r.generated
+            if r.first_scheduled is not None:
+                c.queue_sum_s += r.first_scheduled - r.arrival
+                c.queue_count += 1
+    return c
+
+
+def simulate(task: RunTask) -> dict[str, Any]:
+    """One run on a fresh twin cluster; the run's record as the live replay writes it."""
+    wall0 = time.perf_counter()
+    sim = Simulator()
+    for i, spec in enumerate(engine_specs(task.cfg)):
+        sim.add_engine(spec, StepTimeModel(task.twin.profiles[spec.entry], task.twin.jitter,
+                                           seed=task.repeat * 10_000 + i,
+                                           slowdown=task.twin.slowdown.get(spec.entry, 1.0)),
+                       telemetry=True)
+    loop = VirtualLoop(sim)
+    try:
+        router = TwinRouter(task.cfg, loop, predictors_of(task.cfg), task.twin.costs)
+        client = AgenticClient(ClientSettings(task.model_map, task.spec.oracle,
+                                              task.max_attempts), router.send, loop.time)
+
+        async def go() -> None:
+            router.start()
+            await client.run(task.jobs)
+
+        loop.run_until_complete(go())
+    finally:
+        loop.close()
+    engines = list(sim.engines.values())
+    summary = summarize(client.requests, client.workflows, engine_counters(engines))
+    summary["engine_down_events"] = router.core.stats.engine_down_events
+    spent = router.decision_s
+    summary["router"] = {"cpu_s": sum(spent),
+                         "decision_s_mean": sum(spent) / len(spent) if spent else None}
+    wall = time.perf_counter() - wall0
+    summary["twin"] = {"virtual_s": sim.now(), "wall_s": wall,
+                       "engine_steps": sum(e.steps for e in engines),
+                       "virtual_s_per_wall_s": sim.now() / wall if wall else None}
+    return {
+        "summary": summary,
+        "engines": {e.name: dataclasses.asdict(engine_counters([e])) for e in engines},
+        "requests": client.requests,
+        "workflows": client.workflows,
+    }
+
+
+def twin(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
+         topts: TwinOptions, command: str) -> dict[str, Any]:
+    """Every policy at every rate on the twin; outputs written after each run (in plan
+    order); the summary."""
+    p = prepare(cfg, trace, trace_name, opts, command)
+    missing = sorted({e.name for e in cfg.engines} - set(topts.profiles))
+    if missing:
+        raise ValueError(f"no profile for engine(s) {', '.join(missing)}: give --profiles DIR "
+                         "with <engine>.json (python -m kernels_bench profile, or "
+                         "python -m kernels_bench.twin.roofline)")
+    p.summary["meta"]["twin"] = {
+        "profiles": {k: v.modelled or "measured" for k, v in topts.profiles.items()},
+        "charge_decision": topts.costs.charge_decision,
+        "request_overhead_ms": topts.costs.request_overhead_s * 1e3,
+        "slowdown": dict(topts.slowdown), "jitter": topts.jitter}
+    tasks = [RunTask(run_config(cfg, p.engines[spec.label], p.routers[spec.label]), spec,
+                     repeat, rate, p.jobs[rate], p.model_map, opts.max_attempts, topts)
+             for repeat, spec, rate in p.plan]
+    opts.out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        results: Iterable[dict[str, Any]] = map(simulate, tasks)
+        if topts.jobs > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(
+                topts.jobs, mp_context=multiprocessing.get_context("spawn")))
+            results = pool.map(simulate, tasks)
+        bar = stack.enter_context(tqdm(total=len(tasks), desc="twin runs", unit="run"))
+        for i, (task, run) in enumerate(zip(tasks, results), 1):
+            run.update(policy=task.spec.label, router=task.spec.router, sched=task.spec.sched,
+                       oracle=task.spec.oracle, rate=task.rate, repeat=task.repeat,
+                       run_attempts=1)
+            p.summary["runs"].append({k: v for k, v in run.items()
+                                      if k not in ("requests", "workflows")})
+            write_run(opts.out, run)
+            write_summary(opts.out, p.summary)
+            bar.update()
+            repeat = f" (repeat {task.repeat + 1})" if opts.repeats > 1 else ""
+            tqdm.write(f"[{i}/{len(tasks)}]{repeat} {one_line(run)}")
+    return p.summary
+
+
+def load_profiles(folder: Path, entries: Sequence[str]) -> dict[str, EngineProfile]:
+    """``<entry>.json`` of every engine entry in ``folder``, those that exist."""
+    return {e: load_profile(folder / f"{e}.json") for e in entries
+            if (folder / f"{e}.json").is_file()}

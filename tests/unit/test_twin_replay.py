@@ -1,0 +1,204 @@
+"""The twin's router and client layers: the real front and core on the virtual clock, the
+replay's client, records as the live replay writes them (no engine server, no socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernels_bench.replay.client import ClientSettings, stage_body
+from kernels_bench.replay.cli import build_parser, replay_options
+from kernels_bench.replay.output import read_jsonl
+from kernels_bench.replay.workload import Job
+from kernels_bench.twin import calibrate
+from kernels_bench.twin.cli import main as twin_main
+from kernels_bench.twin.engine_spec import engine_specs
+from kernels_bench.twin.loop import Stuck, VirtualLoop
+from kernels_bench.twin.router import RouterCosts, TwinRouter
+from kernels_bench.twin.run import TwinOptions, load_profiles, run_config, twin
+from kernels_bench.twin.sim import Simulator
+from kernels_bench.twin.step_time import StepTimeModel, load_profile
+from router.config import load_cluster_config
+from router.trace_format import Trace
+from tests.replay_fixture import tiny_trace, write_trace
+from tests.unit.twin_helpers import REPLAY_PROFILES, REPLAY_TOML, write_profile
+
+MAP = "tiny-a=small,tiny-b=large"
+NO_CHARGE = RouterCosts(charge_decision=False)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
+    return tiny_trace(tmp_path_factory.mktemp("trace"))
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("profiles")
+    for entry, (cells, prefill) in REPLAY_PROFILES.items():
+        write_profile(folder / f"{entry}.json", cells, prefill)
+    return folder
+
+
+def _args(out: Path, *extra: str) -> list[str]:
+    return ["--cluster", str(REPLAY_TOML), "--trace", "unused", "--model-map", MAP,
+            "--workflows", "8", "--rates", "4", "--priors-from-trace", "--out", str(out),
+            *extra]
+
+
+def _run(trace: Trace, profiles: Path, out: Path, policies: list[str], jobs: int = 1,
+         costs: RouterCosts = NO_CHARGE) -> dict[str, Any]:
+    a = build_parser(live=False).parse_args(_args(out, "--policies", *policies))
+    opts = replay_options(a, out)
+    cfg = load_cluster_config(REPLAY_TOML)
+    topts = TwinOptions(load_profiles(profiles, ["tiny-a", "tiny-b"]), costs, jobs=jobs)
+    return twin(cfg, trace, "tiny", opts, topts, "test")
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return read_jsonl(out / "requests.jsonl")
+
+
+def test_a_twin_replay_repeats_exactly_in_this_and_in_other_processes(
+        trace: Trace, profiles: Path, tmp_path: Path) -> None:
+    policies = ["round_robin", "lmetric:fcfs"]
+    _run(trace, profiles, tmp_path / "one", policies)
+    _run(trace, profiles, tmp_path / "two", policies, jobs=2)  # spawned processes
+    one, two = _records(tmp_path / "one"), _records(tmp_path / "two")
+    assert one == two and len(one) >= 8
+    assert {r["policy"] for r in one} == set(policies)
+    assert all(r["error"] is None and r["output_tokens"] == r["forced_tokens"] for r in one)
+    rr = [r for r in one if r["policy"] == "round_robin"]
+    assert {r["engine"] for r in rr} == {"tiny-a-0", "tiny-b-0"}
+    summary = json.loads((tmp_path / "one" / "summary.json").read_text())
+    run = summary["runs"][0]["summary"]
+    assert run["twin"]["virtual_s"] > 0 and run["errors"] == 0
+    assert run["queue_s"]["n"] == run["calls"]  # every call reached an engine's queue
+    assert summary["meta"]["twin"]["charge_decision"] is False
+
+
+def test_the_router_hears_every_engine_and_indexes_its_kv_blocks(
+        trace: Trace, profiles: Path) -> None:
+    sim, loop, router = _cluster(profiles, "lmetric")
+    jobs = [Job("w0", trace.runs[0], 0.0)]
+    body = stage_body(jobs[0], 1, 0, [], [], ClientSettings({"tiny-a": "small",
+                                                             "tiny-b": "large"}))
+    body["messages"][-1]["content"] = " ".join(f"fact {i} holds." for i in range(200))
+
+    async def go() -> list[Any]:
+        router.start()
+        first = await router.send(body)
+        second = await router.send(body)
+        await asyncio.sleep(3.0)  # idle: heartbeats keep both engines up
+        return [first, second]
+
+    try:
+        first, second = loop.run_until_complete(go())
+    finally:
+        loop.close()
+    stats = router.core.stats
+    assert stats.malformed_snapshot_frames == stats.malformed_kv_frames == 0
+    assert all(c.snapshot_frames > 3 for c in stats.engines.values())
+    assert stats.engine_down_events == 0
+    assert first.error is None and second.error is None
+    served = router.core.table[first.engine]
+    assert len(served.kv) >= 2 and stats.engines[first.engine].kv_frames > 0  # 128-token blocks
+    # lmetric routes on KV hits: the same prompt goes where its blocks are
+    assert second.engine == first.engine
+    record = sim.engines[second.engine].records["t2"]
+    assert record.cached_tokens > 0
+
+
+def test_charged_costs_delay_the_engine_by_exactly_that(trace: Trace, profiles: Path) -> None:
+    ends = []
+    for overhead in (0.0, 0.25):
+        sim, loop, router = _cluster(profiles, "round_robin",
+                                     RouterCosts(False, overhead))
+        body = stage_body(Job("w0", trace.runs[0], 0.0), 1, 0, [], [],
+                          ClientSettings({"tiny-a": "small", "tiny-b": "large"}))
+        try:
+            res = loop.run_until_complete(router.send(body))
+        finally:
+            loop.close()
+        assert res.error is None
+        ends.append((res.first_token_s, res.end_s,
+                     sim.engines[res.engine].records["t1"].arrival))
+    (f0, e0, a0), (f1, e1, a1) = ends
+    assert (a0, a1) == (0.0, 0.25)
+    assert f1 - f0 == pytest.approx(0.25, abs=1e-12) and e1 - e0 == pytest.approx(0.25,
+                                                                                   abs=1e-12)
+
+
+def test_a_refused_call_fails_alone_with_the_routers_error(trace: Trace,
+                                                           profiles: Path) -> None:
+    _, loop, router = _cluster(profiles, "round_robin")
+    body = stage_body(Job("w0", trace.runs[0], 0.0), 1, 0, [], [],
+                      ClientSettings({"tiny-a": "small", "tiny-b": "large"}))
+    bad = {**body, "per_model": {"max_tokens": {"nope": 3}}}
+    try:
+        res = loop.run_until_complete(router.send(bad))
+        ok = loop.run_until_complete(router.send(body))
+    finally:
+        loop.close()
+    assert res.error is not None and res.error.startswith("HTTP 400") and "nope" in res.error
+    assert ok.error is None
+
+
+def test_a_loop_with_nothing_left_to_wait_for_says_so() -> None:
+    loop = VirtualLoop(Simulator())
+    try:
+        with pytest.raises(Stuck):
+            loop.run_until_complete(loop.create_future())
+    finally:
+        loop.close()
+
+
+def _cluster(profiles: Path, policy: str, costs: RouterCosts = NO_CHARGE
+             ) -> tuple[Simulator, VirtualLoop, TwinRouter]:
+    cfg = load_cluster_config(REPLAY_TOML)
+    cfg = run_config(cfg, cfg.engines, dataclasses.replace(cfg.router, policy=policy))
+    sim = Simulator()
+    for spec in engine_specs(cfg):
+        sim.add_engine(spec, StepTimeModel(load_profile(profiles / f"{spec.entry}.json")),
+                       telemetry=True)
+    loop = VirtualLoop(sim)
+    return sim, loop, TwinRouter(cfg, loop, None, costs)
+
+
+def test_calibration_formulas_and_refusals(tmp_path: Path) -> None:
+    def row(engine: str, ttft: float, tpot: float, n: int = 11) -> dict[str, Any]:
+        return {"engine": engine, "error": None, "send_s": 0.0, "first_token_s": ttft,
+                "end_s": ttft + tpot * (n - 1), "output_tokens": n}
+
+    live = [row("a-0", 0.3, 0.02)] * 20 + [row("b-0", 0.5, 0.09)] * 20
+    twin_rows = [row("a-0", 0.1, 0.01)] * 20 + [row("b-0", 0.1, 0.03)] * 20
+    k = calibrate.slowdowns(live, twin_rows, ["a", "b"])
+    assert k == pytest.approx({"a": 2.0, "b": 3.0})
+    # twin TTFTs x K: 0.2 (a) and 0.3 (b), median 0.25; live median 0.4
+    assert calibrate.request_overhead_s(live, twin_rows, k) == pytest.approx(0.15)
+    with pytest.raises(ValueError, match="at least 20"):
+        calibrate.slowdowns(live[:5], twin_rows, ["a"])
+    assert calibrate.entry_of("tiny-b-10", ["tiny", "tiny-b"]) == "tiny-b"
+
+
+def test_twin_command_errors_are_one_line(tmp_path: Path, profiles: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "none"
+    empty.mkdir()
+    path = write_trace(tmp_path / "fixture.jsonl", 4)
+    argv = ["--cluster", str(REPLAY_TOML), "--trace", str(path), "--model-map", MAP,
+            "--workflows", "2", "--out", str(tmp_path / "o"), "--policies", "round_robin"]
+    with pytest.raises(SystemExit, match="no profile for engine"):
+        twin_main([*argv, "--profiles", str(empty)])
+    bad = tmp_path / "cal.json"
+    bad.write_text('{"slowdown": 3}')
+    with pytest.raises(SystemExit, match="not a calibration file"):
+        twin_main([*argv, "--profiles", str(profiles), "--calibration", str(bad)])
+    with pytest.raises(SystemExit):
+        twin_main([*argv, "--profiles", str(profiles), "--jobs", "0"])
+    assert "--jobs must be >= 1" in capsys.readouterr().err
