@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import aiohttp
 import msgspec
@@ -359,8 +359,8 @@ class Front:
             self.metrics.requests.labels(request.path, str(status)).inc()
 
     async def _dispatch(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        parsed, routing = await self.admit(kind, await read_body(request.content),
-                                           request.headers)
+        parsed, routing = await self.admit(kind, request.headers,
+                                           lambda: read_body(request.content))
         attempt = 1
         while True:
             completion = _Completion(self.core, await self.route(routing))
@@ -372,14 +372,16 @@ class Front:
             self.metrics.redispatched.inc()
             attempt += 1
 
-    async def admit(self, kind: Kind, raw: bytes, headers: Mapping[str, str]
+    async def admit(self, kind: Kind, headers: Mapping[str, str],
+                    read: Callable[[], Awaitable[bytes]]
                     ) -> tuple[ParsedRequest, RoutingRequest]:
-        """A body validated, tokenized (when the policy reads the prompt, or it may not
-        fit) and made the core's request; RequestError (4xx) otherwise. The twin
-        (``kernels_bench.twin``) calls this as the HTTP handler does."""
+        """A request authenticated (before ``read`` gives its body), validated, tokenized
+        (when the policy reads the prompt, or it may not fit) and made the core's
+        request; RequestError (4xx) otherwise. The twin (``kernels_bench.twin``) calls
+        this as the HTTP handler does."""
         arrival = self.core.wall_clock()
         trusted = self.keys.check_api(headers)
-        parsed = parse_request(kind, raw, headers,
+        parsed = parse_request(kind, await read(), headers,
                                allow_client_priority=self.config.router.allow_client_priority,
                                trusted=trusted)
         for name in parsed.ignored:

@@ -9,6 +9,8 @@ import signal
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 from types import FrameType
 
 from kernels_bench.replay.arrivals import PROCESSES
@@ -19,11 +21,11 @@ from kernels_bench.replay.run import ReplayOptions, replay
 from kernels_bench.replay.spec import SpecError, parse_model_map, parse_policies
 from kernels_bench.replay.workload import PROBLEMS, WorkloadError, merge_traces
 from launcher import LaunchError
-from router.config import SCHED_POLICIES, ConfigError, load_cluster_config
+from router.config import SCHED_POLICIES, ClusterConfig, ConfigError, load_cluster_config
 from router.policies import POLICIES
 from router.predictors.artifact import METADATA_FILE
 from router.predictors.kinds import KINDS
-from router.trace_format import TraceFormatError, load_trace
+from router.trace_format import Trace, TraceFormatError, load_trace
 
 MAIN_POLICIES = ["chimera:stjf", "chimera:fcfs", "lmetric", "routebalance", "laar",
                  "vllm:fcfs", "round_robin", "oracle"]
@@ -138,18 +140,22 @@ def replay_options(a: argparse.Namespace, out: Path) -> ReplayOptions:
         run_dir=getattr(a, "run_dir", None) or out / "cluster")
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    a = parser.parse_args(argv)
-    out = check_args(parser, a)
+Runner = Callable[[ClusterConfig, Trace, str, ReplayOptions, str], dict[str, Any]]
+"""Runs a replay (live, or the twin's): cluster, merged trace, its name, options, the
+command line as the results show it; the summary."""
+
+
+def run_replay(name: str, argv: list[str], a: argparse.Namespace, out: Path,
+               run: Runner) -> None:
+    """Load the cluster and the traces, ``run`` (SIGTERM stops it as Ctrl-C does), print
+    the tables; every error one line."""
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         opts = replay_options(a, out)
         cfg = load_cluster_config(a.cluster)
         trace = merge_traces([load_trace(t) for t in a.trace])
-        command = "python -m kernels_bench replay " + shlex.join(map(portable, argv))
-        summary = replay(cfg, trace, "+".join(t.name for t in a.trace), opts, command)
+        command = f"python -m kernels_bench {name} " + shlex.join(map(portable, argv))
+        summary = run(cfg, trace, "+".join(t.name for t in a.trace), opts, command)
     except (ConfigError, SpecError, WorkloadError, TraceFormatError, ClusterError,
             LaunchError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
@@ -158,5 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     print("\n" + markdown_tables(summary))
-    print(f"\nwrote {out} (requests, workflows, summary, plots); "
-          "`python -m kernels_bench results` turns it into docs/results.md")
+    print(f"\nwrote {out} (requests, workflows, summary, plots); `python -m kernels_bench "
+          f"results --run {out}` turns it into a results page")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    run_replay("replay", argv, a, check_args(parser, a), replay)

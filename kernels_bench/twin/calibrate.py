@@ -3,14 +3,15 @@ fitted on a live replay and a twin replay of the same runs (training problems on
 
 A profile is measured with the engine alone; in a live replay on a small machine the
 engines share their cores with their API servers, the router and the client. Two numbers
-carry that cost into the twin (``calibration`` formulas, one function each):
+carry that cost into the twin (one function each), refined by fixed-point steps: each step
+compares a twin run made with the current values (none at first: K = 1, o = 0) with the
+live one and corrects them:
 
 - per engine entry, the slowdown K of its steps (``StepTimeModel.step_ms``):
-  ``K_e = mean live TPOT / mean twin TPOT`` over the calls entry e served, in the runs
-  both replays hold (the twin run uncalibrated);
+  ``K_e <- K_e x median live TPOT / median twin TPOT`` over the calls entry e served
+  (medians: a few stalled streams do not move them);
 - a fixed cost per call (``RouterCosts.request_overhead_s``): HTTP, the API server's
-  tokenization and first chunk, ``o = max(0, median live TTFT - median twin TTFT x K)``
-  over the same calls, K of the engine that served each call.
+  tokenization and first chunk: ``o <- max(0, o + median live TTFT - median twin TTFT)``.
 
 Fit on runs of training problems (``replay --problems trained``), then compare on the
 held-out ones: never fit on what is evaluated.
@@ -52,8 +53,9 @@ def entry_of(engine: str, entries: Iterable[str]) -> str | None:
 
 
 def slowdowns(live: Sequence[Mapping[str, Any]], twin: Sequence[Mapping[str, Any]],
-              entries: Sequence[str]) -> dict[str, float]:
-    """``K_e = mean live TPOT / mean twin TPOT`` per entry e (ValueError: too few calls)."""
+              entries: Sequence[str], used: Mapping[str, float]) -> dict[str, float]:
+    """``K_e = used K_e x median live TPOT / median twin TPOT`` per entry e (ValueError: too
+    few calls)."""
     out = {}
     for e in entries:
         values = []
@@ -63,32 +65,30 @@ def slowdowns(live: Sequence[Mapping[str, Any]], twin: Sequence[Mapping[str, Any
             if len(xs) < MIN_CALLS:
                 raise ValueError(f"engine {e}: {len(xs)} calls with a TPOT, at least "
                                  f"{MIN_CALLS} are needed")
-            values.append(statistics.fmean(xs))
-        out[e] = values[0] / values[1]
+            values.append(statistics.median(xs))
+        out[e] = used.get(e, 1.0) * values[0] / values[1]
     return out
 
 
 def request_overhead_s(live: Sequence[Mapping[str, Any]], twin: Sequence[Mapping[str, Any]],
-                       k: Mapping[str, float]) -> float:
-    """``o = max(0, median live TTFT - median of twin TTFT x K_e)``."""
+                       used_s: float) -> float:
+    """``o = max(0, used o + median live TTFT - median twin TTFT)``."""
     live_ttft = [t for r in live if (t := _ttft(r)) is not None]
-    twin_ttft = [t * k[e] for r in twin if (t := _ttft(r)) is not None
-                 and (e := entry_of(r["engine"], k)) is not None]
+    twin_ttft = [t for r in twin if (t := _ttft(r)) is not None]
     if not live_ttft or not twin_ttft:
         raise ValueError("no call with a first token in one of the replays")
-    return max(0.0, statistics.median(live_ttft) - statistics.median(twin_ttft))
+    return max(0.0, used_s + statistics.median(live_ttft) - statistics.median(twin_ttft))
 
 
 def calibration(live_dir: Path, twin_dir: Path) -> dict[str, Any]:
     """The fitted costs, over the (policy, rate, repeat) runs both folders hold."""
     live_meta, twin_meta = load_summary(live_dir)["meta"], load_summary(twin_dir)["meta"]
-    if twin_meta.get("twin", {}).get("request_overhead_ms"):
-        raise ValueError(f"{twin_dir}: fit on an uncalibrated twin run "
-                         "(--request-overhead-ms 0, no --slowdown)")
-    for key in ("problems",):
-        if live_meta.get(key) != "trained":
-            raise ValueError(f"{live_dir}: a live replay of training problems is needed "
-                             "(--problems trained), never the evaluated ones")
+    if live_meta.get("problems") != "trained" or twin_meta.get("problems") != "trained":
+        raise ValueError("replays of training problems are needed (--problems trained), "
+                         "never the evaluated ones")
+    if "twin" not in twin_meta:
+        raise ValueError(f"{twin_dir}: not a twin replay")
+    used = twin_meta["twin"]
     live, twin = (read_jsonl(d / "requests.jsonl") for d in (live_dir, twin_dir))
     runs = {(r["policy"], r["rate"]) for r in live} & {(r["policy"], r["rate"]) for r in twin}
     if not runs:
@@ -96,8 +96,9 @@ def calibration(live_dir: Path, twin_dir: Path) -> dict[str, Any]:
     live = [r for r in live if (r["policy"], r["rate"]) in runs]
     twin = [r for r in twin if (r["policy"], r["rate"]) in runs]
     entries = [e["name"] for e in live_meta["engines"]]
-    k = slowdowns(live, twin, entries)
-    return {"slowdown": k, "request_overhead_ms": 1e3 * request_overhead_s(live, twin, k),
+    k = slowdowns(live, twin, entries, used.get("slowdown") or {})
+    overhead = request_overhead_s(live, twin, used["request_overhead_ms"] / 1e3)
+    return {"slowdown": k, "request_overhead_ms": 1e3 * overhead,
             "fitted_on": {"live": live_meta["command"], "twin": twin_meta["command"],
                           "runs": sorted(f"{p} @ {r:g}/s" for p, r in runs)}}
 
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--live", type=Path, required=True, help="a live replay's folder "
                    "(--problems trained)")
     p.add_argument("--twin", type=Path, required=True, help="the twin replay of the same "
-                   "command, uncalibrated")
+                   "command (uncalibrated, or with the previous step's --calibration)")
     p.add_argument("--out", type=Path, required=True, help="calibration JSON, for "
                    "kernels_bench twin --calibration")
     a = p.parse_args(argv)

@@ -7,20 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-from kernels_bench.replay.cli import (build_parser, check_args, portable, replay_options,
-                                      stop_on_sigterm)
-from kernels_bench.replay.report import markdown_tables
-from kernels_bench.replay.spec import SpecError
-from kernels_bench.replay.workload import WorkloadError, merge_traces
+from kernels_bench.replay.cli import build_parser, check_args, run_replay
+from kernels_bench.replay.run import ReplayOptions
 from kernels_bench.twin.router import RouterCosts
 from kernels_bench.twin.run import TwinOptions, load_profiles, twin
-from router.config import ConfigError, load_cluster_config
-from router.trace_format import TraceFormatError, load_trace
+from router.config import ClusterConfig
+from router.trace_format import Trace
 
 MAX_OVERHEAD_MS = 60_000.0
 
@@ -74,27 +70,15 @@ def main(argv: list[str] | None = None) -> None:
     out = check_args(p, a)
     if a.jobs < 1 or not 0 <= a.request_overhead_ms <= MAX_OVERHEAD_MS:
         p.error(f"--jobs must be >= 1 and --request-overhead-ms in [0, {MAX_OVERHEAD_MS:g}]")
-    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
-    try:
-        opts = replay_options(a, out)
-        cfg = load_cluster_config(a.cluster)
+
+    def run(cfg: ClusterConfig, trace: Trace, name: str, opts: ReplayOptions,
+            command: str) -> dict[str, Any]:
         if not a.profiles.is_dir():
             raise ValueError(f"--profiles {a.profiles}: not a folder")
         slowdown, overhead_ms = calibration(a.calibration, a.request_overhead_ms)
-        topts = TwinOptions(
-            load_profiles(a.profiles, [e.name for e in cfg.engines]),
-            RouterCosts(not a.no_charge_decision, overhead_ms / 1e3), slowdown,
-            a.jitter, a.jobs)
-        trace = merge_traces([load_trace(t) for t in a.trace])
-        command = "python -m kernels_bench twin " + shlex.join(map(portable, argv))
-        summary = twin(cfg, trace, "+".join(t.name for t in a.trace), opts, topts, command)
-    except (ConfigError, SpecError, WorkloadError, TraceFormatError, ValueError,
-            OSError) as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        sys.exit(130)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    print("\n" + markdown_tables(summary))
-    print(f"\nwrote {out} (requests, workflows, summary, plots); "
-          f"`python -m kernels_bench results --run {out}` renders it")
+        topts = TwinOptions(load_profiles(a.profiles, [e.name for e in cfg.engines]),
+                            RouterCosts(not a.no_charge_decision, overhead_ms / 1e3),
+                            slowdown, a.jitter, a.jobs)
+        return twin(cfg, trace, name, opts, topts, command)
+
+    run_replay("twin", argv, a, out, run)

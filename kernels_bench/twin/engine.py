@@ -60,6 +60,8 @@ class EngineTwin:
         self.steps = 0
         self.preemptions = 0
         """Requests preempted (vLLM's ``vllm:num_preemptions``)."""
+        self.busy_s = 0.0
+        """Virtual seconds spent in steps."""
         self._inbox: list[Request] = []
         self._running: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
         self._hasher = block_hasher(spec.block_size)
@@ -125,7 +127,9 @@ class EngineTwin:
             else:
                 prefill_tokens += n
         self._running = (out, fake_output(self.scheduler, out))
-        return finished, self.step_time.step_ms(decode_contexts, prefill_tokens) / 1000.0
+        duration = self.step_time.step_ms(decode_contexts, prefill_tokens) / 1000.0
+        self.busy_s += duration
+        return finished, duration
 
     def _finish_step(self) -> list[RequestRecord]:
         assert self._running is not None

@@ -102,7 +102,8 @@ class TwinRouter:
         res = CallResult()
         wall0, engine0 = time.perf_counter(), self.loop.engine_wall_s
         try:
-            parsed, routing = await self.front.admit("chat", msgspec.json.encode(body), {})
+            raw = msgspec.json.encode(body)
+            parsed, routing = await self.front.admit("chat", {}, lambda: _given(raw))
             decision = await self.front.route(routing)
         except RequestError as exc:
             res.error = f"HTTP {exc.status}: {exc.message}"
@@ -147,3 +148,7 @@ class TwinRouter:
             return tuple(routing.prompt_token_ids)
         return tuple((await tokenizers.prompt(model, parsed)).token_ids)
 
+
+async def _given(raw: bytes) -> bytes:
+    """A body already in hand, as ``Front.admit`` reads one."""
+    return raw

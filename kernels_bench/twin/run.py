@@ -157,6 +157,8 @@ def simulate(task: RunTask) -> dict[str, Any]:
     wall = time.perf_counter() - wall0
     summary["twin"] = {"virtual_s": sim.now(), "wall_s": wall,
                        "engine_steps": sum(e.steps for e in engines),
+                       "busy": (sum(e.busy_s for e in engines) / len(engines) / sim.now()
+                                if sim.now() else None),
                        "virtual_s_per_wall_s": sim.now() / wall if wall else None}
     return {
         "summary": summary,
@@ -170,6 +172,10 @@ def twin(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
          topts: TwinOptions, command: str) -> dict[str, Any]:
     """Every policy at every rate on the twin; outputs written after each run (in plan
     order); the summary."""
+    remote = [e.name for e in cfg.engines if e.remote]
+    if remote:
+        raise ValueError(f"engines {', '.join(remote)} are remote (url): the twin simulates "
+                         "engines the cluster file describes (model, sizes), not remote ones")
     p = prepare(cfg, trace, trace_name, opts, command)
     missing = sorted({e.name for e in cfg.engines} - set(topts.profiles))
     if missing:

@@ -176,13 +176,17 @@ def test_calibration_formulas_and_refusals(tmp_path: Path) -> None:
                 "end_s": ttft + tpot * (n - 1), "output_tokens": n}
 
     live = [row("a-0", 0.3, 0.02)] * 20 + [row("b-0", 0.5, 0.09)] * 20
-    twin_rows = [row("a-0", 0.1, 0.01)] * 20 + [row("b-0", 0.1, 0.03)] * 20
-    k = calibrate.slowdowns(live, twin_rows, ["a", "b"])
+    twin_rows = [row("a-0", 0.1, 0.01)] * 20 + [row("b-0", 0.1, 0.03)] * 21
+    k = calibrate.slowdowns(live, twin_rows, ["a", "b"], {})
     assert k == pytest.approx({"a": 2.0, "b": 3.0})
-    # twin TTFTs x K: 0.2 (a) and 0.3 (b), median 0.25; live median 0.4
-    assert calibrate.request_overhead_s(live, twin_rows, k) == pytest.approx(0.15)
+    # a step from a run made with K = 2 for a: the correction multiplies it
+    assert calibrate.slowdowns(live, twin_rows, ["a"], {"a": 2.0}) == pytest.approx({"a": 4.0})
+    # medians: live 0.3 / 0.5 -> 0.4, twin 0.1 -> o = 0.3 (+ the 0.05 used)
+    assert calibrate.request_overhead_s(live, twin_rows, 0.0) == pytest.approx(0.3)
+    assert calibrate.request_overhead_s(live, twin_rows, 0.05) == pytest.approx(0.35)
+    assert calibrate.request_overhead_s(twin_rows, live, 0.0) == 0.0
     with pytest.raises(ValueError, match="at least 20"):
-        calibrate.slowdowns(live[:5], twin_rows, ["a"])
+        calibrate.slowdowns(live[:5], twin_rows, ["a"], {})
     assert calibrate.entry_of("tiny-b-10", ["tiny", "tiny-b"]) == "tiny-b"
 
 
@@ -202,3 +206,27 @@ def test_twin_command_errors_are_one_line(tmp_path: Path, profiles: Path,
     with pytest.raises(SystemExit):
         twin_main([*argv, "--profiles", str(profiles), "--jobs", "0"])
     assert "--jobs must be >= 1" in capsys.readouterr().err
+
+
+def test_validation_matches_within_the_interval_or_15_percent_and_checks_the_ranking(
+        ) -> None:
+    from kernels_bench.replay.records import WorkflowRecord
+    from kernels_bench.twin import validate
+
+    def runs(e2e: list[float], repeats: int = 2) -> list[tuple[dict[str, Any], list[Any]]]:
+        summary = {"queue_s": {"mean": 0.1}, "ttft_s": {"mean": 0.2}, "tpot_s": {"mean": 0.01}}
+        return [(summary, [WorkflowRecord(f"w{i}", "p", "solve", 1, 0.0, v + 0.01 * r)
+                           for i, v in enumerate(e2e)]) for r in range(repeats)]
+
+    fast, slow = [1.0, 1.2, 0.8, 1.1] * 5, [3.0, 3.3, 2.7, 3.1] * 5
+    live = {("a", 1.0): runs(fast), ("b", 1.0): runs(slow)}
+    twin_ok = {("a", 1.0): runs([v * 1.1 for v in fast]), ("b", 1.0): runs(slow)}
+    out = validate.compare(live, twin_ok)
+    assert [r["matches"] for r in out["rows"]] == [True, True]
+    assert out["ranking"] == [{"rate": 1.0, "faster_live": "a", "slower_live": "b",
+                               "same": True}]
+    twin_bad = {("a", 1.0): runs([v * 4 for v in fast]), ("b", 1.0): runs(slow)}
+    out = validate.compare(live, twin_bad)
+    assert out["rows"][0]["matches"] is False and out["ranking"][0]["same"] is False
+    assert "1 of 2" in validate.markdown(out) and "a < b @ 1/s" in validate.markdown(out)
+    assert validate._exclusion("dir/chimera:stjf@3#2") == ("dir", "chimera:stjf", 3.0, 2)
