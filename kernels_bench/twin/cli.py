@@ -58,8 +58,10 @@ def calibration(path: Path | None, overhead_ms: float) -> tuple[dict[str, float]
         overhead = float(cal["request_overhead_ms"])
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"--calibration {path}: not a calibration file ({e})") from None
-    if not 0 <= overhead <= MAX_OVERHEAD_MS:
-        raise ValueError(f"--calibration {path}: request_overhead_ms {overhead} out of range")
+    if not 0 <= overhead <= MAX_OVERHEAD_MS or not all(0 < k <= 1000
+                                                         for k in slowdown.values()):
+        raise ValueError(f"--calibration {path}: request_overhead_ms must be in [0, "
+                         f"{MAX_OVERHEAD_MS:g}] and every slowdown in (0, 1000]")
     return slowdown, overhead
 
 
@@ -76,6 +78,10 @@ def main(argv: list[str] | None = None) -> None:
         if not a.profiles.is_dir():
             raise ValueError(f"--profiles {a.profiles}: not a folder")
         slowdown, overhead_ms = calibration(a.calibration, a.request_overhead_ms)
+        unknown = sorted(set(slowdown) - {e.name for e in cfg.engines})
+        if unknown:
+            raise ValueError(f"--calibration {a.calibration}: engine(s) {', '.join(unknown)} "
+                             "are not in the cluster file")
         topts = TwinOptions(load_profiles(a.profiles, [e.name for e in cfg.engines]),
                             RouterCosts(not a.no_charge_decision, overhead_ms / 1e3),
                             slowdown, a.jitter, a.jobs)

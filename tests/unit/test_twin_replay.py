@@ -203,6 +203,12 @@ def test_twin_command_errors_are_one_line(tmp_path: Path, profiles: Path,
     bad.write_text('{"slowdown": 3}')
     with pytest.raises(SystemExit, match="not a calibration file"):
         twin_main([*argv, "--profiles", str(profiles), "--calibration", str(bad)])
+    bad.write_text('{"slowdown": {"tiny-a": -1}, "request_overhead_ms": 5}')
+    with pytest.raises(SystemExit, match=r"every slowdown in \(0, 1000\]"):
+        twin_main([*argv, "--profiles", str(profiles), "--calibration", str(bad)])
+    bad.write_text('{"slowdown": {"tiny-z": 2}, "request_overhead_ms": 5}')
+    with pytest.raises(SystemExit, match="tiny-z are not in the cluster file"):
+        twin_main([*argv, "--profiles", str(profiles), "--calibration", str(bad)])
     with pytest.raises(SystemExit):
         twin_main([*argv, "--profiles", str(profiles), "--jobs", "0"])
     assert "--jobs must be >= 1" in capsys.readouterr().err
