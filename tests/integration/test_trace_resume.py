@@ -61,16 +61,22 @@ def _units(out: Path) -> list:
 
 def _kill_leftover_engines(run_root: Path) -> None:
     """Kill the engines the killed builder started (their run dirs are under ``run_root``)
-    and wait until they are gone, so the next engine finds its port free."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get(MARKER_ENV, "").startswith(str(run_root)):
-                p.kill()
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    psutil.wait_procs(found, timeout=30)
+    and wait until they are gone, so the next engine finds its port free. Scans again
+    until none is left: an engine server killed while starting may spawn its EngineCore
+    after the scan (an orphaned EngineCore was once found an hour after a test run)."""
+    for _ in range(10):
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(MARKER_ENV, "").startswith(str(run_root)):
+                    p.kill()
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        if not found:
+            return
+        psutil.wait_procs(found, timeout=30)
+        time.sleep(0.5)
 
 
 @pytest.fixture
