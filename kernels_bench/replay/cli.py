@@ -115,13 +115,14 @@ def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def check_args(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Path:
-    """Exit with usage on out-of-range numbers or a used ``--out``; the output folder."""
+def check_args(parser: argparse.ArgumentParser, a: argparse.Namespace,
+               root: Path = RESULTS_ROOT) -> Path:
+    """Exit with usage on out-of-range numbers or a used ``--out``; the output folder
+    (default: a new one under ``root``)."""
     if (min(a.workflows, getattr(a, "run_attempts", 1), a.repeats) < 1 or a.retries < 0
             or any(r <= 0 for r in a.rates)):
         parser.error("--workflows, --repeats and --run-attempts must be >= 1, --retries >= 0 "
                      "and every rate > 0")
-    root = RESULTS_ROOT if hasattr(a, "run_dir") else TWIN_ROOT
     out: Path = a.out or root / time.strftime("%Y%m%d-%H%M%S")
     if (out / SUMMARY).exists():
         parser.error(f"{out} already holds a replay; give another --out")

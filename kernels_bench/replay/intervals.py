@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kernels_bench.replay.metrics import e2e, e2e_per_token
-from kernels_bench.replay.records import WorkflowRecord
+from kernels_bench.replay.records import WorkflowRecord, from_row
 
 BOOTSTRAP_DRAWS = 2000
 CONFIDENCE = 0.95
@@ -156,11 +156,10 @@ def summarize(workflows: Sequence[Mapping[str, Any]], baseline: str,
     """Intervals of every (policy, rate) and comparisons of every pair at each rate, from
     the workflow records of a replay (``workflows.jsonl``). JSON-ready: ``values`` and
     ``comparisons`` are lists of rows."""
-    names = {f.name for f in dataclasses.fields(WorkflowRecord)}
     runs: dict[tuple[str, float], list[tuple[int, WorkflowRecord]]] = {}
     for w in workflows:
-        record = WorkflowRecord(**{k: v for k, v in w.items() if k in names})
-        runs.setdefault((w["policy"], w["rate"]), []).append((w.get("repeat", 0), record))
+        runs.setdefault((w["policy"], w["rate"]), []).append(
+            (w.get("repeat", 0), from_row(WorkflowRecord, w)))
     policies = list(dict.fromkeys(p for p, _ in runs))
     values, comparisons = [], []
     for rate in sorted({r for _, r in runs}):

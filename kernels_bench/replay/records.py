@@ -7,7 +7,12 @@ streamed chunk arrives, ``end_s`` when the stream ends.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+R = TypeVar("R", "RequestRecord", "WorkflowRecord")
 
 
 @dataclass
@@ -62,3 +67,10 @@ class WorkflowRecord:
     final_models: list[str] = field(default_factory=list)
     """Served model of each attempt's final stage."""
     error: str | None = None
+
+
+def from_row(cls: type[R], row: Mapping[str, Any]) -> R:
+    """A record from a row of ``requests.jsonl`` / ``workflows.jsonl`` (the columns the
+    output adds, such as policy, rate and repeat, left out)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in row.items() if k in names})

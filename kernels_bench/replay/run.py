@@ -242,29 +242,22 @@ def prepare(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptio
     return Prepared(model_map, routers, engines, jobs, plan, summary)
 
 
-def run_label(i: int, plan: Sequence[tuple[int, PolicySpec, float]], repeats: int) -> str:
-    """``[i/n] POLICY @ RATE/s (repeat k)``: a run in progress output."""
-    repeat, spec, rate = plan[i - 1]
-    return (f"[{i}/{len(plan)}] {spec.label} @ {rate:g}/s"
-            + (f" (repeat {repeat + 1})" if repeats > 1 else ""))
-
-
 def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
            command: str) -> dict[str, Any]:
     """Run every policy at every rate; write outputs after each run; return the summary."""
     p = prepare(cfg, trace, trace_name, opts, command)
-    model_map, routers, engines, jobs, plan, summary = (
-        p.model_map, p.routers, p.engines, p.jobs, p.plan, p.summary)
+    summary = p.summary
     opts.out.mkdir(parents=True, exist_ok=True)
     cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)
     try:
-        for i, (repeat, spec, rate) in enumerate(plan, 1):
-            desc = run_label(i, plan, opts.repeats)
+        for i, (repeat, spec, rate) in enumerate(p.plan, 1):
+            desc = (f"[{i}/{len(p.plan)}] {spec.label} @ {rate:g}/s"
+                    + (f" (repeat {repeat + 1})" if opts.repeats > 1 else ""))
             for attempt in range(1, opts.run_attempts + 1):
-                cluster.prepare(engines[spec.label])
-                url = cluster.start_router(routers[spec.label], desc)
+                cluster.prepare(p.engines[spec.label])
+                url = cluster.start_router(p.routers[spec.label], desc)
                 cluster.reset_prefix_caches()
-                run = _one_run(cluster, url, jobs[rate], spec, model_map, opts, desc)
+                run = _one_run(cluster, url, p.jobs[rate], spec, p.model_map, opts, desc)
                 cluster.stop_router()
                 cluster.check_engines()
                 if not run["summary"]["engine_down_events"] or attempt == opts.run_attempts:

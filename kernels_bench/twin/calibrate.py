@@ -26,22 +26,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernels_bench.replay.metrics import tpot, ttft
 from kernels_bench.replay.output import load_summary, read_jsonl
+from kernels_bench.replay.records import RequestRecord, from_row
 
 MIN_CALLS = 20
 """Fewest calls per engine entry a slowdown is fitted on."""
 
 
-def _tpot(r: Mapping[str, Any]) -> float | None:
-    if r["error"] is not None or r["first_token_s"] is None or r["output_tokens"] < 2:
-        return None
-    return (r["end_s"] - r["first_token_s"]) / (r["output_tokens"] - 1)
-
-
-def _ttft(r: Mapping[str, Any]) -> float | None:
-    if r["error"] is not None or r["first_token_s"] is None:
-        return None
-    return r["first_token_s"] - r["send_s"]
+def _calls(rows: Iterable[Mapping[str, Any]]) -> list[RequestRecord]:
+    """The calls of ``requests.jsonl`` rows that did not fail."""
+    calls = (from_row(RequestRecord, row) for row in rows)
+    return [r for r in calls if r.error is None]
 
 
 def entry_of(engine: str, entries: Iterable[str]) -> str | None:
@@ -52,16 +48,16 @@ def entry_of(engine: str, entries: Iterable[str]) -> str | None:
     return None
 
 
-def slowdowns(live: Sequence[Mapping[str, Any]], twin: Sequence[Mapping[str, Any]],
+def slowdowns(live: Sequence[RequestRecord], twin: Sequence[RequestRecord],
               entries: Sequence[str], used: Mapping[str, float]) -> dict[str, float]:
-    """``K_e = used K_e x median live TPOT / median twin TPOT`` per entry e (ValueError: too
-    few calls)."""
+    """``K_e = used K_e x median live TPOT / median twin TPOT`` per entry e (TPOT:
+    ``replay.metrics.tpot``; ValueError: too few calls)."""
     out = {}
     for e in entries:
         values = []
-        for rows in (live, twin):
-            xs = [t for r in rows if entry_of(r["engine"], entries) == e
-                  and (t := _tpot(r)) is not None]
+        for calls in (live, twin):
+            xs = [t for r in calls if entry_of(r.engine, entries) == e
+                  and (t := tpot(r)) is not None]
             if len(xs) < MIN_CALLS:
                 raise ValueError(f"engine {e}: {len(xs)} calls with a TPOT, at least "
                                  f"{MIN_CALLS} are needed")
@@ -70,11 +66,11 @@ def slowdowns(live: Sequence[Mapping[str, Any]], twin: Sequence[Mapping[str, Any
     return out
 
 
-def request_overhead_s(live: Sequence[Mapping[str, Any]], twin: Sequence[Mapping[str, Any]],
+def request_overhead_s(live: Sequence[RequestRecord], twin: Sequence[RequestRecord],
                        used_s: float) -> float:
-    """``o = max(0, used o + median live TTFT - median twin TTFT)``."""
-    live_ttft = [t for r in live if (t := _ttft(r)) is not None]
-    twin_ttft = [t for r in twin if (t := _ttft(r)) is not None]
+    """``o = max(0, used o + median live TTFT - median twin TTFT)`` (``replay.metrics.ttft``)."""
+    live_ttft = [t for r in live if (t := ttft(r)) is not None]
+    twin_ttft = [t for r in twin if (t := ttft(r)) is not None]
     if not live_ttft or not twin_ttft:
         raise ValueError("no call with a first token in one of the replays")
     return max(0.0, used_s + statistics.median(live_ttft) - statistics.median(twin_ttft))
@@ -89,12 +85,11 @@ def calibration(live_dir: Path, twin_dir: Path) -> dict[str, Any]:
     if "twin" not in twin_meta:
         raise ValueError(f"{twin_dir}: not a twin replay")
     used = twin_meta["twin"]
-    live, twin = (read_jsonl(d / "requests.jsonl") for d in (live_dir, twin_dir))
-    runs = {(r["policy"], r["rate"]) for r in live} & {(r["policy"], r["rate"]) for r in twin}
+    rows = [read_jsonl(d / "requests.jsonl") for d in (live_dir, twin_dir)]
+    runs = set.intersection(*({(r["policy"], r["rate"]) for r in rs} for rs in rows))
     if not runs:
         raise ValueError("the two replays share no (policy, rate) run")
-    live = [r for r in live if (r["policy"], r["rate"]) in runs]
-    twin = [r for r in twin if (r["policy"], r["rate"]) in runs]
+    live, twin = (_calls(r for r in rs if (r["policy"], r["rate"]) in runs) for rs in rows)
     entries = [e["name"] for e in live_meta["engines"]]
     k = slowdowns(live, twin, entries, used.get("slowdown") or {})
     overhead = request_overhead_s(live, twin, used["request_overhead_ms"] / 1e3)

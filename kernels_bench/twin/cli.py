@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.cli import build_parser, check_args, run_replay
+from kernels_bench.replay.cli import TWIN_ROOT, build_parser, check_args, run_replay
 from kernels_bench.replay.run import ReplayOptions
 from kernels_bench.twin.router import RouterCosts
 from kernels_bench.twin.run import TwinOptions, load_profiles, twin
+from kernels_bench.twin.step_time import MAX_SLOWDOWN
 from router.config import ClusterConfig
 from router.trace_format import Trace
 
@@ -58,10 +59,10 @@ def calibration(path: Path | None, overhead_ms: float) -> tuple[dict[str, float]
         overhead = float(cal["request_overhead_ms"])
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"--calibration {path}: not a calibration file ({e})") from None
-    if not 0 <= overhead <= MAX_OVERHEAD_MS or not all(0 < k <= 1000
+    if not 0 <= overhead <= MAX_OVERHEAD_MS or not all(0 < k <= MAX_SLOWDOWN
                                                          for k in slowdown.values()):
         raise ValueError(f"--calibration {path}: request_overhead_ms must be in [0, "
-                         f"{MAX_OVERHEAD_MS:g}] and every slowdown in (0, 1000]")
+                         f"{MAX_OVERHEAD_MS:g}] and every slowdown in (0, {MAX_SLOWDOWN:g}]")
     return slowdown, overhead
 
 
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     p = parser()
     a = p.parse_args(argv)
-    out = check_args(p, a)
+    out = check_args(p, a, TWIN_ROOT)
     if a.jobs < 1 or not 0 <= a.request_overhead_ms <= MAX_OVERHEAD_MS:
         p.error(f"--jobs must be >= 1 and --request-overhead-ms in [0, {MAX_OVERHEAD_MS:g}]")
 

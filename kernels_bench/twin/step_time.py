@@ -19,6 +19,8 @@ import numpy as np
 
 Ms = Annotated[float, msgspec.Meta(gt=0.0, le=1e9)]
 NonNegMs = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+MAX_SLOWDOWN = 1000.0
+"""Largest slowdown K of ``StepTimeModel.step_ms``."""
 Z90 = 1.2815515655446004
 """The standard normal's 90th percentile: ln(p90 / p10) = 2 Z90 sigma for a lognormal."""
 
@@ -75,8 +77,8 @@ class StepTimeModel:
     def __init__(self, profile: EngineProfile, jitter: bool = False, seed: int = 0,
                  slowdown: float = 1.0) -> None:
         """``slowdown``: K of ``step_ms``, 1 for an engine with its cores to itself."""
-        if not 0 < slowdown <= 1000:
-            raise ValueError(f"slowdown {slowdown}: must be in (0, 1000]")
+        if not 0 < slowdown <= MAX_SLOWDOWN:
+            raise ValueError(f"slowdown {slowdown}: must be in (0, {MAX_SLOWDOWN:g}]")
         self.slowdown = slowdown
         self.prefill_ms_per_token = profile.prefill_ms_per_token
         by_ctx: dict[int, list[ProfileCell]] = {}

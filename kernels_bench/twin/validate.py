@@ -19,7 +19,8 @@ from typing import Any
 
 from kernels_bench.replay.intervals import METRICS, Interval, interval, matrix
 from kernels_bench.replay.output import load_summary, read_jsonl
-from kernels_bench.replay.records import WorkflowRecord
+from kernels_bench.replay.metrics import lookup
+from kernels_bench.replay.records import WorkflowRecord, from_row
 
 TOLERANCE = 0.15
 """The issue's bar: the twin's mean E2E within 15% of the live one (or in its interval)."""
@@ -35,17 +36,15 @@ def runs_of(folders: Sequence[Path], exclude: set[tuple[str, str, float, int]]
     ``exclude``: (folder name, policy, rate, repeat from 1) of runs left out."""
     out: dict[Key, list[tuple[dict[str, Any], list[WorkflowRecord]]]] = {}
     for folder in folders:
-        summary = load_summary(folder)
-        flows = read_jsonl(folder / "workflows.jsonl")
-        for run in summary["runs"]:
+        flows: dict[tuple[str, float, int], list[WorkflowRecord]] = {}
+        for w in read_jsonl(folder / "workflows.jsonl"):
+            flows.setdefault((w["policy"], float(w["rate"]), w["repeat"]), []).append(
+                from_row(WorkflowRecord, w))
+        for run in load_summary(folder)["runs"]:
             key = (run["policy"], float(run["rate"]))
-            if (folder.name, key[0], key[1], run["repeat"] + 1) in exclude:
-                continue
-            mine = [WorkflowRecord(**{k: v for k, v in w.items()
-                                      if k not in ("policy", "rate", "repeat")})
-                    for w in flows if w["policy"] == run["policy"]
-                    and float(w["rate"]) == key[1] and w["repeat"] == run["repeat"]]
-            out.setdefault(key, []).append((run["summary"], mine))
+            if (folder.name, *key, run["repeat"] + 1) not in exclude:
+                out.setdefault(key, []).append(
+                    (run["summary"], flows.get((*key, run["repeat"]), [])))
     return out
 
 
@@ -56,15 +55,10 @@ def e2e_interval(runs: Sequence[tuple[dict[str, Any], list[WorkflowRecord]]]
     return interval(matrix(pairs, E2E, list(range(len(runs))), jobs))
 
 
-def _mean_of(runs: Sequence[tuple[dict[str, Any], list[WorkflowRecord]]], path: str
+def _mean_of(runs: Sequence[tuple[dict[str, Any], list[WorkflowRecord]]], key: str
              ) -> float | None:
-    values = []
-    for summary, _ in runs:
-        v: Any = summary
-        for part in path.split("."):
-            v = v.get(part) if isinstance(v, Mapping) else None
-        if v is not None:
-            values.append(float(v))
+    """Mean over runs of a summary metric (``metrics.lookup``'s dotted key)."""
+    values = [v for summary, _ in runs if (v := lookup(summary, key)) is not None]
     return statistics.fmean(values) if values else None
 
 

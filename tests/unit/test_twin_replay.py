@@ -14,6 +14,7 @@ import pytest
 from kernels_bench.replay.client import ClientSettings, stage_body
 from kernels_bench.replay.cli import build_parser, replay_options
 from kernels_bench.replay.output import read_jsonl
+from kernels_bench.replay.records import RequestRecord
 from kernels_bench.replay.workload import Job
 from kernels_bench.twin import calibrate
 from kernels_bench.twin.cli import main as twin_main
@@ -171,9 +172,10 @@ def _cluster(profiles: Path, policy: str, costs: RouterCosts = NO_CHARGE
 
 
 def test_calibration_formulas_and_refusals(tmp_path: Path) -> None:
-    def row(engine: str, ttft: float, tpot: float, n: int = 11) -> dict[str, Any]:
-        return {"engine": engine, "error": None, "send_s": 0.0, "first_token_s": ttft,
-                "end_s": ttft + tpot * (n - 1), "output_tokens": n}
+    def row(engine: str, ttft: float, tpot: float, n: int = 11) -> RequestRecord:
+        return RequestRecord("w0", "w0.1", 1, 0, 1, "solver", send_s=0.0, engine=engine,
+                             first_token_s=ttft, end_s=ttft + tpot * (n - 1),
+                             output_tokens=n)
 
     live = [row("a-0", 0.3, 0.02)] * 20 + [row("b-0", 0.5, 0.09)] * 20
     twin_rows = [row("a-0", 0.1, 0.01)] * 20 + [row("b-0", 0.1, 0.03)] * 21
