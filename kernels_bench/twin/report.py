@@ -63,9 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     for folder in a.folders:
         try:
             summary = load_summary(folder)
+            text = f"### {folder.name}\n\n`{summary['meta']['command']}`\n\n{table(summary)}\n"
         except ValueError as e:
             raise SystemExit(f"error: {e}") from None
-        print(f"### {folder.name}\n\n`{summary['meta']['command']}`\n\n{table(summary)}\n")
+        except (KeyError, TypeError) as e:
+            raise SystemExit(f"error: {folder}: not a finished replay summary (no {e})") from None
+        print(text)
 
 
 if __name__ == "__main__":
