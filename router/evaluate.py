@@ -16,7 +16,7 @@ from typing import Any
 from router.predictors.evaluation import PAPERS
 from router.predictors.kinds import KINDS, kind, split_rows
 from router.predictors.plots import save_figure
-from router.predictors.records import fingerprint
+from router.predictors.records import Split, fingerprint
 from router.train import load_rows
 
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         p.error(str(e))
     trained = model.meta.data
-    test = rows if args.all else split_rows(rows, trained["seed"], trained["holdout"])[1]
+    test = rows if args.all else split_rows(rows, Split.of(trained))[1]
     if not test:
         p.error("no held-out rows in this data (use --all for data the artifact never saw)")
     print(f"{k.name}: evaluating on {len(test)} of {len(rows)} rows")

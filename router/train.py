@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from router.predictors.kinds import KINDS, Kind, kind, parse_settings, split_rows
-from router.predictors.records import fingerprint
+from router.predictors.records import Split, fingerprint
 from router.predictors.sources import load_records, load_tpot_samples, parse_model_map, serve_as
 
 
@@ -34,18 +34,18 @@ def load_rows(k: Kind, data: Sequence[str], model_map: Sequence[str] = ()) -> li
     return serve_as(records, parse_model_map(model_map)) if model_map else records
 
 
-def data_info(data: Sequence[str], rows: Sequence[Any], seed: int, holdout: float
-              ) -> dict[str, Any]:
-    """Provenance stored in the artifact (file names only, never a machine's path)."""
+def data_info(data: Sequence[str], rows: Sequence[Any], split: Split) -> dict[str, Any]:
+    """Provenance stored in the artifact (file names only, never a machine's path) and
+    its split (``Split.info``)."""
     return {"sources": [Path(d).name for d in data], "records": len(rows),
-            "fingerprint": fingerprint(rows), "seed": seed, "holdout": holdout}
+            "fingerprint": fingerprint(rows), **split.info()}
 
 
 def train_artifact(k: Kind, rows: Sequence[Any], settings: Any, out: Path,
                    info: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Train ``k`` on the rows its split (``info``'s seed and holdout) keeps, save the
-    artifact in ``out`` with ``info`` (plus the training time); return that info."""
-    train, test = split_rows(rows, info["seed"], info["holdout"])
+    """Train ``k`` on the rows its split (``Split.of(info)``) keeps, save the artifact in
+    ``out`` with ``info`` (plus the training time); return that info."""
+    train, test = split_rows(rows, Split.of(info))
     print(f"{k.name}: {len(rows)} rows, training on {len(train)}, {len(test)} held out")
     if not train:
         raise ValueError(f"{k.name}: the split holds out every row; lower --holdout")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = parse_settings(k.settings, args.set)
         rows = load_rows(k, args.data, args.model_map)
-        info = data_info(args.data, rows, args.seed, args.holdout)
+        info = data_info(args.data, rows, Split(args.seed, args.holdout))
         if args.model_map:
             info["model_map"] = parse_model_map(args.model_map)
         train_artifact(k, rows, settings, args.out, info, progress=not args.quiet)

@@ -47,9 +47,10 @@ def build_parser(prog: str = "python -m kernels_bench replay", description: str 
                    help="workflow trace(s) (.jsonl[.gz]); several are replayed as one mixed "
                    "workload (e.g. math and code)")
     p.add_argument("--artifacts", type=Path, metavar="DIR",
-                   help="trained predictors (python -m kernels_bench artifacts, one folder "
-                   "per predictor) for every policy that routes on them; '-static' specs "
-                   "run on static priors instead")
+                   help="trained predictors (python -m kernels_bench artifacts: one folder "
+                   "per predictor, or fold-k/ folders of them to cross-fit) for every "
+                   "policy that routes on them; '-static' specs run on static priors "
+                   "instead")
     p.add_argument("--policies", nargs="+", default=MAIN_POLICIES, metavar="SPEC",
                    help=f"policies to compare (default: {' '.join(MAIN_POLICIES)})")
     p.add_argument("--rates", nargs="+", type=float, default=[1.0], metavar="R",
@@ -100,14 +101,26 @@ def portable(arg: str) -> str:
         return path.name
 
 
-def artifact_folders(root: Path) -> dict[str, str]:
-    """Predictor name -> folder, for every artifact under ``root``; ValueError if none."""
-    found = {k: str((root / k).resolve()) for k in KINDS
-             if (root / k / METADATA_FILE).is_file()}
-    if not found:
-        raise ValueError(f"--artifacts {root}: no predictor artifact in it (expected "
-                         f"<predictor>/{METADATA_FILE}; python -m kernels_bench artifacts)")
-    return found
+def artifact_folders(root: Path) -> list[dict[str, str]]:
+    """Per fold (``root/fold-k``, k = 0, 1, ...; else ``root`` itself as one), predictor
+    name -> folder of every artifact in it; ValueError if none, or on both layouts."""
+    def found(folder: Path) -> dict[str, str]:
+        return {k: str((folder / k).resolve()) for k in KINDS
+                if (folder / k / METADATA_FILE).is_file()}
+
+    folds = []
+    while (root / f"fold-{len(folds)}").is_dir():
+        folds.append(found(root / f"fold-{len(folds)}"))
+    here = found(root)
+    if folds and here:
+        raise ValueError(f"--artifacts {root}: holds both predictor folders and fold-k "
+                         "folders; give one fold's folder or a folder of folds")
+    empty = [f"fold-{k}" for k, f in enumerate(folds) if not f]
+    if not folds and not here or empty:
+        raise ValueError(f"--artifacts {root}: no predictor artifact in "
+                         f"{empty[0] if empty else 'it'} (expected <predictor>/"
+                         f"{METADATA_FILE}; python -m kernels_bench artifacts [--folds K])")
+    return folds or [here]
 
 
 def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -136,7 +149,7 @@ def replay_options(a: argparse.Namespace, out: Path) -> ReplayOptions:
         arrival=a.arrival, cv=a.cv, workflows=a.workflows, seed=a.seed,
         model_map=parse_model_map(a.model_map), max_attempts=a.retries + 1,
         run_attempts=getattr(a, "run_attempts", 1), repeats=a.repeats, problems=a.problems,
-        artifacts=artifact_folders(a.artifacts) if a.artifacts else {},
+        artifacts=artifact_folders(a.artifacts) if a.artifacts else [],
         priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
         run_dir=getattr(a, "run_dir", None) or out / "cluster")
 

@@ -25,6 +25,7 @@ SUMMARY = "summary.json"
 
 def _rows(records: Sequence[Any], run: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"policy": run["policy"], "rate": run["rate"], "repeat": run["repeat"],
+             "fold": run.get("fold", 0),
              **dataclasses.asdict(r)} for r in records]
 
 

@@ -44,14 +44,21 @@ COLUMNS = (
 )
 
 
-def baseline_run(summary: Mapping[str, Any], rate: float, repeat: int = 0
+def baseline_run(summary: Mapping[str, Any], rate: float, repeat: int = 0, fold: int = 0
                  ) -> Mapping[str, Any] | None:
-    """The baseline policy's run at ``rate`` in ``repeat``, if it was run."""
+    """The baseline policy's run at ``rate`` in ``repeat`` and ``fold``, if it was run."""
     base = summary["meta"]["baseline"]
     for run in summary["runs"]:
-        if run["policy"] == base and run["rate"] == rate and run.get("repeat", 0) == repeat:
+        if (run["policy"] == base and run["rate"] == rate and run.get("repeat", 0) == repeat
+                and run.get("fold", 0) == fold):
             return run
     return None
+
+
+def _baseline_of(summary: Mapping[str, Any], run: Mapping[str, Any]
+                 ) -> Mapping[str, Any] | None:
+    """The baseline's run beside ``run`` (same rate, repeat and fold)."""
+    return baseline_run(summary, run["rate"], run.get("repeat", 0), run.get("fold", 0))
 
 
 def _num(v: float | None, digits: int = 3) -> str:
@@ -67,16 +74,17 @@ def traffic_text(run: Mapping[str, Any]) -> str:
 
 
 def _rows_in_order(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Runs by rate, then in the order the policies were given, then by repeat."""
+    """Runs by rate, then in the order the policies were given, then by repeat and fold."""
     order = {p["label"]: i for i, p in enumerate(summary["meta"]["policies"])}
     return sorted(summary["runs"], key=lambda r: (r["rate"], order.get(r["policy"], 1 << 30),
-                                                  r.get("repeat", 0)))
+                                                  r.get("repeat", 0), r.get("fold", 0)))
 
 
 def _label(run: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
-    """The policy, with the repeat when there are several."""
-    repeats = summary["meta"].get("repeats", 1)
-    return run["policy"] + (f" #{run.get('repeat', 0) + 1}" if repeats > 1 else "")
+    """The policy, with the repeat (``#2``) and fold (``f3``) when there are several."""
+    m = summary["meta"]
+    return (run["policy"] + (f" #{run.get('repeat', 0) + 1}" if m.get("repeats", 1) > 1 else "")
+            + (f" f{run.get('fold', 0)}" if m.get("folds", 1) > 1 else ""))
 
 
 def markdown_tables(summary: Mapping[str, Any]) -> str:
@@ -99,7 +107,7 @@ def markdown_tables(summary: Mapping[str, Any]) -> str:
     head = ["policy", "rate/s", *(c.name for c in cols)]
     ratio_lines = [_md_row(head), _md_row(["---"] * len(head))]
     for run in runs:
-        b = baseline_run(summary, run["rate"], run.get("repeat", 0))
+        b = _baseline_of(summary, run)
         if b is None:
             continue
         cells = [_ratio_text(lookup(run["summary"], c.key), lookup(b["summary"], c.key))
@@ -133,9 +141,9 @@ def flat_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One CSV row per run: metrics in stored units, ratios, traffic shares."""
     rows = []
     for run in _rows_in_order(summary):
-        s, b = run["summary"], baseline_run(summary, run["rate"], run.get("repeat", 0))
+        s, b = run["summary"], _baseline_of(summary, run)
         row: dict[str, Any] = {"policy": run["policy"], "rate": run["rate"],
-                               "repeat": run.get("repeat", 0),
+                               "repeat": run.get("repeat", 0), "fold": run.get("fold", 0),
                                "workflows": s["workflows"], "errors": s["errors"],
                                "engine_down_events": s.get("engine_down_events", 0)}
         for c in COLUMNS:

@@ -51,6 +51,13 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
     problems = {"held-out": "only problems the artifacts' split held out",
                 "trained": "only problems the artifacts trained on (tuning)",
                 "all": "every problem"}.get(m.get("problems", ""), "")
+    folds = m.get("folds", 1)
+    if folds > 1:
+        problems = (f"cross-fitted over {folds} folds: the runs of fold k route on "
+                    f"predictors trained without the k-th 1/{folds} of the problems and "
+                    f"replay {m['workflows']} workflows of those problems "
+                    f"({folds * m['workflows']} workflows per policy and repeat, each on a "
+                    "problem its predictors never saw)")
     parts = [
         "# Serving replay results",
         "",

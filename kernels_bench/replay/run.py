@@ -4,6 +4,12 @@ The workload (trace runs and, per rate, arrival times) is drawn once from the se
 every policy replays exactly the same workflows at the same times. Every (policy, rate) runs
 ``repeats`` times, interleaved (``schedule``): repeat after repeat, policies sharing engine
 settings back to back on the same engines, the order rotated every repeat.
+
+With cross-fitted predictor artifacts (``kernels_bench artifacts --folds K``) a repeat runs
+every (policy, rate) once per fold: fold k's routers route on fold k's predictors and
+replay ``workflows`` runs of the problems fold k held out (its static priors average the
+problems it trained on), so every problem is replayed by predictors that never saw it and
+the intervals pool the folds' workflows.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from router.policies.registry import POLICIES, build_policy
 from router.predictors.artifact import split_of
 from router.predictors.base import PredictorSet
 from router.predictors.loader import PROFILES
-from router.predictors.records import held_out
+from router.predictors.records import Split
 from router.trace_format import Trace, WorkflowRun
 from router.types import ClusterInfo
 
@@ -60,8 +66,9 @@ class ReplayOptions:
     """Runs of every (policy, rate), interleaved; intervals need at least 2."""
     problems: str
     """Which problems to replay, given the artifacts' splits (``workload.PROBLEMS``)."""
-    artifacts: dict[str, str]
-    """Predictor name -> artifact folder (``--artifacts``) for the non-static specs."""
+    artifacts: list[dict[str, str]]
+    """Per fold, predictor name -> artifact folder (``--artifacts``) for the non-static
+    specs: one set for a single split, K for cross-fitting, none without artifacts."""
     out: Path
     run_dir: Path
     """Where the engines' and routers' logs and sockets go."""
@@ -134,36 +141,37 @@ def check_variant(cfg: ClusterConfig, router: RouterConfig, spec: PolicySpec) ->
         raise ValueError(f"policy {label!r}: {e}{hint}") from None
 
 
-def trained_splits(routers: Iterable[RouterConfig]) -> list[tuple[int, float]]:
-    """(seed, held-out fraction) of every problem-trained predictor artifact the routers
-    load (telemetry-trained ``tpot`` ones split engine samples, not problems)."""
+def trained_splits(routers: Iterable[RouterConfig]) -> list[Split]:
+    """The split of every problem-trained predictor artifact the routers load
+    (telemetry-trained ``tpot`` ones split engine samples, not problems)."""
     out = []
     folders = {f for r in routers for k, f in r.predictors.items() if k != PROFILES}
     for folder in sorted(folders):
-        kind, seed, fraction = split_of(folder)
+        kind, split = split_of(folder)
         if kind != "tpot":
-            out.append((seed, fraction))
+            out.append(split)
     return sorted(set(out))
 
 
 def prior_runs(trace: Trace, traced_models: Sequence[str],
-               splits: Sequence[tuple[int, float]]) -> list[WorkflowRun]:
+               splits: Sequence[Split]) -> list[WorkflowRun]:
     """The runs static priors average over: those of the problems the artifacts trained
     on when there are artifacts (priors then see no replayed problem), else every run."""
     runs = trace.complete_runs(traced_models)
-    trained = [r for r in runs if not any(held_out(r.problem_id, s, f) for s, f in splits)]
+    trained = [r for r in runs if not any(s.holds_out(r.problem_id) for s in splits)]
     return trained if splits and trained else runs
 
 
 def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions,
-              splits: Sequence[tuple[int, float]] = ()) -> dict[float, list[Job]]:
+              splits: Sequence[Split] = (), first: int = 0) -> dict[float, list[Job]]:
     """Per rate, the jobs: the same seeded runs (of problems every split held out),
-    arrivals drawn with the seed."""
+    arrivals drawn with the seed; job ids numbered from ``first``."""
     runs = select_runs(trace, traced_models, opts.workflows, opts.seed, splits, opts.problems)
     out = {}
     for rate in opts.rates:
         times = arrival_times(len(runs), rate, opts.arrival, opts.cv, opts.seed)
-        out[rate] = [Job(f"w{i:04d}", run, t) for i, (run, t) in enumerate(zip(runs, times))]
+        out[rate] = [Job(f"w{first + i:04d}", run, t)
+                     for i, (run, t) in enumerate(zip(runs, times))]
     return out
 
 
@@ -183,14 +191,14 @@ def grouped(specs: Sequence[PolicySpec], engines: Callable[[PolicySpec], list[En
 
 
 def schedule(specs: Sequence[PolicySpec], rates: Sequence[float], repeats: int,
-             engines: Callable[[PolicySpec], list[EngineConfig]]
-             ) -> list[tuple[int, PolicySpec, float]]:
-    """(repeat, spec, rate) in run order: repeat after repeat; in repeat k the engine
-    groups and the specs within each group are rotated by k, so that no policy always runs
-    first, or first after an engine restart."""
+             engines: Callable[[PolicySpec], list[EngineConfig]], folds: int = 1
+             ) -> list[Step]:
+    """The runs in order: repeat after repeat; in repeat k the engine groups are rotated by
+    k, and within a group fold after fold, the group's specs rotated by k + fold, so that
+    no policy always runs first, or first after an engine restart."""
     groups = grouped(specs, engines)
-    return [(k, s, r) for k in range(repeats) for g in _rotated(groups, k)
-            for s in _rotated(g, k) for r in rates]
+    return [Step(k, f, s, r) for k in range(repeats) for g in _rotated(groups, k)
+            for f in range(folds) for s in _rotated(g, k + f) for r in rates]
 
 
 def _rotated(items: Sequence[Any], k: int) -> list[Any]:
@@ -199,47 +207,99 @@ def _rotated(items: Sequence[Any], k: int) -> list[Any]:
 
 
 @dataclass(frozen=True)
+class Step:
+    """One run of the plan."""
+
+    repeat: int
+    fold: int
+    spec: PolicySpec
+    rate: float
+
+
+@dataclass(frozen=True)
+class Fold:
+    """What the runs of one fold share (one fold without cross-fitting)."""
+
+    routers: dict[str, RouterConfig]
+    """Per policy label, its router's settings (the fold's predictors and priors)."""
+    jobs: dict[float, list[Job]]
+    """Per rate, the workload (problems the fold's predictors held out)."""
+    splits: list[Split]
+    """The splits of the predictors its routers load."""
+    priors: dict[str, dict[str, float]] | None
+
+
+@dataclass(frozen=True)
 class Prepared:
     """What every run of a replay (live or twin) shares, checked before any run."""
 
     model_map: dict[str, str]
     """Served model -> trace model."""
-    routers: dict[str, RouterConfig]
-    """Per policy label, its router's settings."""
+    folds: list[Fold]
     engines: dict[str, list[EngineConfig]]
     """Per policy label, its engines."""
-    jobs: dict[float, list[Job]]
-    """Per rate, the workload."""
-    plan: list[tuple[int, PolicySpec, float]]
-    """(repeat, spec, rate) in run order."""
+    plan: list[Step]
+    """The runs in order."""
     summary: dict[str, Any]
     """``meta`` filled, ``runs`` empty."""
 
 
-def prepare(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
-            command: str) -> Prepared:
-    """Resolve the model map, the routers (priors, artifacts) and engines of every policy,
-    check them, draw the workload; ValueError (SpecError, ClusterError, ...) on a problem."""
-    model_map = resolve_model_map(served_models(cfg), opts.model_map, trace.models)
-    routers = {s.label: router_variant(cfg, s, None, opts.artifacts) for s in opts.policies}
+def prepare_fold(cfg: ClusterConfig, trace: Trace, opts: ReplayOptions,
+                 model_map: dict[str, str], artifacts: Mapping[str, str], first: int
+                 ) -> Fold:
+    """The routers (priors, ``artifacts``) of every policy, checked, and the workload of the
+    problems the artifacts held out, job ids from ``first``."""
+    routers = {s.label: router_variant(cfg, s, None, artifacts) for s in opts.policies}
     splits = trained_splits(routers.values())
     priors = None
     if opts.priors_from_trace:
         priors = trace_priors(prior_runs(trace, list(model_map.values()), splits), model_map)
-        routers = {s.label: router_variant(cfg, s, priors, opts.artifacts)
-                   for s in opts.policies}
+        routers = {s.label: router_variant(cfg, s, priors, artifacts) for s in opts.policies}
     for s in opts.policies:
         check_variant(cfg, routers[s.label], s)
+    jobs = make_jobs(trace, list(model_map.values()), opts, splits, first)
+    return Fold(routers, jobs, splits, priors)
+
+
+def prepare(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
+            command: str) -> Prepared:
+    """Resolve the model map, the routers (priors, artifacts) and engines of every policy
+    in every fold, check them, draw the workload; ValueError (SpecError, ClusterError, ...)
+    on a problem."""
+    model_map = resolve_model_map(served_models(cfg), opts.model_map, trace.models)
+    folds = [prepare_fold(cfg, trace, opts, model_map, a, k * opts.workflows)
+             for k, a in enumerate(opts.artifacts or [{}])]
+    if len(folds) > 1:
+        check_folds(folds, opts.problems)
     engines = {s.label: engine_variant(cfg, s.sched) for s in opts.policies}
-    jobs = make_jobs(trace, list(model_map.values()), opts, splits)
     summary: dict[str, Any] = {
-        "meta": run_meta(cfg, trace, trace_name, opts, model_map, priors, command),
+        "meta": run_meta(cfg, trace, trace_name, opts, model_map, folds[0].priors, command),
         "runs": []}
     summary["meta"]["problems"] = opts.problems
-    summary["meta"]["held_out_splits"] = [{"seed": s, "fraction": f} for s, f in splits]
-    summary["meta"]["inputs"] = {label: spec_inputs(r) for label, r in routers.items()}
-    plan = schedule(opts.policies, opts.rates, opts.repeats, lambda s: engines[s.label])
-    return Prepared(model_map, routers, engines, jobs, plan, summary)
+    summary["meta"]["folds"] = len(folds)
+    summary["meta"]["held_out_splits"] = [dataclasses.asdict(s) for f in folds
+                                          for s in f.splits]
+    summary["meta"]["inputs"] = {label: spec_inputs(r)
+                                 for label, r in folds[0].routers.items()}
+    plan = schedule(opts.policies, opts.rates, opts.repeats, lambda s: engines[s.label],
+                    len(folds))
+    return Prepared(model_map, folds, engines, plan, summary)
+
+
+def check_folds(folds: Sequence[Fold], problems: str) -> None:
+    """ValueError unless cross-fitted folds can be pooled: held-out problems only, and every
+    fold routes on predictors of its own split."""
+    if problems != "held-out":
+        raise ValueError(f"--problems {problems}: cross-fitted artifacts replay held-out "
+                         "problems; to tune on trained problems pass one fold's folder "
+                         "(e.g. artifacts/fold-0)")
+    splits = [tuple(f.splits) for f in folds]
+    if not all(splits):
+        raise ValueError("cross-fitted artifacts, but no policy routes on trained "
+                         "predictors: drop --artifacts or add such a policy")
+    if len(set(splits)) < len(splits):
+        raise ValueError("two artifact folds have the same split: every fold must hold out "
+                         "its own problems (python -m kernels_bench artifacts --folds K)")
 
 
 def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
@@ -250,14 +310,14 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
     opts.out.mkdir(parents=True, exist_ok=True)
     cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)
     try:
-        for i, (repeat, spec, rate) in enumerate(p.plan, 1):
-            desc = (f"[{i}/{len(p.plan)}] {spec.label} @ {rate:g}/s"
-                    + (f" (repeat {repeat + 1})" if opts.repeats > 1 else ""))
+        for i, step in enumerate(p.plan, 1):
+            spec, rate, repeat, fold = step.spec, step.rate, step.repeat, p.folds[step.fold]
+            desc = f"[{i}/{len(p.plan)}] {spec.label} @ {rate:g}/s" + run_tag(repeat, step.fold, opts)
             for attempt in range(1, opts.run_attempts + 1):
                 cluster.prepare(p.engines[spec.label])
-                url = cluster.start_router(p.routers[spec.label], desc)
+                url = cluster.start_router(fold.routers[spec.label], desc)
                 cluster.reset_prefix_caches()
-                run = _one_run(cluster, url, p.jobs[rate], spec, p.model_map, opts, desc)
+                run = _one_run(cluster, url, fold.jobs[rate], spec, p.model_map, opts, desc)
                 cluster.stop_router()
                 cluster.check_engines()
                 if not run["summary"]["engine_down_events"] or attempt == opts.run_attempts:
@@ -265,7 +325,8 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
                 tqdm.write(f"{desc}: the router marked an engine down during the run; "
                            f"running it again ({attempt + 1} of {opts.run_attempts})")
             run.update(policy=spec.label, router=spec.router, sched=spec.sched,
-                       oracle=spec.oracle, rate=rate, repeat=repeat, run_attempts=attempt)
+                       oracle=spec.oracle, rate=rate, repeat=repeat, fold=step.fold,
+                       run_attempts=attempt)
             summary["runs"].append({k: v for k, v in run.items()
                                     if k not in ("requests", "workflows")})
             write_run(opts.out, run)
@@ -274,6 +335,13 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
     finally:
         cluster.close()
     return summary
+
+
+def run_tag(repeat: int, fold: int, opts: ReplayOptions) -> str:
+    """`` (repeat r, fold f)`` as far as there are several."""
+    parts = ([f"repeat {repeat + 1}"] if opts.repeats > 1 else []) + (
+        [f"fold {fold}"] if len(opts.artifacts) > 1 else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec,

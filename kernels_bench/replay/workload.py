@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from router.predictors.records import held_out
+from router.predictors.records import Split
 from router.trace_format import Header, Trace, WorkflowRun
 
 
@@ -75,11 +75,11 @@ never on the evaluated ones), or every problem."""
 
 
 def select_runs(trace: Trace, models: Sequence[str], n: int, seed: int,
-                splits: Sequence[tuple[int, float]] = (), problems: str = "held-out"
+                splits: Sequence[Split] = (), problems: str = "held-out"
                 ) -> list[WorkflowRun]:
     """``n`` runs that every one of ``models`` completed, of the ``problems`` (``PROBLEMS``)
-    of ``splits`` ((seed, fraction) of ``held_out``), in a seeded order; when there are
-    fewer, the shuffled list repeats (repeated problems share KV prefixes)."""
+    of ``splits``, in a seeded order; when there are fewer, the shuffled list repeats
+    (repeated problems share KV prefixes)."""
     runs = trace.complete_runs(models)
     if not runs:
         counts = {m: sum(1 for r in trace.runs if m in r.models) for m in models}
@@ -89,9 +89,9 @@ def select_runs(trace: Trace, models: Sequence[str], n: int, seed: int,
     if problems not in PROBLEMS:
         raise WorkloadError(f"--problems {problems!r}: expected one of {', '.join(PROBLEMS)}")
     if problems == "held-out":
-        runs = [r for r in runs if all(held_out(r.problem_id, s, f) for s, f in splits)]
+        runs = [r for r in runs if all(s.holds_out(r.problem_id) for s in splits)]
     elif problems == "trained":
-        runs = [r for r in runs if not any(held_out(r.problem_id, s, f) for s, f in splits)]
+        runs = [r for r in runs if not any(s.holds_out(r.problem_id) for s in splits)]
     if not runs:
         which = "held out by" if problems == "held-out" else "trained on by"
         raise WorkloadError(f"no problem of the trace is {which} every predictor artifact's "

@@ -28,7 +28,7 @@ from kernels_bench.replay.client import AgenticClient, ClientSettings
 from kernels_bench.replay.engine_metrics import EngineCounters
 from kernels_bench.replay.metrics import summarize
 from kernels_bench.replay.output import write_run, write_summary
-from kernels_bench.replay.run import ReplayOptions, one_line, prepare
+from kernels_bench.replay.run import ReplayOptions, one_line, prepare, run_tag
 from kernels_bench.replay.spec import PolicySpec
 from kernels_bench.replay.workload import Job
 from kernels_bench.twin.engine import EngineTwin
@@ -60,12 +60,13 @@ class TwinOptions:
 
 @dataclass(frozen=True)
 class RunTask:
-    """One (repeat, policy, rate) run, as a worker process gets it."""
+    """One run of the plan, as a worker process gets it."""
 
     cfg: ClusterConfig
     """The run's cluster: its engines and router settings."""
     spec: PolicySpec
     repeat: int
+    fold: int
     rate: float
     jobs: list[Job]
     model_map: dict[str, str]
@@ -187,9 +188,11 @@ def twin(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
         "charge_decision": topts.costs.charge_decision,
         "request_overhead_ms": topts.costs.request_overhead_s * 1e3,
         "slowdown": dict(topts.slowdown), "jitter": topts.jitter}
-    tasks = [RunTask(run_config(cfg, p.engines[spec.label], p.routers[spec.label]), spec,
-                     repeat, rate, p.jobs[rate], p.model_map, opts.max_attempts, topts)
-             for repeat, spec, rate in p.plan]
+    tasks = [RunTask(run_config(cfg, p.engines[s.spec.label],
+                                p.folds[s.fold].routers[s.spec.label]),
+                     s.spec, s.repeat, s.fold, s.rate, p.folds[s.fold].jobs[s.rate],
+                     p.model_map, opts.max_attempts, topts)
+             for s in p.plan]
     opts.out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         results: Iterable[dict[str, Any]] = map(simulate, tasks)
@@ -201,14 +204,14 @@ def twin(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
         for i, (task, run) in enumerate(zip(tasks, results), 1):
             run.update(policy=task.spec.label, router=task.spec.router, sched=task.spec.sched,
                        oracle=task.spec.oracle, rate=task.rate, repeat=task.repeat,
-                       run_attempts=1)
+                       fold=task.fold, run_attempts=1)
             p.summary["runs"].append({k: v for k, v in run.items()
                                       if k not in ("requests", "workflows")})
             write_run(opts.out, run)
             write_summary(opts.out, p.summary)
             bar.update()
-            repeat = f" (repeat {task.repeat + 1})" if opts.repeats > 1 else ""
-            tqdm.write(f"[{i}/{len(tasks)}]{repeat} {one_line(run)}")
+            tqdm.write(f"[{i}/{len(tasks)}]{run_tag(task.repeat, task.fold, opts)} "
+                       f"{one_line(run)}")
     return p.summary
 
 

@@ -36,15 +36,15 @@ def runs_of(folders: Sequence[Path], exclude: set[tuple[str, str, float, int]]
     ``exclude``: (folder name, policy, rate, repeat from 1) of runs left out."""
     out: dict[Key, list[tuple[dict[str, Any], list[WorkflowRecord]]]] = {}
     for folder in folders:
-        flows: dict[tuple[str, float, int], list[WorkflowRecord]] = {}
+        flows: dict[tuple[str, float, int, int], list[WorkflowRecord]] = {}
         for w in read_jsonl(folder / "workflows.jsonl"):
-            flows.setdefault((w["policy"], float(w["rate"]), w["repeat"]), []).append(
-                from_row(WorkflowRecord, w))
+            flows.setdefault((w["policy"], float(w["rate"]), w["repeat"], w.get("fold", 0)),
+                             []).append(from_row(WorkflowRecord, w))
         for run in load_summary(folder)["runs"]:
             key = (run["policy"], float(run["rate"]))
             if (folder.name, *key, run["repeat"] + 1) not in exclude:
                 out.setdefault(key, []).append(
-                    (run["summary"], flows.get((*key, run["repeat"]), [])))
+                    (run["summary"], flows.get((*key, run["repeat"], run.get("fold", 0)), [])))
     return out
 
 

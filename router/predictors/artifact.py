@@ -18,6 +18,8 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from router.predictors.records import Split
+
 FORMAT = "hetserve-predictor"
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
@@ -101,13 +103,13 @@ def read_metadata(folder: str | os.PathLike[str], kind: str,
     return meta
 
 
-def split_of(folder: str | os.PathLike[str]) -> tuple[str, int, float]:
-    """(kind, seed, held-out fraction) of the problems split the artifact was trained on
-    (``records.held_out``); ArtifactError when its metadata cannot say."""
+def split_of(folder: str | os.PathLike[str]) -> tuple[str, Split]:
+    """(kind, split) of the problems the artifact was trained on (``records.Split``);
+    ArtifactError when its metadata cannot say."""
     path = Path(folder) / METADATA_FILE
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        return str(raw["kind"]), int(raw["data"]["seed"]), float(raw["data"]["holdout"])
+        return str(raw["kind"]), Split.of(raw["data"])
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ArtifactError(f"predictor artifact {str(folder)!r}: cannot read its train / "
                             f"held-out split from {METADATA_FILE} ({e})") from None

@@ -17,7 +17,7 @@ from router.predictors.capability import CapabilityModel, CapabilitySettings
 from router.predictors.evaluation import confidence_report, length_report, regression_report
 from router.predictors.knn import KnnEstimator, KnnSettings
 from router.predictors.length import LengthPredictor, LengthSettings
-from router.predictors.records import StageRecord, held_out, models_of
+from router.predictors.records import Split, StageRecord, models_of
 from router.predictors.semantic import SemanticRouter, SemanticSettings
 from router.predictors.table import PromptTable, prompt_table
 from router.predictors.tpot import TpotHeads, TpotSample, TpotSettings
@@ -112,11 +112,12 @@ def row_key(row: Any) -> str:
     return row.problem_id if isinstance(row, StageRecord) else f"{row.engine}:{row.block}"
 
 
-def split_rows(rows: Sequence[Any], seed: int, fraction: float) -> tuple[list[Any], list[Any]]:
+def split_rows(rows: Sequence[Any], split: Split) -> tuple[list[Any], list[Any]]:
+    """(training rows, held-out rows) of ``split``."""
     train: list[Any] = []
     test: list[Any] = []
     for row in rows:
-        (test if held_out(row_key(row), seed, fraction) else train).append(row)
+        (test if split.holds_out(row_key(row)) else train).append(row)
     return train, test
 
 

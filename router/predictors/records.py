@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Sequence
+from typing import IO, Any, Iterable, Iterator, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,39 @@ def fingerprint(rows: Sequence[Any]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def held_out(problem_id: str, seed: int, fraction: float) -> bool:
-    """A problem is held out when its seeded hash falls below ``fraction``."""
+def held_out(problem_id: str, seed: int, fraction: float, start: float = 0.0) -> bool:
+    """A problem is held out when its seeded hash ``h = sha256("seed:problem_id")[:8] /
+    2**64`` (uniform on [0, 1)) falls in ``[start, start + fraction)``."""
     digest = hashlib.sha256(f"{seed}:{problem_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    return start <= int.from_bytes(digest[:8], "big") / 2**64 < start + fraction
+
+
+@dataclass(frozen=True, order=True)
+class Split:
+    """The problems a predictor's training left out (``held_out``). Fold ``k`` of ``K``
+    (cross-fitting: every problem held out by exactly one fold) is
+    ``Split(seed, 1 / K, k / K)``."""
+
+    seed: int
+    fraction: float
+    start: float = 0.0
+
+    def holds_out(self, key: str) -> bool:
+        return held_out(key, self.seed, self.fraction, self.start)
+
+    @classmethod
+    def fold(cls, seed: int, k: int, folds: int) -> Split:
+        return cls(seed, 1 / folds, k / folds)
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Split:
+        """From an artifact's ``data`` metadata (``holdout_start`` absent: 0)."""
+        return cls(int(data["seed"]), float(data["holdout"]),
+                   float(data.get("holdout_start", 0.0)))
+
+    def info(self) -> dict[str, Any]:
+        """The metadata fields ``of`` reads."""
+        return {"seed": self.seed, "holdout": self.fraction, "holdout_start": self.start}
 
 
 def group(records: Iterable[StageRecord], *keys: str) -> dict[tuple[str, ...], list[StageRecord]]:

@@ -1,8 +1,9 @@
 """The serving replay for real: examples/replay.toml's two built-in engines started
 through the launcher API, the tiny fixture trace, Chimera on predictors trained on it
-(``kernels_bench artifacts``, small settings), vLLM's balancer and the oracle on the same
-STJF engines (one engine start keeps it short), a handful of held-out workflows, one retry
-for wrong answers. Metric arithmetic on a hand-made schedule is in tests/unit.
+(``kernels_bench artifacts``, small settings, cross-fitted in two folds), vLLM's balancer
+and the oracle on the same STJF engines (one engine start keeps it short), a handful of
+held-out workflows per fold, one retry for wrong answers. Metric arithmetic on a
+hand-made schedule is in tests/unit.
 
     .venv/bin/python -m pytest tests/e2e/test_replay.py -m engine -v
 """
@@ -18,7 +19,7 @@ import pytest
 from kernels_bench import artifacts
 from kernels_bench.replay import cli, results
 from kernels_bench.replay.workload import remaining_tokens
-from router.predictors.records import held_out
+from router.predictors.records import Split
 from router.trace_format import load_trace
 from tests.replay_fixture import write_trace
 
@@ -34,27 +35,32 @@ def rows(path: Path) -> list[dict[str, Any]]:
 
 def test_replay_end_to_end(tmp_path: Path) -> None:
     trace_path = write_trace(tmp_path / "trace.jsonl", problems=8)
-    trained = artifacts.build(
-        ["semantic_router", "length"], [str(trace_path)], ["tiny-a=small,tiny-b=large"],
-        tmp_path / "artifacts", seed=0, holdout=0.5, progress=False,
-        sets=["semantic_router.epochs=1", "length.svd_components=2", "length.n_estimators=10"])
-    assert trained == {"semantic_router": "trained", "length": "trained"}
+    splits = [Split.fold(0, k, 2) for k in range(2)]
+    for k, split in enumerate(splits):
+        trained = artifacts.build(
+            ["semantic_router", "length"], [str(trace_path)], ["tiny-a=small,tiny-b=large"],
+            artifacts.fold_dir(tmp_path / "artifacts", k), split, progress=False,
+            sets=["semantic_router.epochs=1", "length.svd_components=2",
+                  "length.n_estimators=10"])
+        assert trained == {"semantic_router": "trained", "length": "trained"}
     out = tmp_path / "out"
     cli.main(["--cluster", str(ROOT / "examples" / "replay.toml"), "--trace", str(trace_path),
               "--policies", "chimera:stjf", "vllm", "oracle", "--baseline", "vllm", "--rates", "4",
-              "--workflows", "6", "--model-map", "tiny-a=small,tiny-b=large", "--retries", "1",
+              "--workflows", "3", "--model-map", "tiny-a=small,tiny-b=large", "--retries", "1",
               "--artifacts", str(tmp_path / "artifacts"), "--out", str(out)])
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["meta"]["held_out_splits"] == [{"seed": 0, "fraction": 0.5}]
+    assert summary["meta"]["held_out_splits"] == [
+        {"seed": 0, "fraction": 0.5, "start": 0.0}, {"seed": 0, "fraction": 0.5, "start": 0.5}]
     for label in ("chimera:stjf", "oracle"):  # routed on the trained artifacts
         assert summary["meta"]["inputs"][label]["predictors"] == ["length", "semantic_router"]
     assert summary["meta"]["inputs"]["vllm"]["predictors"] == []
-    assert [(r["policy"], r["rate"]) for r in summary["runs"]] == [
-        ("chimera:stjf", 4.0), ("vllm", 4.0), ("oracle", 4.0)]  # one engine start: all STJF
+    assert [(r["policy"], r["fold"]) for r in summary["runs"]] == [  # one engine start
+        ("chimera:stjf", 0), ("vllm", 0), ("oracle", 0),
+        ("vllm", 1), ("oracle", 1), ("chimera:stjf", 1)]
     for run in summary["runs"]:
         s = run["summary"]
-        assert s["errors"] == 0 and s["workflows"] == 6 and s["engine_down_events"] == 0, run
+        assert s["errors"] == 0 and s["workflows"] == 3 and s["engine_down_events"] == 0, run
         assert s["e2e_s"]["mean"] > 0 and s["queue_s"]["n"] >= s["calls"]
         assert abs(sum(v["calls"] for v in s["traffic"].values()) - 1) < 1e-9
         assert s["router"]["cpu_s"] > 0 and 0 < s["router"]["decision_s_mean"] < 60
@@ -62,7 +68,9 @@ def test_replay_end_to_end(tmp_path: Path) -> None:
     trace = load_trace(trace_path)
     runs = {(r.problem_id, r.workflow): r for r in trace.runs}
     workflows = {(w["policy"], w["job_id"]): w for w in rows(out / "workflows.jsonl")}
-    assert all(held_out(w["problem_id"], 0, 0.5) for w in workflows.values())
+    # every workflow on a problem the predictors of its fold never saw; both folds replayed
+    assert all(splits[w["fold"]].holds_out(w["problem_id"]) for w in workflows.values())
+    assert {w["fold"] for w in workflows.values()} == {0, 1}
     calls = rows(out / "requests.jsonl")
     assert len(calls) == sum(w["num_stages"] * w["attempts"] for w in workflows.values())
     for c in calls:
@@ -81,7 +89,7 @@ def test_replay_end_to_end(tmp_path: Path) -> None:
     for run_ in summary["runs"]:  # engine side: vLLM's own count of generated tokens
         generated = sum(e["generation_tokens"] for e in run_["engines"].values())
         assert generated == sum(c["output_tokens"] for c in calls
-                                if c["policy"] == run_["policy"])
+                                if (c["policy"], c["fold"]) == (run_["policy"], run_["fold"]))
 
     retried = 0
     for (policy, job_id), w in workflows.items():
@@ -103,5 +111,6 @@ def test_replay_end_to_end(tmp_path: Path) -> None:
     results.main(["--run", str(out), "--out", str(page)])
     text = page.read_text()
     assert "| chimera:stjf | 4 |" in text and "Ratios against `vllm`" in text
+    assert "cross-fitted over 2 folds" in text and "| chimera:stjf f1 | 4 |" in text
     assert (tmp_path / "docs" / "results" / "frontier.png").exists()
     assert str(tmp_path) not in text  # no path of this machine in the page

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kernels_bench import artifacts
-from router.predictors.kinds import kind
+from router.predictors.kinds import kind, split_rows
+from router.predictors.records import Split
 from router.predictors.sources import serve_as
 from router.train import load_rows
 from tests.replay_fixture import write_trace
@@ -23,7 +24,7 @@ def test_artifacts_are_cached_by_what_they_depend_on(tmp_path: Path) -> None:
 
     def build(sets: tuple[str, ...] = (), model_map: list[str] = MAP, holdout: float = 0.5,
               force: bool = False) -> str:
-        return artifacts.build(["capability"], [trace], model_map, out, 0, holdout,
+        return artifacts.build(["capability"], [trace], model_map, out, Split(0, holdout),
                                list(sets), force, progress=False)["capability"]
 
     assert build() == "trained"
@@ -38,6 +39,27 @@ def test_artifacts_are_cached_by_what_they_depend_on(tmp_path: Path) -> None:
     assert build(("capability.c=2.0",), ["a=large,b=small"], 0.4) == "up to date"
     (out / "capability" / "metadata.json").write_text("{}")   # unreadable: retrained
     assert build(("capability.c=2.0",), ["a=large,b=small"], 0.4) == "trained"
+
+
+def test_folds_cross_fit_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                       ) -> None:
+    trace = str(write_trace(tmp_path / "t.jsonl", problems=8))
+    out = tmp_path / "art"
+    argv = ["--predictors", "capability", "--data", trace, "--model-map", MAP[0],
+            "--out", str(out), "--folds", "3", "--quiet"]
+    artifacts.main(argv)
+    assert "3 trained, 0 up to date" in capsys.readouterr().out
+    splits = [Split.of(json.loads((artifacts.fold_dir(out, k) / "capability" /
+                                   "metadata.json").read_text())["data"]) for k in range(3)]
+    assert splits == [Split.fold(0, k, 3) for k in range(3)]
+    rows = load_rows(kind("capability"), [trace], MAP)
+    held = [{r.problem_id for r in split_rows(rows, s)[1]} for s in splits]
+    assert sum(map(len, held)) == len({r.problem_id for r in rows})  # each problem once
+    artifacts.main(argv)
+    assert "0 trained, 3 up to date" in capsys.readouterr().out
+    for bad in (["--folds", "1"], ["--folds", "3", "--holdout", "0.2"]):
+        with pytest.raises(SystemExit):
+            artifacts.main([*argv[:-3], *bad])
 
 
 def test_served_names_and_errors(tmp_path: Path) -> None:

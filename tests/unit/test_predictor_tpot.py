@@ -12,6 +12,7 @@ from router.predictors.artifact import ArtifactError
 from router.predictors.base import TpotQuery
 from router.predictors.evaluation import regression_report
 from router.predictors.kinds import split_rows
+from router.predictors.records import Split
 from router.predictors.loader import load_predictors
 from router.predictors.sources import load_tpot_samples
 from router.predictors.synthetic import step_ms
@@ -27,7 +28,7 @@ def evaluate(heads: TpotHeads, rows: list) -> dict:
 
 
 def test_synthetic_engines(tmp_path: Path) -> None:
-    train, test = split_rows(load_tpot_samples(["synthetic-telemetry:1500"]), 0, 0.2)
+    train, test = split_rows(load_tpot_samples(["synthetic-telemetry:1500"]), Split(0, 0.2))
     heads = TpotHeads.train(train, TpotSettings(), progress=False)
     for engine, r in evaluate(heads, test).items():
         assert r["mape"] < 0.5 * r["mape_mean_baseline"], engine
@@ -46,7 +47,7 @@ def test_synthetic_engines(tmp_path: Path) -> None:
 def test_real_telemetry_fixture() -> None:
     """Real snapshots of builtin:tiny-b on this CPU: the head beats the engine's mean."""
     rows = load_tpot_samples([str(TELEMETRY)])
-    train, test = split_rows(rows, 0, 0.2)
+    train, test = split_rows(rows, Split(0, 0.2))
     assert len(train) > 100 and len(test) > 20
     r = evaluate(TpotHeads.train(train, TpotSettings(), progress=False), test)["tiny-b-0"]
     assert r["mae"] < r["mae_mean_baseline"]

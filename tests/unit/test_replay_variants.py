@@ -13,6 +13,7 @@ from kernels_bench.replay.run import (check_variant, grouped, router_variant, sc
 from kernels_bench.replay.spec import parse_policies
 from router.config import SCHED_POLICIES, ClusterConfig, load_cluster_config
 from router.policies import POLICIES
+from router.predictors.records import Split
 
 ROOT = Path(__file__).resolve().parents[2]
 PRIORS = {"accuracy": {"tiny-a": 0.3, "tiny-b": 0.6},
@@ -98,12 +99,28 @@ def test_repeats_are_interleaved_and_rotated(cfg: ClusterConfig) -> None:
     given = specs("chimera:stjf", "lmetric", "vllm:fcfs")
     plan = schedule(given, [1.0, 2.0], 3, lambda s: engine_variant(cfg, s.sched))
     assert len(plan) == 3 * 3 * 2
-    order = [[s.label for k, s, r in plan if k == rep and r == 1.0] for rep in range(3)]
+    order = [[s.spec.label for s in plan if s.repeat == rep and s.rate == 1.0]
+             for rep in range(3)]
     assert order == [["chimera:stjf", "lmetric", "vllm:fcfs"],
                      ["vllm:fcfs", "lmetric", "chimera:stjf"],
                      ["chimera:stjf", "lmetric", "vllm:fcfs"]]
     # every repeat runs every (policy, rate) once, before the next repeat starts
-    assert [k for k, _, _ in plan] == sorted(k for k, _, _ in plan)
+    assert [s.repeat for s in plan] == sorted(s.repeat for s in plan)
+    assert {s.fold for s in plan} == {0}
+
+
+def test_folds_run_inside_each_engine_group_with_rotated_order(cfg: ClusterConfig) -> None:
+    given = specs("chimera:stjf", "oracle", "vllm:fcfs")  # groups: stjf (2 specs), fcfs
+    plan = schedule(given, [3.0], 2, lambda s: engine_variant(cfg, s.sched), folds=3)
+    assert len(plan) == 2 * 3 * 3
+    assert sorted((s.repeat, s.fold, s.spec.label) for s in plan) == sorted(
+        (k, f, p.label) for k in range(2) for f in range(3) for p in given)
+    first = [(s.fold, s.spec.label) for s in plan if s.repeat == 0]
+    assert first == [(0, "chimera:stjf"), (0, "oracle"), (1, "oracle"), (1, "chimera:stjf"),
+                     (2, "chimera:stjf"), (2, "oracle"),
+                     (0, "vllm:fcfs"), (1, "vllm:fcfs"), (2, "vllm:fcfs")]
+    # repeat 2 starts with the other engine group (one engine restart fewer than per fold)
+    assert next(s.spec.label for s in plan if s.repeat == 1) == "vllm:fcfs"
 
 
 def test_results_name_no_path_of_this_machine(tmp_path: Path,
@@ -126,10 +143,10 @@ def test_trained_splits_come_from_the_artifacts(tmp_path: Path, cfg: ClusterConf
                              ("sr", "semantic_router", 3)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metadata.json").write_text(json.dumps(
-            {"kind": kind, "data": {"seed": seed, "holdout": 0.2}}))
+            {"kind": kind, "data": {"seed": seed, "holdout": 0.2, "holdout_start": 0.4}}))
     router = dataclasses.replace(cfg.router, predictors={
         k: str(tmp_path / k) for k in ("len", "tp", "sr")})
-    assert trained_splits([router, cfg.router]) == [(3, 0.2)]
+    assert trained_splits([router, cfg.router]) == [Split(3, 0.2, 0.4)]
     (tmp_path / "len" / "metadata.json").write_text("{}")
     with pytest.raises(ArtifactError, match="train / held-out split"):
         trained_splits([router])
@@ -143,3 +160,79 @@ def test_spec_settings_reach_its_router_only(cfg: ClusterConfig) -> None:
     bad = specs("chimera-static@tau=-1")[0]
     with pytest.raises(ValueError, match="router.policies.chimera.tau"):
         check_variant(cfg, router_variant(cfg, bad, PRIORS), bad)
+
+
+def fake_artifacts(root: Path, splits: list[Split], kinds: tuple[str, ...] = (
+        "semantic_router", "length")) -> None:
+    """Artifact folders holding only the metadata the replay's planning reads."""
+    import json
+
+    for folder, split in zip([root / f"fold-{k}" for k in range(len(splits))], splits):
+        for kind in kinds:
+            (folder / kind).mkdir(parents=True)
+            (folder / kind / "metadata.json").write_text(json.dumps(
+                {"kind": kind, "data": split.info()}))
+
+
+def test_artifact_layouts(tmp_path: Path) -> None:
+    from kernels_bench.replay.cli import artifact_folders
+
+    fake_artifacts(tmp_path / "folds", [Split.fold(0, k, 3) for k in range(3)])
+    folds = artifact_folders(tmp_path / "folds")
+    assert [sorted(f) for f in folds] == [["length", "semantic_router"]] * 3
+    assert folds[2]["length"].endswith("fold-2/length")
+    one = artifact_folders(tmp_path / "folds" / "fold-1")
+    assert len(one) == 1 and one[0]["length"].endswith("fold-1/length")
+    (tmp_path / "folds" / "length").mkdir()
+    (tmp_path / "folds" / "length" / "metadata.json").write_text("{}")
+    with pytest.raises(ValueError, match="both predictor folders and fold-k"):
+        artifact_folders(tmp_path / "folds")
+    (tmp_path / "gap" / "fold-0").mkdir(parents=True)
+    with pytest.raises(ValueError, match="no predictor artifact in fold-0"):
+        artifact_folders(tmp_path / "gap")
+    with pytest.raises(ValueError, match="no predictor artifact in it"):
+        artifact_folders(tmp_path / "nothing")
+
+
+def test_cross_fitted_plan_replays_each_fold_on_its_own_problems(tmp_path: Path,
+                                                               cfg: ClusterConfig) -> None:
+    from kernels_bench.replay.cli import artifact_folders
+    from kernels_bench.replay.run import ReplayOptions, prepare
+    from tests.replay_fixture import tiny_trace
+
+    trace = tiny_trace(tmp_path, problems=12)
+    splits = [Split.fold(0, k, 2) for k in range(2)]
+    fake_artifacts(tmp_path / "art", splits)
+
+    def options(artifacts: list[dict[str, str]], problems: str = "held-out",
+                policies: tuple[str, ...] = ("chimera:stjf", "chimera-static:stjf", "vllm:fcfs")
+                ) -> ReplayOptions:
+        return ReplayOptions(
+            policies=specs(*policies), rates=[2.0], arrival="poisson", cv=1.0, workflows=5,
+            seed=0, model_map={"tiny-a": "small", "tiny-b": "large"}, max_attempts=1,
+            run_attempts=1, priors_from_trace=True, baseline="vllm:fcfs", repeats=2,
+            problems=problems, artifacts=artifacts, out=tmp_path / "out",
+            run_dir=tmp_path / "run")
+
+    p = prepare(cfg, trace, "t", options(artifact_folders(tmp_path / "art")), "cmd")
+    assert len(p.folds) == 2 and len(p.plan) == 2 * 2 * 3
+    assert p.summary["meta"]["folds"] == 2
+    assert p.summary["meta"]["held_out_splits"] == [
+        {"seed": 0, "fraction": 0.5, "start": 0.0}, {"seed": 0, "fraction": 0.5, "start": 0.5}]
+    for split, fold in zip(splits, p.folds):
+        assert fold.splits == [split]
+        assert all(split.holds_out(j.run.problem_id) for j in fold.jobs[2.0])
+        assert fold.routers["chimera:stjf"].predictors["length"].endswith(
+            f"fold-{int(split.start * 2)}/length")
+    ids = [[j.job_id for j in f.jobs[2.0]] for f in p.folds]
+    assert ids == [[f"w{i:04d}" for i in range(5)], [f"w{i:04d}" for i in range(5, 10)]]
+    # static priors of each fold average only the problems its predictors trained on
+    assert p.folds[0].priors != p.folds[1].priors
+    with pytest.raises(ValueError, match="cross-fitted artifacts replay held-out problems"):
+        prepare(cfg, trace, "t", options(artifact_folders(tmp_path / "art"), "trained"), "cmd")
+    with pytest.raises(ValueError, match="no policy routes on trained predictors"):
+        prepare(cfg, trace, "t", options(artifact_folders(tmp_path / "art"),
+                                         policies=("chimera-static:stjf", "vllm:fcfs")), "cmd")
+    same = [artifact_folders(tmp_path / "art")[0]] * 2
+    with pytest.raises(ValueError, match="two artifact folds have the same split"):
+        prepare(cfg, trace, "t", options(same), "cmd")

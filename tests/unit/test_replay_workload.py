@@ -16,7 +16,7 @@ from kernels_bench.replay.run import prior_runs
 from kernels_bench.replay.workload import (Job, WorkloadError, forced_tokens, merge_traces,
                                            outcome, remaining_tokens, select_runs,
                                            stage_messages)
-from router.predictors.records import held_out
+from router.predictors.records import Split, held_out
 from router.trace_format import Trace, WorkflowRun
 from tests.replay_fixture import output_text, output_tokens, tiny_trace
 
@@ -134,23 +134,38 @@ def test_trace_priors_fill_only_missing_static_tables(trace: Trace) -> None:
 def test_only_held_out_problems_are_replayed(trace: Trace) -> None:
     models = ["small", "large"]
     every = {r.problem_id for r in trace.complete_runs(models)}
-    kept = {r.problem_id for r in select_runs(trace, models, 50, 0, [(1, 0.5)])}
+    kept = {r.problem_id for r in select_runs(trace, models, 50, 0, [Split(1, 0.5)])}
     assert kept == {p for p in every if held_out(p, 1, 0.5)}
     assert kept and kept < every
-    both = {r.problem_id for r in select_runs(trace, models, 50, 0, [(1, 0.5), (2, 0.5)])}
+    both = {r.problem_id for r in select_runs(trace, models, 50, 0, [Split(1, 0.5), Split(2, 0.5)])}
     assert both == {p for p in kept if held_out(p, 2, 0.5)}
     with pytest.raises(WorkloadError, match="other --problems"):
-        select_runs(trace, models, 5, 0, [(1, 0.0)])
-    trained = {r.problem_id for r in select_runs(trace, models, 50, 0, [(1, 0.5)], "trained")}
+        select_runs(trace, models, 5, 0, [Split(1, 0.0)])
+    trained = {r.problem_id for r in select_runs(trace, models, 50, 0, [Split(1, 0.5)], "trained")}
     assert trained == every - kept
-    assert len(select_runs(trace, models, 50, 0, [(1, 0.5)], "all")) == 50
+    assert len(select_runs(trace, models, 50, 0, [Split(1, 0.5)], "all")) == 50
     with pytest.raises(WorkloadError, match="expected one of"):
         select_runs(trace, models, 5, 0, [], "some")
 
 
+def test_folds_partition_the_problems(trace: Trace) -> None:
+    """Cross-fitting: fold k of K holds out its own problems; together, every problem once."""
+    models = ["small", "large"]
+    every = {r.problem_id for r in trace.complete_runs(models)}
+    folds = [Split.fold(1, k, 3) for k in range(3)]
+    held = [{p for p in every if f.holds_out(p)} for f in folds]
+    assert sum(map(len, held)) == len(every) and set().union(*held) == every
+    assert held[0] == {p for p in every if held_out(p, 1, 1 / 3)}  # fold 0: a plain split
+    for f, mine in zip(folds, held):
+        if mine:
+            assert {r.problem_id for r in select_runs(trace, models, 50, 0, [f])} == mine
+    assert Split.of(folds[2].info()) == folds[2]
+    assert Split.of({"seed": 1, "holdout": 0.2}) == Split(1, 0.2, 0.0)  # older artifacts
+
+
 def test_static_priors_average_only_trained_problems(trace: Trace) -> None:
     models = ["small", "large"]
-    split = [(1, 0.5)]
+    split = [Split(1, 0.5)]
     runs = prior_runs(trace, models, split)
     assert runs and not any(held_out(r.problem_id, 1, 0.5) for r in runs)
     assert prior_runs(trace, models, []) == trace.complete_runs(models)
