@@ -14,6 +14,9 @@ Interval: percentile bootstrap, ``BOOTSTRAP_DRAWS`` draws, 95%. A draw resamples
 and the workflows with replacement and applies the same indices to A and B (paired: repeat
 i of A and B ran side by side, workflow j is the same problem at the same arrival time), so
 both the run-to-run noise of the machine and the choice of workflows are in the interval.
+A cross-fitted replay runs each fold's workflows in runs of their own: the repeats are
+resampled per fold (stratum), independently, so each of the folds x repeats runs counts
+as one unit of run-to-run noise.
 A comparison is a *finding* when its interval excludes no-difference (1 for a ratio, 0 for
 a difference), else *unresolved*.
 """
@@ -76,6 +79,12 @@ class Interval:
     high: float
 
 
+def strata(folds: Mapping[str, int], jobs: Sequence[str]) -> np.ndarray:
+    """Per job (in ``jobs``' order), the index of its fold among the folds that ran."""
+    order = {f: i for i, f in enumerate(sorted({folds[j] for j in jobs}))}
+    return np.array([order[folds[j]] for j in jobs], dtype=np.intp)
+
+
 def matrix(workflows: Iterable[tuple[int, WorkflowRecord]], metric: Metric,
            repeats: Sequence[int], jobs: Sequence[str]) -> np.ndarray:
     """``x[repeat, workflow]`` from one (policy, rate)'s (repeat, record) pairs; NaN where
@@ -91,11 +100,19 @@ def matrix(workflows: Iterable[tuple[int, WorkflowRecord]], metric: Metric,
     return x
 
 
-def _draws(shape: tuple[int, int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _draws(shape: tuple[int, int], seed: int, fold_of: np.ndarray | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(repeat, workflow) indices of every draw: workflows resampled among all, repeats
+    resampled per fold (``fold_of``: each job's stratum; None: one) and the draw of the
+    drawn job's fold used for it."""
     rng = np.random.default_rng(seed)
     r, w = shape
-    return (rng.integers(0, r, (BOOTSTRAP_DRAWS, r, 1)),
-            rng.integers(0, w, (BOOTSTRAP_DRAWS, 1, w)))
+    folds = 1 if fold_of is None or not len(fold_of) else int(fold_of.max()) + 1
+    ri = rng.integers(0, r, (BOOTSTRAP_DRAWS, r, folds))
+    wi = rng.integers(0, w, (BOOTSTRAP_DRAWS, 1, w))
+    if fold_of is not None and folds > 1:
+        ri = np.take_along_axis(ri, np.broadcast_to(fold_of[wi], (BOOTSTRAP_DRAWS, r, w)), 2)
+    return ri, wi
 
 
 def _bounds(samples: np.ndarray) -> tuple[float, float]:
@@ -104,11 +121,13 @@ def _bounds(samples: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def interval(x: np.ndarray, stat: Stat = mean, seed: int = 0) -> Interval | None:
-    """The statistic of ``x`` with its bootstrap interval; None if ``x`` holds no value."""
+def interval(x: np.ndarray, stat: Stat = mean, seed: int = 0,
+             fold_of: np.ndarray | None = None) -> Interval | None:
+    """The statistic of ``x`` with its bootstrap interval; None if ``x`` holds no value.
+    ``fold_of``: each workflow's fold (``strata``) in a cross-fitted replay."""
     if np.isnan(x).all():
         return None
-    ri, wi = _draws(x.shape, seed)
+    ri, wi = _draws(x.shape, seed, fold_of)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN draws: skipped below
         samples = stat(x[ri, wi])
@@ -116,14 +135,14 @@ def interval(x: np.ndarray, stat: Stat = mean, seed: int = 0) -> Interval | None
 
 
 def compare(a: np.ndarray, b: np.ndarray, stat: Stat = mean, difference: bool = False,
-            seed: int = 0) -> Interval | None:
+            seed: int = 0, fold_of: np.ndarray | None = None) -> Interval | None:
     """``stat(a) / stat(b)`` (or ``-``) with its paired bootstrap interval; ``a`` and
     ``b`` have the same shape (same repeats, same workflows)."""
     if a.shape != b.shape:
         raise ValueError(f"unpaired comparison: shapes {a.shape} and {b.shape}")
     if np.isnan(a).all() or np.isnan(b).all():
         return None
-    ri, wi = _draws(a.shape, seed)
+    ri, wi = _draws(a.shape, seed, fold_of)
 
     def of(sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
         return sa - sb if difference else sa / sb
@@ -157,26 +176,29 @@ def summarize(workflows: Sequence[Mapping[str, Any]], baseline: str,
     the workflow records of a replay (``workflows.jsonl``). JSON-ready: ``values`` and
     ``comparisons`` are lists of rows."""
     runs: dict[tuple[str, float], list[tuple[int, WorkflowRecord]]] = {}
+    folds: dict[str, int] = {}
     for w in workflows:
         runs.setdefault((w["policy"], w["rate"]), []).append(
             (w.get("repeat", 0), from_row(WorkflowRecord, w)))
+        folds[w["job_id"]] = w.get("fold", 0)
     policies = list(dict.fromkeys(p for p, _ in runs))
     values, comparisons = [], []
     for rate in sorted({r for _, r in runs}):
         here = [p for p in policies if (p, rate) in runs]
         repeats = sorted({r for p in here for r, _ in runs[p, rate]})
         jobs = sorted({w.job_id for p in here for _, w in runs[p, rate]})
+        fold_of = strata(folds, jobs)
         x = {(p, m.key): matrix(runs[p, rate], m, repeats, jobs) for p in here
              for m in METRICS}
         for p in here:
             row: dict[str, Any] = {"policy": p, "rate": rate, "repeats": len(repeats)}
             for m in METRICS:
-                row[m.key] = _json(interval(x[p, m.key], m.stat, seed))
+                row[m.key] = _json(interval(x[p, m.key], m.stat, seed, fold_of))
             values.append(row)
         for a, b in pairs_to_compare(here, baseline, named):
             row = {"policy": a, "against": b, "rate": rate}
             for m in METRICS:
-                c = compare(x[a, m.key], x[b, m.key], m.stat, m.difference, seed)
+                c = compare(x[a, m.key], x[b, m.key], m.stat, m.difference, seed, fold_of)
                 row[m.key] = None if c is None else {
                     **_json(c), "verdict": verdict(c, m.difference)}
             comparisons.append(row)

@@ -90,3 +90,37 @@ def test_comparisons_wait_for_both_sides() -> None:
     out = iv.summarize(records("chimera:stjf", BASE, SCORES), baseline="vllm:fcfs",
                        named=[("chimera:stjf", "chimera:fcfs")])
     assert out["comparisons"] == [] and len(out["values"]) == 1
+
+
+def test_cross_fitted_repeats_are_resampled_per_fold() -> None:
+    fold_of = np.array([0, 0, 0, 1, 1, 1])
+    ri, wi = iv._draws((4, 6), 5, fold_of)
+    assert ri.shape == (iv.BOOTSTRAP_DRAWS, 4, 6) and wi.shape == (iv.BOOTSTRAP_DRAWS, 1, 6)
+    drawn_fold = fold_of[wi[:, 0, :]]  # (draws, jobs): the fold of each drawn workflow
+    for d in range(50):
+        for f in (0, 1):
+            cols = ri[d][:, drawn_fold[d] == f]
+            assert (cols == cols[:, :1]).all()  # one repeat draw per fold and draw
+    both = [d for d in range(iv.BOOTSTRAP_DRAWS) if len(set(drawn_fold[d])) == 2]
+    differ = [d for d in both if not (ri[d][:, drawn_fold[d] == 0][:, 0]
+                                      == ri[d][:, drawn_fold[d] == 1][:, 0]).all()]
+    assert len(differ) > 0.9 * len(both)  # the folds' repeats are drawn independently
+    one, _ = iv._draws((4, 6), 5)
+    assert one.shape == (iv.BOOTSTRAP_DRAWS, 4, 1)  # without folds: as before
+
+
+def test_a_cross_fitted_summary_pools_the_folds() -> None:
+    rows = []
+    for fold in (0, 1):  # each fold its own jobs, as the replay numbers them
+        for policy, scale in (("a", 0.5), ("base", 1.0)):
+            part = records(policy, BASE[:, :30] * scale, SCORES[:, :30])
+            for r in part:
+                r["job_id"] = f"w{30 * fold + int(r['job_id'][1:]):03d}"
+                r["fold"] = fold
+            rows += part
+    out = iv.summarize(rows, baseline="base")
+    (c,) = out["comparisons"]
+    assert c["e2e_s.mean"]["low"] == pytest.approx(0.5) == c["e2e_s.mean"]["high"]
+    (_, base) = out["values"]
+    assert base["e2e_s.mean"]["value"] == pytest.approx(BASE[:, :30].mean())
+    assert list(iv.strata({"w1": 3, "w0": 7, "w2": 3}, ["w0", "w1", "w2"])) == [1, 0, 0]
