@@ -39,27 +39,29 @@ bench-faults: setup
 	$(PY) -m kernels_bench faults
 
 # Every predictor the replay's policies route on (semantic router, length forest, KNN,
-# capability), trained on the training split of the math and code traces together for the
-# replay cluster's engines, under artifacts/; kept while the data and settings are unchanged
-# (docs/replay.md).
+# capability), trained on the math and code traces together for the replay cluster's
+# engines, cross-fitted in 5 folds (artifacts/fold-k/: fold k trained without the k-th
+# fifth of the problems); kept while the data and settings are unchanged (docs/replay.md).
 artifacts: setup
-	$(PY) -m kernels_bench artifacts
+	$(PY) -m kernels_bench artifacts --folds 5
 
 # The serving replay on this machine: two built-in engines of different speed
 # (examples/replay.toml), the shipped math and code traces mixed, Poisson arrivals at 3
-# workflows/s, only problems the artifacts held out; Chimera on its trained predictors with
-# STJF engines, its static-prior ablation, the same routing on FCFS engines, the oracle
-# (true lengths), against vLLM's balancer with FCFS engines, interleaved repeats with 95%
-# intervals (docs/replay.md). The
+# workflows/s, cross-fitted: each fold's runs replay 40 workflows of the problems its
+# predictors held out (200 per policy and repeat); Chimera on its trained predictors with
+# STJF engines, the same routing on FCFS engines, the oracle (true lengths), against
+# vLLM's balancer with FCFS engines, interleaved repeats with 95% intervals
+# (docs/replay.md); REPLAY_POLICIES='... chimera-static:stjf' adds the static-prior
+# ablation. The
 # fast engine replays Qwen2.5-Coder-0.5B's runs and the slow one the 1.5B's (more accurate),
 # so policies trade latency against score as on a real heterogeneous cluster.
 REPLAY_TRACE ?= data/traces/math.jsonl.gz data/traces/code.jsonl.gz
 REPLAY_MODEL_MAP ?= tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct
-REPLAY_POLICIES ?= chimera:stjf chimera-static:stjf chimera:fcfs vllm:fcfs oracle
-REPLAY_REPEATS ?= 4
+REPLAY_POLICIES ?= chimera:stjf chimera:fcfs vllm:fcfs oracle
+REPLAY_REPEATS ?= 2
 
 replay: artifacts
 	$(PY) -m kernels_bench replay --cluster examples/replay.toml --trace $(REPLAY_TRACE) \
 		--model-map $(REPLAY_MODEL_MAP) --policies $(REPLAY_POLICIES) --artifacts artifacts \
-		--rates 3 --arrival poisson --workflows 60 --seed 0 --priors-from-trace \
+		--rates 3 --arrival poisson --workflows 40 --seed 0 --priors-from-trace \
 		--repeats $(REPLAY_REPEATS)

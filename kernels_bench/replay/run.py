@@ -175,6 +175,16 @@ def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions,
     return out
 
 
+@dataclass(frozen=True)
+class Step:
+    """One run of the plan."""
+
+    repeat: int
+    fold: int
+    spec: PolicySpec
+    rate: float
+
+
 def grouped(specs: Sequence[PolicySpec], engines: Callable[[PolicySpec], list[EngineConfig]]
             ) -> list[list[PolicySpec]]:
     """Specs grouped by engine settings (groups in order of first appearance)."""
@@ -204,16 +214,6 @@ def schedule(specs: Sequence[PolicySpec], rates: Sequence[float], repeats: int,
 def _rotated(items: Sequence[Any], k: int) -> list[Any]:
     k %= len(items)
     return [*items[k:], *items[:k]]
-
-
-@dataclass(frozen=True)
-class Step:
-    """One run of the plan."""
-
-    repeat: int
-    fold: int
-    spec: PolicySpec
-    rate: float
 
 
 @dataclass(frozen=True)
