@@ -6,6 +6,12 @@ and the full input; workflow id and stage (categorical, one-hot); the model (one
 one forest answers for every model by varying this column); a TF-IDF uni/bi-gram sketch
 of the user prompt reduced by truncated SVD. The median is the prediction; any other
 quantile is available for SLO use (``quantiles``).
+
+Departures from the paper, on by default because they ranked better on a validation split
+inside the training problems (docs/predictors.md, Results): the stage index as a numeric
+column, a log target and half the features per split. ``LengthSettings(stage_index=False,
+log_target=False, max_features=1.0)`` is the paper's predictor, and what an artifact whose
+metadata lacks these keys was trained as (``LEGACY``).
 """
 
 from __future__ import annotations
@@ -47,6 +53,17 @@ class LengthSettings:
     """Trees of the quantile forest."""
     min_samples_leaf: int = 5
     """Training rows per leaf: the quantiles of a prediction pool the leaves' targets."""
+    stage_index: bool = True
+    """Add the stage's 0-based position in its workflow as a numeric column (the stage
+    one-hot names the role, which repeats: a second ``coder`` stage has less left to do).
+    Departs from Chimera's listed features; False reproduces them."""
+    log_target: bool = True
+    """Fit the forest to log(1 + remaining tokens) and map its quantiles back (quantiles
+    commute with the monotone map up to interpolation; the splits change). Departs from
+    Chimera (raw tokens)."""
+    max_features: float = 0.5
+    """Share of the columns each split considers (scikit-learn's default for regression,
+    and Chimera's forest as far as the paper says, is 1.0)."""
     quantile: float = 0.5
     """The predicted quantile (Chimera: the median)."""
     n_jobs: int = 1
@@ -54,7 +71,9 @@ class LengthSettings:
     seed: int = 0
 
 
-FEATURE_KEYS = ("tokenizer", "svd_components", "tfidf_max_features")
+FEATURE_KEYS = ("tokenizer", "svd_components", "tfidf_max_features", "stage_index")
+LEGACY = {"stage_index": False, "log_target": False, "max_features": 1.0}
+"""The values of keys added after the first artifacts: what a metadata without them means."""
 
 
 class LengthPredictor:
@@ -84,7 +103,15 @@ class LengthPredictor:
         counts = np.array([sys_n, user_n, full_n], dtype=np.float64).T
         cats = self.onehot.transform([[f.workflow, f.stage, m] for f, m in zip(feats, models)])
         sketch = self.svd.transform(self.tfidf.transform([f.user_text for f in feats]))
-        return np.hstack([counts, sparse.csr_matrix(cats).toarray(), sketch])
+        cols = [counts, sparse.csr_matrix(cats).toarray(), sketch]
+        if self.settings.stage_index:
+            cols.append(np.array([[f.stage_index] for f in feats], dtype=np.float64))
+        return np.hstack(cols)
+
+    def _forest_quantiles(self, x: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+        """(rows, quantiles) remaining tokens, back from the log scale if trained on it."""
+        pred = np.asarray(self.forest.predict(x, quantiles=list(quantiles))).reshape(len(x), -1)
+        return np.expm1(pred) if self.settings.log_target else pred
 
     # ---- inference ----
 
@@ -95,8 +122,7 @@ class LengthPredictor:
             return []
         ms = self.model_list
         rows = [f for f in feats for _ in ms]
-        pred = self.forest.predict(self._matrix(rows, ms * len(feats)),
-                                   quantiles=list(quantiles)).reshape(len(rows), -1)
+        pred = self._forest_quantiles(self._matrix(rows, ms * len(feats)), quantiles)
         return [{m: list(map(float, pred[i * len(ms) + j])) for j, m in enumerate(ms)}
                 for i in range(len(feats))]
 
@@ -107,10 +133,8 @@ class LengthPredictor:
     def predict_own(self, records: Sequence[StageRecord],
                     quantiles: Sequence[float]) -> np.ndarray:
         """(records, quantiles) predictions for each record's own model."""
-        pred = self.forest.predict(self._matrix([from_record(r) for r in records],
-                                                [r.model for r in records]),
-                                   quantiles=list(quantiles))
-        return np.asarray(pred).reshape(len(records), -1)
+        return self._forest_quantiles(self._matrix([from_record(r) for r in records],
+                                                   [r.model for r in records]), quantiles)
 
     async def remaining_tokens(self, reqs: Sequence[RoutingRequest]
                                ) -> list[Mapping[str, float]]:
@@ -136,11 +160,13 @@ class LengthPredictor:
         steps.update()
         forest = RandomForestQuantileRegressor(
             n_estimators=s.n_estimators, min_samples_leaf=s.min_samples_leaf,
-            default_quantiles=s.quantile, n_jobs=s.n_jobs, random_state=s.seed)
+            max_features=s.max_features, default_quantiles=s.quantile, n_jobs=s.n_jobs,
+            random_state=s.seed)
         model = cls(counter, onehot, tfidf, svd, forest, models, s)
         x = model._matrix(feats, [r.model for r in records])
         steps.update()
-        forest.fit(x, np.array([r.remaining_tokens for r in records], dtype=np.float64))
+        y = np.array([r.remaining_tokens for r in records], dtype=np.float64)
+        forest.fit(x, np.log1p(y) if s.log_target else y)
         steps.update()
         steps.close()
         return model
@@ -169,6 +195,6 @@ class LengthPredictor:
         meta = read_metadata(path, cls.KIND, expected)
         with open(path / "model.pkl", "rb") as f:
             onehot, tfidf, svd, forest = pickle.load(f)
-        settings = LengthSettings(**meta.feature_settings, **meta.train_settings)
+        settings = LengthSettings(**{**LEGACY, **meta.feature_settings, **meta.train_settings})
         return cls(TokenCounter(load_tokenizer(path / "tokenizer")), onehot, tfidf, svd,
                    forest, meta.models, settings, meta)
