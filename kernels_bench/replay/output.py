@@ -56,9 +56,7 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> None:
     """Rewrite the summary files and plots from ``summary`` (meta + runs so far), with
     the intervals of the workflows written so far."""
     workflows = read_jsonl(folder / "workflows.jsonl")
-    summary["intervals"] = intervals.summarize(
-        workflows, summary["meta"]["baseline"], [(a, b) for a, b, _ in PAIRS],
-        summary["meta"]["seed"])
+    summary["intervals"] = summary_intervals(workflows, summary["meta"])
     (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     rows = flat_rows(summary)
     with (folder / "summary.csv").open("w", newline="", encoding="utf-8") as f:
@@ -67,6 +65,14 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> None:
         writer.writerows(rows)
     (folder / "summary.md").write_text(markdown_tables(summary) + "\n", encoding="utf-8")
     plots.write_all(folder, summary, workflows)
+
+
+def summary_intervals(workflows: Sequence[dict[str, Any]], meta: dict[str, Any]
+                      ) -> dict[str, Any]:
+    """The intervals of a replay's summary (``intervals.summarize``) from its workflow rows:
+    against its baseline, with the named ``PAIRS``, seeded by its seed."""
+    return intervals.summarize(workflows, meta["baseline"], [(a, b) for a, b, _ in PAIRS],
+                               meta["seed"])
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -3,12 +3,14 @@
 Takes the latest replay under bench_results/replay (or ``--run DIR``), copies its plots
 next to the page (``docs/results/``) and writes the setup, the summary tables with ratios,
 the measured comparisons (``report.observations``) and, if the run folder holds a
-``notes.md`` (a hand-written discussion), that text.
+``notes.md`` (a hand-written discussion), that text. ``--exclude-problems FILE`` adds the
+intervals without the problems FILE lists (e.g. those a setting was tuned on).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from collections.abc import Mapping
@@ -16,11 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from kernels_bench.replay.cli import RESULTS_ROOT
-from kernels_bench.replay.output import SUMMARY, load_summary
+from kernels_bench.replay.output import SUMMARY, load_summary, read_jsonl, summary_intervals
 from kernels_bench.replay.plots import PLOTS
 from kernels_bench.replay.report import interval_tables, markdown_tables, observations
 
 NOTES = "notes.md"
+
+
+def problem_list(path: Path) -> set[str]:
+    """The problem ids of a JSON list file; ValueError naming the file otherwise."""
+    try:
+        ids = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--exclude-problems {path}: {e}") from None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ValueError(f"--exclude-problems {path}: expected a JSON list of problem ids")
+    return set(ids)
 
 
 def latest_run(root: Path) -> Path:
@@ -32,8 +45,23 @@ def latest_run(root: Path) -> Path:
     return found[-1].parent
 
 
-def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | None) -> str:
-    """The results page."""
+def excluded_section(summary: Mapping[str, Any], workflows: list[dict[str, Any]],
+                     problems: set[str], name: str) -> str:
+    """The interval tables of the workflows whose problem is not in ``problems``."""
+    kept = [w for w in workflows if w["problem_id"] not in problems]
+    left = {w["problem_id"] for w in workflows} & problems
+    sub = {"meta": summary["meta"], "intervals": summary_intervals(kept, summary["meta"])}
+    return "\n".join([
+        f"## Without the problems of `{name}`", "",
+        f"The same intervals on the workflows of the {len({w['problem_id'] for w in kept})} "
+        f"problems not listed in `{name}` ({len(left)} replayed problems left out; "
+        f"{len(kept)} of {len(workflows)} workflow records kept).", "",
+        interval_tables(sub), ""])
+
+
+def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | None,
+           excluded: str = "") -> str:
+    """The results page; ``excluded``: an ``excluded_section`` after the summary."""
     m = summary["meta"]
     engines = "\n".join(
         f"| {e['name']} | {e['model']} | {e['served']} | {m['model_map'].get(e['served'], '-')} "
@@ -88,6 +116,7 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
         "",
         interval_tables(summary),
         "",
+        *([excluded] if excluded else []),
         "## Every run",
         "",
         markdown_tables(summary),
@@ -109,10 +138,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run", type=Path, help=f"replay output folder (default: the latest "
                    f"under {RESULTS_ROOT})")
     p.add_argument("--out", type=Path, default=Path("docs/results.md"))
+    p.add_argument("--exclude-problems", type=Path, metavar="FILE",
+                   help="also give the intervals without these problems (a JSON list of "
+                   "problem ids), e.g. those a setting was tuned on")
     a = p.parse_args(argv)
     try:
         run = a.run or latest_run(RESULTS_ROOT)
         summary = load_summary(run)
+        excluded = ""
+        if a.exclude_problems:
+            excluded = excluded_section(summary, read_jsonl(run / "workflows.jsonl"),
+                                        problem_list(a.exclude_problems),
+                                        a.exclude_problems.name)
     except ValueError as e:
         sys.exit(f"error: {e}")
     images = a.out.parent / a.out.stem
@@ -121,5 +158,6 @@ def main(argv: list[str] | None = None) -> None:
         if (run / name).exists():
             shutil.copyfile(run / name, images / name)
     notes = (run / NOTES).read_text(encoding="utf-8") if (run / NOTES).exists() else None
-    a.out.write_text(render(summary, run.name, images.name, notes), encoding="utf-8")
+    a.out.write_text(render(summary, run.name, images.name, notes, excluded),
+                     encoding="utf-8")
     print(f"wrote {a.out} and {images}/ from {run}")

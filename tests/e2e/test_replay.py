@@ -108,8 +108,14 @@ def test_replay_end_to_end(tmp_path: Path) -> None:
     assert retried > 0, "no workflow was retried: the retry path was not exercised"
 
     page = tmp_path / "docs" / "results.md"
-    results.main(["--run", str(out), "--out", str(page)])
+    tuned = sorted({w["problem_id"] for w in workflows.values()})[:1]
+    (tmp_path / "tuned.json").write_text(json.dumps(tuned))
+    results.main(["--run", str(out), "--out", str(page), "--exclude-problems",
+                  str(tmp_path / "tuned.json")])
     text = page.read_text()
+    kept = sum(w["problem_id"] not in tuned for w in workflows.values())
+    assert "## Without the problems of `tuned.json`" in text
+    assert f"(1 replayed problems left out; {kept} of {len(workflows)} workflow" in text
     assert "| chimera:stjf | 4 |" in text and "Ratios against `vllm`" in text
     assert "cross-fitted over 2 folds" in text and "| chimera:stjf f1 | 4 |" in text
     assert (tmp_path / "docs" / "results" / "frontier.png").exists()

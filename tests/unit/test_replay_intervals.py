@@ -124,3 +124,16 @@ def test_a_cross_fitted_summary_pools_the_folds() -> None:
     (_, base) = out["values"]
     assert base["e2e_s.mean"]["value"] == pytest.approx(BASE[:, :30].mean())
     assert list(iv.strata({"w1": 3, "w0": 7, "w2": 3}, ["w0", "w1", "w2"])) == [1, 0, 0]
+
+
+def test_excluded_problem_lists_are_checked(tmp_path: Any) -> None:
+    from kernels_bench.replay.results import problem_list
+
+    (tmp_path / "ok.json").write_text('["math-1", "code-2"]')
+    assert problem_list(tmp_path / "ok.json") == {"math-1", "code-2"}
+    for name, text in (("obj.json", '{"a": 1}'), ("nums.json", "[1, 2]"), ("bad.json", "[")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=f"--exclude-problems .*{name}"):
+            problem_list(tmp_path / name)
+    with pytest.raises(ValueError, match="missing.json"):
+        problem_list(tmp_path / "missing.json")
