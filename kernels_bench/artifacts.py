@@ -29,8 +29,8 @@ from typing import Any, Sequence
 
 from router.predictors.artifact import METADATA_FILE
 from router.predictors.kinds import kind, parse_settings
-from router.predictors.sources import parse_model_map
 from router.predictors.records import Split
+from router.predictors.sources import parse_model_map
 from router.train import data_info, load_rows, train_artifact
 
 PREDICTORS = ("semantic_router", "length", "knn", "capability")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                         "(default 0.2; not with --folds)")
     p.add_argument("--folds", type=int, metavar="K",
                    help="cross-fit: K artifact sets in OUT/fold-k, fold k holding out the "
-                        "k-th K-th of the problems (2-20)")
+                        "problems whose split hash falls in [k/K, (k+1)/K) (2-20)")
     p.add_argument("--seed", type=int, default=0, help="split seed")
     p.add_argument("--set", action="append", default=[], metavar="PREDICTOR.KEY=VALUE")
     p.add_argument("--force", action="store_true", help="retrain even when up to date")
