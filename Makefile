@@ -51,8 +51,9 @@ artifacts: setup
 # predictors held out (200 per policy and repeat); Chimera on its trained predictors with
 # STJF engines, the same routing on FCFS engines, the oracle (true lengths), against
 # vLLM's balancer with FCFS engines, interleaved repeats with 95% intervals
-# (docs/replay.md); REPLAY_POLICIES='... chimera-static:stjf' adds the static-prior
-# ablation. The
+# (docs/replay.md), then docs/results.md from it (with the intervals again without the
+# problems the tau/delta_s sweep replayed); REPLAY_POLICIES='... chimera-static:stjf' adds
+# the static-prior ablation. The
 # fast engine replays Qwen2.5-Coder-0.5B's runs and the slow one the 1.5B's (more accurate),
 # so policies trade latency against score as on a real heterogeneous cluster.
 REPLAY_TRACE ?= data/traces/math.jsonl.gz data/traces/code.jsonl.gz
@@ -65,3 +66,4 @@ replay: artifacts
 		--model-map $(REPLAY_MODEL_MAP) --policies $(REPLAY_POLICIES) --artifacts artifacts \
 		--rates 3 --arrival poisson --workflows 40 --seed 0 --priors-from-trace \
 		--repeats $(REPLAY_REPEATS)
+	$(PY) -m kernels_bench results --exclude-problems docs/results/tau-sweep-problems.json
