@@ -137,7 +137,7 @@ def test_output_files(tmp_path: Path) -> None:
     lines = (tmp_path / "requests.jsonl").read_text().splitlines()
     assert len(lines) == 10 and json.loads(lines[0])["policy"] == "chimera:stjf"
     csv_lines = (tmp_path / "workflows.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("policy,rate,repeat,job_id") and len(csv_lines) == 7
+    assert csv_lines[0].startswith("policy,rate,repeat,fold,job_id") and len(csv_lines) == 7
     stored = json.loads((tmp_path / "summary.json").read_text())
     assert [c["policy"] for c in stored["intervals"]["comparisons"]] == ["chimera:stjf"]
     for name in ("summary.json", "summary.csv", "summary.md", "frontier.png", "cdf.png",
