@@ -227,6 +227,7 @@ class Fold:
     splits: list[Split]
     """The splits of the predictors its routers load."""
     priors: dict[str, dict[str, float]] | None
+    """The static priors filled from the fold's training problems (``--priors-from-trace``)."""
 
 
 @dataclass(frozen=True)
@@ -312,7 +313,8 @@ def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOption
     try:
         for i, step in enumerate(p.plan, 1):
             spec, rate, repeat, fold = step.spec, step.rate, step.repeat, p.folds[step.fold]
-            desc = f"[{i}/{len(p.plan)}] {spec.label} @ {rate:g}/s" + run_tag(repeat, step.fold, opts)
+            desc = (f"[{i}/{len(p.plan)}] {spec.label} @ {rate:g}/s"
+                    + run_tag(repeat, step.fold, opts))
             for attempt in range(1, opts.run_attempts + 1):
                 cluster.prepare(p.engines[spec.label])
                 url = cluster.start_router(fold.routers[spec.label], desc)
