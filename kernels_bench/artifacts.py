@@ -65,12 +65,14 @@ def fold_dir(out: Path, k: int) -> Path:
 
 def build(names: Sequence[str], data: Sequence[str], model_map: Sequence[str], out: Path,
           split: Split, sets: Sequence[str], force: bool = False,
-          progress: bool = True) -> dict[str, str]:
+          progress: bool = True, rows: Sequence[Any] | None = None) -> dict[str, str]:
     """Train (or keep) every artifact of ``names`` (of ``PREDICTORS``) on the problems
     ``split`` keeps; ``{name: "trained" | "up to date"}``. ``sets``:
-    ``predictor.key=value`` settings. ValueError on bad input."""
+    ``predictor.key=value`` settings; ``rows``: ``load_rows`` of ``data`` when already
+    loaded (every fold trains on the same rows). ValueError on bad input."""
     status: dict[str, str] = {}
-    rows = load_rows(kind(names[0]), data, model_map)  # stage records: every PREDICTORS kind
+    if rows is None:
+        rows = load_rows(kind(names[0]), data, model_map)  # stage records: every kind
     for name in names:
         k = kind(name)
         own = [s.partition(".")[2] for s in sets if s.partition(".")[0] == name]
@@ -123,13 +125,15 @@ def main(argv: list[str] | None = None) -> None:
     jobs = ([(a.out, Split(a.seed, holdout))] if a.folds is None else
             [(fold_dir(a.out, k), Split.fold(a.seed, k, a.folds)) for k in range(a.folds)])
     status: dict[str, str] = {}
+    data, model_map = a.data or list(DATA), a.model_map or [MODEL_MAP]
     try:
+        rows = load_rows(kind(a.predictors[0]), data, model_map)
         for out, split in jobs:
             if a.folds is not None:
                 print(f"{out}: problems with split hash in [{split.start:g}, "
                       f"{split.start + split.fraction:g}) held out")
-            done = build(a.predictors, a.data or list(DATA), a.model_map or [MODEL_MAP],
-                         out, split, a.set, a.force, not a.quiet)
+            done = build(a.predictors, data, model_map, out, split, a.set, a.force,
+                         not a.quiet, rows)
             status.update({f"{out.name}/{n}": s for n, s in done.items()})
     except ValueError as e:
         sys.exit(f"error: {e}")

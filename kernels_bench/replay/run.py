@@ -274,7 +274,9 @@ def prepare(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptio
         check_folds(folds, opts.problems)
     engines = {s.label: engine_variant(cfg, s.sched) for s in opts.policies}
     summary: dict[str, Any] = {
-        "meta": run_meta(cfg, trace, trace_name, opts, model_map, folds[0].priors, command),
+        "meta": run_meta(cfg, trace, trace_name, opts, model_map,
+                         folds[0].priors if len(folds) == 1 else [f.priors for f in folds],
+                         command),
         "runs": []}
     summary["meta"]["problems"] = opts.problems
     summary["meta"]["folds"] = len(folds)
@@ -402,9 +404,9 @@ def _fmt(v: float | None) -> str:
 
 
 def run_meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
-          model_map: dict[str, str], priors: dict[str, dict[str, float]] | None,
-          command: str) -> dict[str, Any]:
-    """What the run was (file names only, never a path of this machine)."""
+          model_map: dict[str, str], priors: Any, command: str) -> dict[str, Any]:
+    """What the run was (file names only, never a path of this machine); ``priors``: the
+    static priors filled from the trace, or None (cross-fitted: a list, one per fold)."""
     return {
         "command": command,
         "started": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -228,6 +228,7 @@ def test_cross_fitted_plan_replays_each_fold_on_its_own_problems(tmp_path: Path,
     assert ids == [[f"w{i:04d}" for i in range(5)], [f"w{i:04d}" for i in range(5, 10)]]
     # static priors of each fold average only the problems its predictors trained on
     assert p.folds[0].priors != p.folds[1].priors
+    assert p.summary["meta"]["priors_from_trace"] == [f.priors for f in p.folds]  # all kept
     with pytest.raises(ValueError, match="cross-fitted artifacts replay held-out problems"):
         prepare(cfg, trace, "t", options(artifact_folders(tmp_path / "art"), "trained"), "cmd")
     with pytest.raises(ValueError, match="no policy routes on trained predictors"):
