@@ -41,9 +41,12 @@ bench-faults: setup
 # Every predictor the replay's policies route on (semantic router, length forest, KNN,
 # capability), trained on the math and code traces together for the replay cluster's
 # engines, cross-fitted in 5 folds (artifacts/fold-k/: fold k trained without the k-th
-# fifth of the problems); kept while the data and settings are unchanged (docs/replay.md).
+# fifth of the problems); then a profile of the replay cluster's engines on this machine
+# and RouteBalance's TPOT heads trained on its telemetry (artifacts/profile/,
+# artifacts/tpot/, shared by the folds); kept while the data, the settings, the cluster
+# file and the machine are unchanged (docs/replay.md).
 artifacts: setup
-	$(PY) -m kernels_bench artifacts --folds 5
+	$(PY) -m kernels_bench artifacts --folds 5 --profile examples/replay.toml
 
 # The serving replay on this machine: two built-in engines of different speed
 # (examples/replay.toml), the shipped math and code traces mixed, Poisson arrivals at 3

@@ -12,8 +12,14 @@ routes on them and replays only the problems their split held out.
 ``--folds K`` (``make artifacts``: 5) cross-fits: ``OUT/fold-k/<predictor>/`` for k < K,
 fold k trained on every problem but those whose split hash falls in [k/K, (k+1)/K)
 (``records.Split.fold``); the replay then replays every problem of the traces, each
-under the fold that never saw it. TPOT heads (RouteBalance)
-need an engine's telemetry, not a trace: ``python -m router.train tpot`` (docs/predictors.md).
+under the fold that never saw it.
+
+``--profile CLUSTER`` (``make artifacts``: the replay cluster) also profiles the cluster's
+engines on this machine (``python -m kernels_bench profile``, into ``OUT/profile/``) and
+trains RouteBalance's TPOT heads on that telemetry (``OUT/tpot/``). They learn engine
+states, not problems, so one set serves every fold. The profile is redone only when the
+cluster file, the machine (CPU or GPU model, core count) or the vLLM and torch versions
+change; the heads are retrained when the profile or their settings change.
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from router.predictors.artifact import METADATA_FILE
+from kernels_bench import profile_bench
+from router.predictors.artifact import METADATA_FILE, library_versions
 from router.predictors.kinds import kind, parse_settings
 from router.predictors.records import Split
 from router.predictors.sources import parse_model_map
@@ -38,6 +47,8 @@ DATA = ("data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz")
 MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
 """The replay cluster's engines (examples/replay.toml) and the trace models they replay."""
 OUT = Path("artifacts")
+PROFILE_KEY_FILE = "cache_key"
+"""Written into ``OUT/profile/`` once a profile has completed: what it was measured on."""
 
 
 def cache_key(name: str, info: dict[str, Any], settings: Any) -> str:
@@ -56,6 +67,67 @@ def current_key(folder: Path) -> str | None:
         return str(meta["data"]["cache_key"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def machine() -> dict[str, Any]:
+    """What an engine profile's step times depend on besides the cluster file."""
+    import torch
+
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in
+                    Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+                    if line.startswith("model name")), "")
+    except OSError:
+        cpu = ""
+    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available() else [])
+    return {"system": platform.system(), "arch": platform.machine(),
+            "cpu": cpu or platform.processor(), "cores": os.cpu_count(), "gpus": gpus,
+            **library_versions(["vllm", "torch"])}
+
+
+def profile_key(cluster: Path, where: dict[str, Any]) -> str:
+    """sha256 over the cluster file's bytes and the machine ``where`` it is profiled on."""
+    what = {"cluster": hashlib.sha256(cluster.read_bytes()).hexdigest(), "machine": where}
+    return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def build_tpot(cluster: Path, out: Path, sets: Sequence[str], force: bool = False,
+               progress: bool = True, run_dir: Path | None = None) -> dict[str, str]:
+    """Profile ``cluster``'s engines into ``out/profile`` unless a completed profile of the
+    same file on the same machine is there, then train (or keep) the TPOT heads on its
+    telemetry in ``out/tpot``; ``{"profile": ..., "tpot": ...}`` statuses. ``sets``:
+    ``tpot.key=value`` settings; ``run_dir``: the engines' logs and sockets (default
+    ``out/profile/cluster``). ValueError on bad input; a failed profile exits."""
+    k = kind("tpot")
+    settings = parse_settings(k.settings, [s.partition(".")[2] for s in sets
+                                           if s.partition(".")[0] == "tpot"])
+    try:
+        key = profile_key(cluster, machine())
+    except OSError as e:
+        raise ValueError(f"--profile {cluster}: {e.strerror or e}") from None
+    prof, status = out / "profile", {}
+    key_file = prof / PROFILE_KEY_FILE
+    if not force and key_file.is_file() and key_file.read_text(encoding="utf-8") == key:
+        print(f"profile: up to date ({prof})")
+        status["profile"] = "up to date"
+    else:
+        key_file.unlink(missing_ok=True)  # a profile cut short is never taken as complete
+        profile_bench.main(["--cluster", str(cluster), "--out", str(prof),
+                            *(["--run-dir", str(run_dir)] if run_dir else [])])
+        key_file.write_text(key, encoding="utf-8")
+        status["profile"] = "profiled"
+    data = [str(prof / "telemetry.jsonl.gz")]
+    rows = load_rows(k, data)
+    info = data_info(data, rows, Split(0, 0.2))
+    info["cache_key"] = cache_key("tpot", info, settings)
+    if not force and current_key(out / "tpot") == info["cache_key"]:
+        print(f"tpot: up to date ({out / 'tpot'})")
+        status["tpot"] = "up to date"
+    else:
+        train_artifact(k, rows, settings, out / "tpot", info, progress)
+        status["tpot"] = "trained"
+    return status
 
 
 def fold_dir(out: Path, k: int) -> Path:
@@ -106,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="cross-fit: K artifact sets in OUT/fold-k, fold k holding out the "
                         "problems whose split hash falls in [k/K, (k+1)/K) (2-20)")
     p.add_argument("--seed", type=int, default=0, help="split seed")
+    p.add_argument("--profile", type=Path, metavar="CLUSTER",
+                   help="also profile this cluster file's engines here and train the TPOT "
+                        "heads on the profile's telemetry (OUT/profile, OUT/tpot)")
     p.add_argument("--set", action="append", default=[], metavar="PREDICTOR.KEY=VALUE")
     p.add_argument("--force", action="store_true", help="retrain even when up to date")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -117,10 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     holdout = 0.2 if a.holdout is None else a.holdout
     if not 0 < holdout < 1:
         p.error("--holdout must be between 0 and 1 (the replay needs held-out problems)")
-    bad = [s for s in a.set if s.partition(".")[0] not in a.predictors]
+    trained = [*a.predictors, *(["tpot"] if a.profile else [])]
+    bad = [s for s in a.set if s.partition(".")[0] not in trained]
     if bad:
         p.error(f"--set {bad[0]!r}: expected PREDICTOR.KEY=VALUE for one of "
-                f"{', '.join(a.predictors)}")
+                f"{', '.join(trained)}")
     t0 = time.perf_counter()
     jobs = ([(a.out, Split(a.seed, holdout))] if a.folds is None else
             [(fold_dir(a.out, k), Split.fold(a.seed, k, a.folds)) for k in range(a.folds)])
@@ -135,10 +211,12 @@ def main(argv: list[str] | None = None) -> None:
             done = build(a.predictors, data, model_map, out, split, a.set, a.force,
                          not a.quiet, rows)
             status.update({f"{out.name}/{n}": s for n, s in done.items()})
+        if a.profile is not None:
+            status.update(build_tpot(a.profile, a.out, a.set, a.force, not a.quiet))
     except ValueError as e:
         sys.exit(f"error: {e}")
-    trained = [n for n, s in status.items() if s == "trained"]
-    print(f"{a.out}: {len(trained)} trained, {len(status) - len(trained)} up to date "
+    changed = [n for n, s in status.items() if s != "up to date"]  # trained or profiled
+    print(f"{a.out}: {len(changed)} trained, {len(status) - len(changed)} up to date "
           f"({time.perf_counter() - t0:.0f} s)")
 
 

@@ -103,7 +103,8 @@ def portable(arg: str) -> str:
 
 def artifact_folders(root: Path) -> list[dict[str, str]]:
     """Per fold (``root/fold-k``, k = 0, 1, ...; else ``root`` itself as one), predictor
-    name -> folder of every artifact in it; ValueError if none, or on both layouts."""
+    name -> folder of every artifact in it; telemetry-trained ones (``tpot``) in ``root``
+    beside fold folders serve every fold. ValueError if none, or on both layouts."""
     def found(folder: Path) -> dict[str, str]:
         return {k: str((folder / k).resolve()) for k in KINDS
                 if (folder / k / METADATA_FILE).is_file()}
@@ -112,7 +113,8 @@ def artifact_folders(root: Path) -> list[dict[str, str]]:
     while (root / f"fold-{len(folds)}").is_dir():
         folds.append(found(root / f"fold-{len(folds)}"))
     here = found(root)
-    if folds and here:
+    shared = {k: f for k, f in here.items() if KINDS[k].telemetry}
+    if folds and set(here) - set(shared):
         raise ValueError(f"--artifacts {root}: holds both predictor folders and fold-k "
                          "folders; give one fold's folder or a folder of folds")
     empty = [f"fold-{k}" for k, f in enumerate(folds) if not f]
@@ -120,7 +122,7 @@ def artifact_folders(root: Path) -> list[dict[str, str]]:
         raise ValueError(f"--artifacts {root}: no predictor artifact in "
                          f"{empty[0] if empty else 'it'} (expected <predictor>/"
                          f"{METADATA_FILE}; python -m kernels_bench artifacts [--folds K])")
-    return folds or [here]
+    return [{**shared, **f} for f in folds] or [here]
 
 
 def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -75,3 +75,52 @@ def test_served_names_and_errors(tmp_path: Path) -> None:
         load_rows(kind("length"), [trace], ["a"])
     with pytest.raises(SystemExit):
         artifacts.main(["--holdout", "0", "--out", str(tmp_path / "x")])
+
+
+def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    """A completed profile (its key file matches the cluster file and the machine) is kept;
+    the heads are retrained when the profile's telemetry or their settings change. The
+    profile itself, on real engines: tests/integration/test_artifacts_profile.py."""
+    import gzip
+
+    import msgspec
+
+    from router.predictors.synthetic import synthetic_telemetry
+
+    cluster, out = tmp_path / "c.toml", tmp_path / "art"
+    cluster.write_text("[router]\n")
+    prof = out / "profile"
+    prof.mkdir(parents=True)
+
+    def write_profile(frames: int) -> None:
+        with gzip.open(prof / "telemetry.jsonl.gz", "wb") as f:
+            for snap in synthetic_telemetry(frames):
+                f.write(msgspec.json.encode(snap) + b"\n")
+        (prof / artifacts.PROFILE_KEY_FILE).write_text(
+            artifacts.profile_key(cluster, artifacts.machine()))
+
+    def fail(argv: list[str]) -> None:
+        raise AssertionError(f"profiled again: {argv}")
+
+    monkeypatch.setattr(artifacts.profile_bench, "main", fail)
+    write_profile(300)
+    assert artifacts.build_tpot(cluster, out, [], progress=False) == {
+        "profile": "up to date", "tpot": "trained"}
+    assert json.loads((out / "tpot" / "metadata.json").read_text())["kind"] == "tpot"
+    assert artifacts.build_tpot(cluster, out, [], progress=False)["tpot"] == "up to date"
+    assert artifacts.build_tpot(cluster, out, ["tpot.max_depth=3"],
+                                progress=False)["tpot"] == "trained"
+    write_profile(320)  # a new profile: new telemetry
+    assert artifacts.build_tpot(cluster, out, ["tpot.max_depth=3"],
+                                progress=False)["tpot"] == "trained"
+
+    key = artifacts.profile_key(cluster, artifacts.machine())
+    assert artifacts.profile_key(cluster, {**artifacts.machine(), "cores": 999}) != key
+    cluster.write_text("[router]\npolicy = 'random'\n")
+    assert artifacts.profile_key(cluster, artifacts.machine()) != key
+    with pytest.raises(AssertionError, match="profiled again"):  # the file changed
+        artifacts.build_tpot(cluster, out, [], progress=False)
+    assert not (prof / artifacts.PROFILE_KEY_FILE).exists()  # never taken as complete
+    with pytest.raises(ValueError, match="no-such.toml"):
+        artifacts.build_tpot(tmp_path / "no-such.toml", out, [], progress=False)

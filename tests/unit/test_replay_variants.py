@@ -183,6 +183,11 @@ def test_artifact_layouts(tmp_path: Path) -> None:
     assert folds[2]["length"].endswith("fold-2/length")
     one = artifact_folders(tmp_path / "folds" / "fold-1")
     assert len(one) == 1 and one[0]["length"].endswith("fold-1/length")
+    (tmp_path / "folds" / "tpot").mkdir()  # telemetry-trained: shared by every fold
+    (tmp_path / "folds" / "tpot" / "metadata.json").write_text("{}")
+    folds = artifact_folders(tmp_path / "folds")
+    assert [sorted(f) for f in folds] == [["length", "semantic_router", "tpot"]] * 3
+    assert {f["tpot"] for f in folds} == {str((tmp_path / "folds" / "tpot").resolve())}
     (tmp_path / "folds" / "length").mkdir()
     (tmp_path / "folds" / "length" / "metadata.json").write_text("{}")
     with pytest.raises(ValueError, match="both predictor folders and fold-k"):
