@@ -1,6 +1,8 @@
 """``python -m kernels_bench profile`` on a real engine (built-in ``tiny-a``, started
 through the launcher API): the decode cells come from the engine's telemetry, the
 prefill points from timed requests, and the outputs are the files the router loads.
+``kernels_bench artifacts --profile``: the profile runs once, the TPOT heads train on its
+telemetry and answer for the engine, and a second call keeps both.
 
     .venv/bin/python -m pytest tests/integration/test_profile.py -m engine -v
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels_bench import profile_bench
+from kernels_bench import artifacts, profile_bench
+from router.predictors.base import TpotQuery
+from router.predictors.tpot import TpotHeads
 from tests.replay_fixture import write_trace
 
 pytestmark = pytest.mark.engine
@@ -81,3 +86,17 @@ def test_profile_of_a_tiny_engine(tmp_path: Path, short_dir: Path) -> None:
     assert snaps and {s["engine_id"] for s in snaps} == {"tiny-a-0"}
     assert max(s["batch_size"] for s in snaps) == 4
     assert (out / "profile.png").stat().st_size > 0
+
+
+def test_artifacts_profile_then_tpot_heads(tmp_path: Path, short_dir: Path) -> None:
+    cluster, out = tmp_path / "c.toml", tmp_path / "art"
+    cluster.write_text(CLUSTER)
+    status = artifacts.build_tpot(cluster, out, [], progress=False, run_dir=short_dir)
+    assert status == {"profile": "profiled", "tpot": "trained"}
+    assert (out / "profile" / "profiles.json").is_file()
+    heads = TpotHeads.load(out / "tpot")
+    assert heads.engines == frozenset({"tiny-a-0"})  # the engine id the replay's router sees
+    (ms,) = heads.tpot_ms([TpotQuery("tiny-a-0", 1, 100, 128, 0.1)])
+    assert math.isfinite(ms) and ms > 0
+    again = artifacts.build_tpot(cluster, out, [], progress=False, run_dir=short_dir)
+    assert again == {"profile": "up to date", "tpot": "up to date"}

@@ -81,7 +81,7 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
                                          ) -> None:
     """A completed profile (its key file matches the cluster file and the machine) is kept;
     the heads are retrained when the profile's telemetry or their settings change. The
-    profile itself, on real engines: tests/integration/test_artifacts_profile.py."""
+    profile itself, on real engines: tests/integration/test_profile.py."""
     import gzip
 
     import msgspec
