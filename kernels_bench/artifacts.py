@@ -18,8 +18,8 @@ under the fold that never saw it.
 engines on this machine (``python -m kernels_bench profile``, into ``OUT/profile/``) and
 trains RouteBalance's TPOT heads on that telemetry (``OUT/tpot/``). They learn engine
 states, not problems, so one set serves every fold. The profile is redone only when the
-cluster file, the machine (CPU or GPU model, core count) or the vLLM and torch versions
-change; the heads are retrained when the profile or their settings change.
+cluster file's engine settings, the machine (CPU or GPU model, core count) or the vLLM and
+torch versions change; the heads are retrained when the profile or their settings change.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kernels_bench import profile_bench
+from router.config import load_cluster_config
 from router.predictors.artifact import METADATA_FILE, library_versions
 from router.predictors.kinds import kind, parse_settings
 from router.predictors.records import Split
@@ -87,9 +88,13 @@ def machine() -> dict[str, Any]:
 
 
 def profile_key(cluster: Path, where: dict[str, Any]) -> str:
-    """sha256 over the cluster file's bytes and the machine ``where`` it is profiled on."""
-    what = {"cluster": hashlib.sha256(cluster.read_bytes()).hexdigest(), "machine": where}
-    return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+    """sha256 over what a profile of ``cluster`` measures: its engines, launcher and
+    placement settings (not its router table), on the machine ``where``; ConfigError (a
+    ValueError) on a bad or missing file."""
+    tables = {k: v for k, v in load_cluster_config(cluster).to_dict().items() if k != "router"}
+    what = {"cluster": tables, "machine": where}
+    return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True, default=str)
+                                      .encode()).hexdigest()
 
 
 def build_tpot(cluster: Path, out: Path, sets: Sequence[str], force: bool = False,
@@ -102,10 +107,7 @@ def build_tpot(cluster: Path, out: Path, sets: Sequence[str], force: bool = Fals
     k = kind("tpot")
     settings = parse_settings(k.settings, [s.partition(".")[2] for s in sets
                                            if s.partition(".")[0] == "tpot"])
-    try:
-        key = profile_key(cluster, machine())
-    except OSError as e:
-        raise ValueError(f"--profile {cluster}: {e.strerror or e}") from None
+    key = profile_key(cluster, machine())
     prof, status = out / "profile", {}
     key_file = prof / PROFILE_KEY_FILE
     if not force and key_file.is_file() and key_file.read_text(encoding="utf-8") == key:

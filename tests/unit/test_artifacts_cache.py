@@ -89,7 +89,9 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
     from router.predictors.synthetic import synthetic_telemetry
 
     cluster, out = tmp_path / "c.toml", tmp_path / "art"
-    cluster.write_text("[router]\n")
+    engines = ('[[engines]]\nname = "tiny-a"\nmodel = "builtin:tiny-a"\n'
+               'max_num_seqs = 2\n')
+    cluster.write_text('[router]\npolicy = "round_robin"\n' + engines)
     prof = out / "profile"
     prof.mkdir(parents=True)
 
@@ -117,9 +119,11 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
 
     key = artifacts.profile_key(cluster, artifacts.machine())
     assert artifacts.profile_key(cluster, {**artifacts.machine(), "cores": 999}) != key
-    cluster.write_text("[router]\npolicy = 'random'\n")
+    cluster.write_text('[router]\npolicy = "random"\n' + engines)  # the router: no matter
+    assert artifacts.profile_key(cluster, artifacts.machine()) == key
+    cluster.write_text('[router]\npolicy = "random"\n' + engines.replace("2", "4"))
     assert artifacts.profile_key(cluster, artifacts.machine()) != key
-    with pytest.raises(AssertionError, match="profiled again"):  # the file changed
+    with pytest.raises(AssertionError, match="profiled again"):  # the engines changed
         artifacts.build_tpot(cluster, out, [], progress=False)
     assert not (prof / artifacts.PROFILE_KEY_FILE).exists()  # never taken as complete
     with pytest.raises(ValueError, match="no-such.toml"):
