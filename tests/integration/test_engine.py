@@ -252,12 +252,10 @@ def test_telemetry_reports_batch_and_waiting(engine, collector):
                                and 0 < s.pending_decode_tokens < 4000,
                                watch=[blocker, *rest])
         (await client.post("/pause", params={"mode": "keep"})).raise_for_status()
-        await asyncio.sleep(0.5)  # a blocker finished before the pause answers meanwhile
-        aborted = not blocker.done()
-        blocker.cancel()
-        if aborted:  # the frozen blocker's abort reaches the engine before it can resume
-            await _wait_for(collector, lambda s: s.seq > first and any(
-                f.reason == "abort" for f in s.finished))
+        blocker.cancel()  # frozen, it is aborted before it can resume; or it had finished
+        end = await _wait_for(collector, lambda s: s.seq > first and any(
+            f.reason == "abort" or f.output_tokens == 4000 for f in s.finished))
+        aborted = any(f.reason == "abort" for f in end.finished)
         (await client.post("/resume")).raise_for_status()
         return held, await asyncio.gather(*rest), aborted, first
 
