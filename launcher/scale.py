@@ -74,7 +74,7 @@ def ask_to_scale(run_dir: Path, engine: str, replicas: int,
     except zmq.Again:
         raise LaunchError(f"the launcher in {run_dir} did not answer within "
                           f"{timeout_s:g} s") from None
-    except msgspec.DecodeError as e:
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError) as e:
         raise LaunchError(f"the launcher in {run_dir} answered garbage: {e}") from None
     finally:
         sock.close()
@@ -128,7 +128,7 @@ class Scaler:
         if raw is not None:
             try:
                 message, ok = self._request(msgspec.msgpack.decode(raw, type=ScaleRequest)), True
-            except msgspec.DecodeError as e:
+            except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError) as e:
                 message, ok = f"malformed request: {e}", False
             except LaunchError as e:
                 message, ok = str(e), False

@@ -297,7 +297,7 @@ class Front:
     async def _admin_add(self, request: web.Request, name: str) -> web.Response:
         try:
             entry = msgspec.json.decode(await read_body(request.content))
-        except msgspec.DecodeError as exc:
+        except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError) as exc:
             return _error(RequestError(400, f"the body must be a JSON object: {exc}"))
         if not isinstance(entry, dict) or entry.get("name") != name:
             return _error(RequestError(400, f"the body must be the engine's entry, a JSON "

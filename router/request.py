@@ -124,9 +124,11 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     can be echoed and forwarded)."""
     try:
         obj = msgspec.json.decode(raw)
-    except (msgspec.MsgspecError, RecursionError) as exc:
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError) as exc:
         if isinstance(exc, RecursionError):
             detail = "nesting too deep"
+        elif isinstance(exc, UnicodeDecodeError):
+            detail = "the body is not UTF-8"
         elif _LONE_SURROGATE.search(raw):
             detail = "a string holds a lone UTF-16 surrogate"
         elif (constant := _CONSTANT.search(raw)) is not None:

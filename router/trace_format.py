@@ -203,7 +203,7 @@ def read_records(path: str | os.PathLike[str]) -> tuple[Header, list[Unit]]:
             _check_version(line, where)
         try:
             rec = _decoder.decode(line)
-        except msgspec.DecodeError as e:
+        except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError) as e:
             raise TraceFormatError(f"{where}{_key_hint(line)}: {e}") from None
         if header is None:
             if not isinstance(rec, Header):
@@ -347,7 +347,7 @@ def _check_version(line: bytes, where: str) -> None:
     """Refuse another format or version before the strict decode (whose fields may differ)."""
     try:
         rec = msgspec.json.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         return  # the strict decode reports it
     if not isinstance(rec, dict) or rec.get("kind") != "header":
         return
@@ -362,6 +362,6 @@ def _check_version(line: bytes, where: str) -> None:
 def _key_hint(line: bytes) -> str:
     try:
         key = msgspec.json.decode(line).get("key")
-    except (msgspec.DecodeError, AttributeError):
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError, AttributeError):
         return ""
     return f" (unit {key})" if isinstance(key, str) else ""

@@ -191,7 +191,7 @@ def completion_tokens(body: bytes) -> int:
     """``usage.completion_tokens`` of a JSON response body, 0 if absent."""
     try:
         usage = _decode_counted(body).usage
-    except (msgspec.MsgspecError, RecursionError):
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         return 0
     return 0 if usage is None else usage.completion_tokens
 
@@ -236,7 +236,7 @@ def _usage(event: bytes, result: StreamResult) -> bool:
         return False
     try:
         chunk = _decode_counted(event[5:])
-    except (msgspec.MsgspecError, RecursionError):
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         return False
     if chunk.usage is None:
         return False

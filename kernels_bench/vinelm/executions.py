@@ -72,7 +72,7 @@ def read_executions(path: str | os.PathLike[str]
         where = f"{path}: line {n}"
         try:
             rec = _decoder.decode(line)
-        except msgspec.DecodeError as e:
+        except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError) as e:
             raise TraceFormatError(f"{where}: {e}") from None
         if header is None:
             if not isinstance(rec, ExecHeader):

@@ -165,7 +165,7 @@ class Peers:
         """Decode and apply one peer message; never raises for a bad one."""
         try:
             event = self._decode(message)
-        except (msgspec.MsgspecError, RecursionError):
+        except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
             self.malformed += 1
             return
         try:

@@ -75,7 +75,7 @@ def read_telemetry_log(path: str | Path) -> list[SchedulerSnapshot]:
             if line.strip():
                 try:
                     out.append(msgspec.json.decode(line, type=SchedulerSnapshot))
-                except msgspec.ValidationError as e:
+                except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError) as e:
                     raise ValueError(f"{p.name}:{n}: not a scheduler snapshot ({e})") from None
     return out
 

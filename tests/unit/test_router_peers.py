@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq.asyncio
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from router.config import parse_cluster_config
@@ -77,6 +77,7 @@ _LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text()
     st.builds(lambda tag, rest: msgspec.msgpack.encode([tag, *rest]),  # near-valid events
               st.sampled_from(["routed", "completed", "marked", "moved"]),
               st.lists(_LEAF, max_size=4))))
+@example(b"\x91\xa2\x00\x80")  # a string that is not UTF-8: msgspec's UnicodeDecodeError
 def test_any_message_is_applied_or_counted(message: bytes) -> None:
     core = RouterCore(_CONFIG, worker=0)
     assert core.peers is not None

@@ -415,3 +415,21 @@ def test_no_client_template(extra: dict[str, Any], param: str) -> None:
 def test_allowed_template_switches_pass() -> None:
     kwargs = {"enable_thinking": False, "reasoning_effort": "low"}
     assert chat({**CHAT, "chat_template_kwargs": kwargs}).body["chat_template_kwargs"] == kwargs
+
+
+def test_bytes_that_are_not_utf8_fail_alone() -> None:
+    # msgspec raises UnicodeDecodeError (not one of its own errors) on such a string
+    err = rejected("chat", b'{"model": "a\x80", "messages": []}')
+    assert err.status == 400 and "not UTF-8" in err.body()["error"]["message"]
+    assert completion_tokens(b'{"usage": {"completion_tokens": "\xff"}}') == 0
+    result = StreamResult()
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b'data: {"usage": "\xc3", "choices": []}\n\n'
+
+    assert asyncio.run(_drain(relay_events("e", events(), result, keep_usage=False)))
+    assert not result.usage_seen  # relayed as it came, no usage read from it
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> list[bytes]:
+    return [c async for c in chunks]

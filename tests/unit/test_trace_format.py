@@ -100,6 +100,14 @@ def test_bad_unit_error_names_line_key_and_field(tmp_path: Path, mutate, message
     assert f"(unit {u['key']})" in text
 
 
+def test_bytes_that_are_not_utf8_are_a_format_error(tmp_path: Path) -> None:
+    head, u = _good()
+    path = _lines(tmp_path, [head, u])
+    path.write_bytes(path.read_bytes().replace(b'"key": "', b'"key": "\xff', 1))
+    with pytest.raises(TraceFormatError, match="line 2"):
+        load_trace(path)
+
+
 def test_header_errors(tmp_path: Path) -> None:
     head, u = _good()
     with pytest.raises(TraceFormatError, match="line 1: the first record must be the header"):
