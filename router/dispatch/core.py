@@ -444,7 +444,10 @@ class RouterCore:
         """A change another router worker made (ValueError: one naming what is not here)."""
         now = self.clock()
         if isinstance(event, Added):
-            self._add(msgspec.json.decode(event.entry))
+            entry = msgspec.json.decode(event.entry)
+            if not isinstance(entry, dict):  # refused like any bad entry: a ValueError
+                raise ValueError("an added engine's entry must be a JSON object")  # noqa: TRY004
+            self._add(entry)
         elif isinstance(event, Removed):
             unused = self._remove(event.instance)
             self._cleanup.add(task := asyncio.get_running_loop().create_task(

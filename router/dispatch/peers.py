@@ -174,6 +174,10 @@ class Peers:
             self.rejected += 1
             log.debug("peer event refused: %s", exc)
             return
+        except Exception:  # a bug applying it: this message fails alone, the sync goes on
+            self.rejected += 1
+            log.exception("peer event %s could not be applied", type(event).__name__)
+            return
         self.applied += 1
 
     async def _run(self, sub: zmq.asyncio.Socket) -> None:

@@ -75,9 +75,11 @@ _LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text()
     st.builds(msgspec.msgpack.encode, st.recursive(
         _LEAF, lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=20)),
     st.builds(lambda tag, rest: msgspec.msgpack.encode([tag, *rest]),  # near-valid events
-              st.sampled_from(["routed", "completed", "marked", "moved"]),
+              st.sampled_from(["routed", "completed", "marked", "moved", "added", "removed"]),
               st.lists(_LEAF, max_size=4))))
 @example(b"\x91\xa2\x00\x80")  # a string that is not UTF-8: msgspec's UnicodeDecodeError
+@example(msgspec.msgpack.encode(["added", "[1]"]))  # an engine entry that is not an object
+@example(msgspec.msgpack.encode(["added", "5"]))
 def test_any_message_is_applied_or_counted(message: bytes) -> None:
     core = RouterCore(_CONFIG, worker=0)
     assert core.peers is not None
