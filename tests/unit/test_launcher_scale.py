@@ -81,6 +81,9 @@ def test_refusals_are_answered_and_change_nothing(tmp_path: Path) -> None:
         assert not reply.ok and "malformed request" in reply.message
         reply = answer(s, msgspec.msgpack.encode({"engine": "b", "replicas": 0}))
         assert not reply.ok and "malformed request" in reply.message
+        bad = msgspec.msgpack.encode({"engine": "\x00\x00", "replicas": 2})
+        reply = answer(s, bad.replace(b"\xa2\x00\x00", b"\xa2\x00\x80"))  # not UTF-8
+        assert not reply.ok and "malformed request" in reply.message
     finally:
         s.close()
 
