@@ -16,7 +16,7 @@ from router.predictors.records import Split
 from router.predictors.loader import load_predictors
 from router.predictors.sources import load_tpot_samples
 from router.predictors.synthetic import step_ms
-from router.predictors.tpot import TpotHeads, TpotSettings
+from router.predictors.tpot import TpotHeads, TpotSettings, read_telemetry_log
 from tests.fixtures.predictors import TELEMETRY
 
 
@@ -51,3 +51,11 @@ def test_real_telemetry_fixture() -> None:
     assert len(train) > 100 and len(test) > 20
     r = evaluate(TpotHeads.train(train, TpotSettings(), progress=False), test)["tiny-b-0"]
     assert r["mae"] < r["mae_mean_baseline"]
+
+
+def test_a_bad_telemetry_line_is_an_error_naming_it(tmp_path: Path) -> None:
+    for bad in (b"not json\n", b'{"engine_id": "\xff"}\n', b"[1, 2]\n"):
+        path = tmp_path / "t.jsonl"
+        path.write_bytes(bad)
+        with pytest.raises(ValueError, match="t.jsonl:1: not a scheduler snapshot"):
+            read_telemetry_log(path)
