@@ -52,7 +52,8 @@ headers = st.dictionaries(st.sampled_from(HEADERS),
                           st.text(st.characters(min_codepoint=32, max_codepoint=126),
                                   max_size=30), max_size=3)
 raw = st.one_of(bodies.map(lambda b: json.dumps(b, ensure_ascii=False).encode(
-    "utf-8", "surrogatepass")), st.binary(max_size=200))
+    "utf-8", "surrogatepass")), st.binary(max_size=200),
+    bodies.map(lambda b: json.dumps(b).encode().replace(b'"', b'"\x80', 1)))  # not UTF-8
 paths = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
                          "/metrics", "/v1/nothing", "/admin/engines/nope/sideways"])
 # (a real admin call from loopback may mark the engine down: legitimate, not fuzzed)
