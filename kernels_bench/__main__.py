@@ -12,6 +12,8 @@ COMMANDS = {
     "trace": ("kernels_bench.trace.cli", "workflow traces: build, champ, datasheet, validate"),
     "profile": ("kernels_bench.profile_bench", "per engine: decode step time vs batch and "
                 "context, prefill per token"),
+    "kernels": ("kernels_bench.floor.cli", "a model shape's decode step and prefill (GEMM "
+                "and attention apart) in plain torch on this device: the measured floor"),
     "artifacts": ("kernels_bench.artifacts", "train (or keep, when up to date) the "
                   "predictors the replay routes on"),
     "replay": ("kernels_bench.replay.cli", "serving replay: policies compared on a trace"),

@@ -2,7 +2,8 @@
 
 ``engine``: one engine instance (real scheduler and KV cache manager, modelled step time);
 ``engine_spec``: its sizes from a cluster file; ``step_time``: the step-time model from an
-engine profile; ``roofline``: modelled GPU profiles in the same format; ``telemetry``: its
+engine profile; ``roofline``: modelled GPU profiles in the same format; ``floor``: GPU
+profiles from a measured floor plus a stated overhead; ``telemetry``: its
 snapshots and KV events as wire frames; ``sim``: the discrete-event core; ``request``:
 requests and their timestamps. docs/twin.md.
 """

@@ -27,8 +27,9 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("twin")
     g.add_argument("--profiles", type=Path, required=True, metavar="DIR",
                    help="a profile per engine entry, DIR/<entry>.json (python -m "
-                   "kernels_bench profile on the engines, or python -m "
-                   "kernels_bench.twin.roofline for a GPU); e.g. docs/twin/profiles")
+                   "kernels_bench profile on the engines, python -m "
+                   "kernels_bench.twin.roofline or kernels_bench.twin.floor for a GPU); "
+                   "e.g. docs/twin/profiles")
     g.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
                    help="runs simulated at once, a process each (default: 2 or the CPUs)")
     g.add_argument("--jitter", action="store_true",

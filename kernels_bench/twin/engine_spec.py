@@ -10,13 +10,12 @@ model's shape from its ``config.json``. It matches the engines' own logs here
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_ext.builtin_models import BUILTIN_MODELS, PREFIX
 from engine_ext.serve import build_parser
+from kernels_bench.model_config import kv_bytes_per_token, model_config
 from router.config import ClusterConfig, EngineConfig, default_kv_cache_bytes
 
 CPU_BLOCK_SIZE = 128
@@ -25,7 +24,6 @@ CPU_MAX_NUM_BATCHED_TOKENS = 2048
 """vLLM's OpenAI server default on CPU (``EngineArgs.get_batch_defaults``; chunked prefill)."""
 CPU_MAX_NUM_SEQS = 128
 """vLLM's OpenAI server default on CPU."""
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 _AGING_KEYS = ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
                "mlfq_base_quantum")
 
@@ -47,30 +45,6 @@ class EngineSpec:
     settings: dict[str, Any] = field(default_factory=dict)
     """The scheduler's settings (aging S and Q, MLFQ levels), as ``engine_ext.serve``
     passes them in the ``hetserve`` table."""
-
-
-def model_config(model: str, base_dir: Path) -> dict[str, Any]:
-    """The model's ``config.json``: a built-in's, or read from a local folder."""
-    if model.startswith(PREFIX):
-        return BUILTIN_MODELS[model[len(PREFIX):]].hf_config()
-    path = Path(model).expanduser()
-    path = path if path.is_absolute() else base_dir / path
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model {model!r}: no config.json to size the twin's KV cache from "
-                         "(give a built-in model or a local folder)")
-    return json.loads((path / "config.json").read_text())
-
-
-def kv_bytes_per_token(config: dict[str, Any], dtype: str | None) -> int:
-    """2 x layers x KV heads x head size x dtype bytes (``dtype`` None or auto: the
-    model's ``torch_dtype``)."""
-    name = config.get("torch_dtype", "float32") if dtype in (None, "auto") else dtype
-    if name not in DTYPE_BYTES:
-        raise ValueError(f"dtype {name!r}: the twin knows {', '.join(DTYPE_BYTES)}")
-    heads = config["num_attention_heads"]
-    head_size = config.get("head_dim") or config["hidden_size"] // heads
-    return (2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads)
-            * head_size * DTYPE_BYTES[name])
 
 
 def _block_size(extra_args: list[str]) -> int:

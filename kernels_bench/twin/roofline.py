@@ -22,9 +22,8 @@ from typing import Any
 
 import msgspec
 
+from kernels_bench.model_config import DTYPE_BYTES, kv_bytes_per_token, model_config
 from kernels_bench.profile_bench import Cell, profile_numbers
-from engine_ext.builtin_models import BUILTIN_MODELS, PREFIX
-from kernels_bench.twin.engine_spec import DTYPE_BYTES, kv_bytes_per_token, model_config
 from kernels_bench.twin.step_time import EngineProfile
 
 BW_EFFICIENCY = 0.8
@@ -62,6 +61,8 @@ class GpuPreset:
 GPU_PRESETS: dict[str, GpuPreset] = {p.name: p for p in (
     # NVIDIA H100 datasheet, SXM5 80 GB: 3.35 TB/s HBM3, 989 TFLOP/s BF16 dense (1,979 sparse)
     GpuPreset("h100-sxm", 3.35e12, 989e12, 80e9),
+    # NVIDIA H200 datasheet, SXM 141 GB: 4.8 TB/s HBM3e, 989 TFLOP/s BF16 dense (1,979 sparse)
+    GpuPreset("h200", 4.8e12, 989e12, 141e9),
     # NVIDIA A100 datasheet, 80 GB SXM: 2,039 GB/s HBM2e, 312 TFLOP/s BF16 dense
     GpuPreset("a100-80gb", 2.039e12, 312e12, 80e9),
     # NVIDIA A100 datasheet, 40 GB SXM: 1,555 GB/s HBM2, 312 TFLOP/s BF16 dense
@@ -121,10 +122,18 @@ def step_seconds(shape: ModelShape, gpu: GpuPreset, batch: int, context: float,
     token i attending to i keys. ``tp`` divides bytes and FLOPs evenly over the ranks; the
     all-reduces of tensor parallelism are left out. Also left out: the embedding lookup
     reads b rows, not the table (counted whole, as an untied LM head is)."""
+    return gpu.step_overhead_s + floor_seconds(shape, gpu, batch, context, prefill_tokens, tp)
+
+
+def floor_seconds(shape: ModelShape, gpu: GpuPreset, batch: int, context: float,
+                  prefill_tokens: int = 0, tp: int = 1) -> float:
+    """``step_seconds`` without the per-step overhead: the GPU work alone,
+    ``max(bytes / (bw x eff_bw), flops / (peak x eff_flops))`` (what a measured floor,
+    ``kernels_bench.twin.floor``, is held against)."""
     nbytes, flops = _bytes_and_flops(shape, batch, context, prefill_tokens)
     memory_s = nbytes / tp / (gpu.hbm_bytes_per_s * gpu.bw_efficiency)
     compute_s = flops / tp / (gpu.bf16_flops * gpu.flops_efficiency)
-    return gpu.step_overhead_s + max(memory_s, compute_s)
+    return max(memory_s, compute_s)
 
 
 def _bytes_and_flops(shape: ModelShape, batch: int, context: float,
@@ -174,8 +183,8 @@ def modelled_profile(model: str, preset: str, tp: int = 1,
                      prefill_tokens: int = 1024, dtype: str = "bfloat16",
                      base_dir: Path = Path()) -> EngineProfile:
     """The profile the twin reads, modelled (``modelled_file`` for the whole file)."""
-    return _decode(modelled_file(model, preset, "model", tp, batch_sizes, contexts,
-                                 decode_tokens, prefill_tokens, dtype, base_dir))
+    return decode_profile(modelled_file(model, preset, "model", tp, batch_sizes, contexts,
+                                        decode_tokens, prefill_tokens, dtype, base_dir))
 
 
 def modelled_file(model: str, preset: str, entry: str, tp: int = 1,
@@ -184,37 +193,50 @@ def modelled_file(model: str, preset: str, entry: str, tp: int = 1,
                   prefill_tokens: int = 1024, dtype: str = "bfloat16",
                   base_dir: Path = Path(), reference_context: int = 512,
                   max_num_seqs: int | None = None) -> dict[str, Any]:
-    """``<entry>.json`` with the fields ``kernels_bench profile`` writes
-    (``profile_bench.summarize``), modelled: ``samples`` 0, no prefill curve,
-    ``prefill_fixed_ms`` 0, ``machine`` the preset, and ``modelled``."""
-    if preset not in GPU_PRESETS:
-        raise ValueError(f"GPU preset {preset!r}: known presets are {', '.join(GPU_PRESETS)}")
+    """``<entry>.json`` (``profile_file``) modelled: the cells and the prefill slope of
+    the roofline, ``machine`` the preset, ``modelled`` ``"roofline <preset>"``."""
+    gpu = gpu_preset(preset)
     if tp < 1:
         raise ValueError(f"tp {tp}: at least 1")
-    if model.startswith(PREFIX) and model[len(PREFIX):] not in BUILTIN_MODELS:
-        raise ValueError(f"model {model!r}: built-in models are "
-                         + ", ".join(PREFIX + m for m in BUILTIN_MODELS))
-    gpu = GPU_PRESETS[preset]
     shape = model_shape(model_config(model, base_dir), dtype)
-    kv = kv_capacity_tokens(shape, gpu, tp)
-    seqs = max_num_seqs or max(batch_sizes)
     cells = modelled_cells(shape, gpu, tp, sorted(batch_sizes), sorted(contexts),
                            decode_tokens)
-    ms, max_batch, ctx = profile_numbers(cells, seqs, kv, reference_context, decode_tokens)
+    return profile_file(
+        f"roofline {preset}" + (f" tp={tp}" if tp > 1 else ""), entry, model, cells,
+        prefill_ms_per_token(shape, gpu, prefill_tokens, tp), kv_capacity_tokens(shape, gpu, tp),
+        max_num_seqs or max(batch_sizes), reference_context, decode_tokens,
+        {**asdict(gpu), "tp": tp, "dtype": dtype, "params": shape.params})
+
+
+def gpu_preset(name: str) -> GpuPreset:
+    """A preset by name; a clear error naming the known ones."""
+    if name not in GPU_PRESETS:
+        raise ValueError(f"GPU preset {name!r}: known presets are {', '.join(GPU_PRESETS)}")
+    return GPU_PRESETS[name]
+
+
+def profile_file(modelled: str, entry: str, model: str, cells: list[Cell],
+                 prefill_ms_per_token: float, kv_tokens: int, max_num_seqs: int,
+                 reference_context: int, decode_tokens: int,
+                 machine: dict[str, Any]) -> dict[str, Any]:
+    """``<entry>.json`` with the fields ``kernels_bench profile`` writes
+    (``profile_bench.summarize``) for step times it did not measure: ``samples`` 0, no
+    prefill curve, ``prefill_fixed_ms`` 0, and ``modelled`` saying where they come from."""
+    ms, max_batch, ctx = profile_numbers(cells, max_num_seqs, kv_tokens, reference_context,
+                                         decode_tokens)
     return {
-        "modelled": f"roofline {preset}" + (f" tp={tp}" if tp > 1 else ""),
+        "modelled": modelled,
         "engine": f"{entry}-0", "entry": entry, "model": model, "served_model_name": entry,
         "decode_ms_per_token": ms, "max_batch_size": max_batch, "reference_context": ctx,
-        "decode_tokens": decode_tokens,
-        "prefill_ms_per_token": prefill_ms_per_token(shape, gpu, prefill_tokens, tp),
-        "prefill_fixed_ms": 0.0, "kv_capacity_tokens": kv, "max_num_seqs": seqs,
+        "decode_tokens": decode_tokens, "prefill_ms_per_token": prefill_ms_per_token,
+        "prefill_fixed_ms": 0.0, "kv_capacity_tokens": kv_tokens, "max_num_seqs": max_num_seqs,
         "decode_curve": [{**asdict(c), "tokens_per_s": c.tokens_per_s} for c in cells],
-        "skipped": [], "prefill_curve": [],
-        "machine": {**asdict(gpu), "tp": tp, "dtype": dtype, "params": shape.params},
+        "skipped": [], "prefill_curve": [], "machine": machine,
     }
 
 
-def _decode(file: dict[str, Any]) -> EngineProfile:
+def decode_profile(file: dict[str, Any]) -> EngineProfile:
+    """A profile file's dict as the twin reads it (msgspec's error names a bad field)."""
     return msgspec.json.decode(json.dumps(file).encode(), type=EngineProfile)
 
 
@@ -232,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         file = modelled_file(a.model, a.gpu, a.entry, a.tp, max_num_seqs=a.max_num_seqs)
     except ValueError as e:
         p.error(str(e))
-    _decode(file)
+    decode_profile(file)
     a.out.write_text(json.dumps(file, indent=2) + "\n")
     print(f"wrote {a.out}: {file['modelled']}, {a.model}, "
           f"{file['machine']['params'] / 1e9:.2f}B params; decode at batch 1, context "

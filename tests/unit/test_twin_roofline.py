@@ -25,11 +25,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")  # engine_spec reads engine_ext.serve's defaults
-
+from kernels_bench.model_config import model_config
 from kernels_bench.twin import roofline
-from kernels_bench.twin.engine_spec import model_config
-from kernels_bench.twin.roofline import GpuPreset, model_shape, step_seconds
+from kernels_bench.twin.roofline import GpuPreset, floor_seconds, model_shape, step_seconds
 from kernels_bench.twin.step_time import StepTimeModel, load_profile
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -45,6 +43,7 @@ def test_hand_computed_shape_and_step() -> None:
     assert (s.params, s.kv_bytes_per_token) == (146_240, 512)
     assert step_seconds(s, ROUND, 1, 0) == pytest.approx(1.29248e-3)
     assert step_seconds(s, ROUND, 1, 100) == pytest.approx(1.34368e-3)
+    assert floor_seconds(s, ROUND, 1, 100) == pytest.approx(0.34368e-3)  # no overhead
     assert step_seconds(s, ROUND, 200, 0) == pytest.approx(1.58496e-3)
     half_bw = replace(ROUND, bw_efficiency=0.5)
     assert step_seconds(s, half_bw, 1, 100) == pytest.approx(1e-3 + 2 * 0.34368e-3)
@@ -98,8 +97,8 @@ def test_parameter_counts_of_the_shape_twins() -> None:
 
 
 def test_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ValueError, match="known presets are h100-sxm, a100-80gb"):
-        roofline.modelled_file("builtin:tiny-a", "h200", "a")
+    with pytest.raises(ValueError, match="known presets are h100-sxm, h200, a100-80gb"):
+        roofline.modelled_file("builtin:tiny-a", "v100", "a")
     with pytest.raises(ValueError, match="built-in models are builtin:tiny-a"):
         roofline.modelled_file("builtin:nope", "l4", "a")
     with pytest.raises(ValueError, match="16-bit"):
