@@ -15,8 +15,12 @@ request (burst CPU time / N) is recorded too. Decisions are released after each 
 so the state stays the same. Policies run in interleaved rounds (noise from other
 processes hits all alike) and the table shows p50 and p99 per request and the ratio of
 p50s against ``round_robin`` from the same run. Predictor-backed policies use static
-priors here: the learned predictors' latency is measured by their own benchmark.
-JSON and a PNG plot go to ``--out``.
+priors, unless ``--artifacts DIR`` names trained predictors (``DIR/semantic_router``,
+``DIR/length``, ``DIR/knn``, as ``make artifacts`` writes each fold): then the engines
+serve the artifacts' two models, requests carry the first-stage prompts of ``--data``
+traces, and the predictors run where the router would run them (``ServiceSettings``:
+in-process when a call costs at most ``inline_max_ms``, else behind the batched pool),
+so a decision includes prediction. JSON and a PNG plot go to ``--out``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ from engine_ext.telemetry import (BlockStored, KVEvent, KVEventBatch, SchedulerS
                                   encode_snapshot)
 from router.dispatch.core import RouterCore
 from router.policies import POLICIES
+from router.predictors.artifact import read_metadata
+from router.predictors.base import PredictorSet
+from router.predictors.loader import close_predictors, load_predictors
+from router.predictors.records import StageRecord
+from router.predictors.service import Served, ServiceSettings
+from router.predictors.sources import load_records
 from router.state.kv_hash import BlockHasher
 from router.types import RoutingRequest, WorkflowMeta
 
@@ -74,22 +84,62 @@ STATIC: dict[str, dict[str, Any]] = {
 }
 
 
+TRACES = ("data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz")
+LEARNED = ("semantic_router", "length", "knn")
+"""The trained predictors ``--artifacts`` loads (those present)."""
+
+
 @dataclasses.dataclass
 class Cluster:
     instances: list[SimpleNamespace]
     snapshot_frames: list[list[bytes]]
     kv_frames: list[list[bytes]]
     prefixes: list[list[int]]
+    models: tuple[str, str] = MODELS
+    """Small, large served model."""
+    predictors: PredictorSet | None = None
+    prompts: list[StageRecord] = dataclasses.field(default_factory=list)
+    """First stages of trace runs whose texts the requests carry (with predictors)."""
 
 
-def make_cluster(n: int, rng: random.Random) -> Cluster:
+def renamed(value: Any, models: tuple[str, str]) -> Any:
+    """``value`` with the bench's model names replaced by ``models`` (keys and items)."""
+    names = dict(zip(MODELS, models))
+    if isinstance(value, dict):
+        return {names.get(k, k): renamed(v, models) for k, v in value.items()}
+    if isinstance(value, list):
+        return [names.get(v, v) if isinstance(v, str) else renamed(v, models) for v in value]
+    return value
+
+
+def learned(artifacts: Path, data: list[str]) -> tuple[PredictorSet, tuple[str, str],
+                                                       list[StageRecord]]:
+    """The trained predictors in ``artifacts`` (placed as the router places them), their
+    two served models (small first, as ``sorted`` names them: the replay's tiny-a, tiny-b)
+    and the first stages of ``data``."""
+    paths = {n: str(artifacts / n) for n in LEARNED if (artifacts / n).is_dir()}
+    if "semantic_router" not in paths:
+        raise SystemExit(f"--artifacts {artifacts}: no semantic_router folder (make artifacts "
+                         "writes artifacts/fold-K/semantic_router)")
+    models = sorted(read_metadata(paths["semantic_router"], "semantic_router").models)
+    if len(models) != 2:
+        raise SystemExit(f"--artifacts {artifacts}: expected two served models, got {models}")
+    pset = load_predictors(paths, models, service=ServiceSettings())
+    for name, ms in sorted(pset.call_ms.items()):
+        where = "worker pool" if isinstance(getattr(pset, name), Served) else "in-process"
+        print(f"  {name}: {ms:.2f} ms per call at start-up -> {where}")
+    prompts = [r for r in load_records(data) if r.stage_index == 0]
+    return pset, (models[0], models[1]), prompts
+
+
+def make_cluster(n: int, rng: random.Random, models: tuple[str, str] = MODELS) -> Cluster:
     hasher = BlockHasher()
     prefixes = [[rng.randrange(3, 4000) for _ in range(PREFIX_TOKENS)] for _ in range(PREFIXES)]
     instances, snaps, kvs = [], [], []
     for i in range(n):
         name = f"e{i:03d}"
         instances.append(SimpleNamespace(
-            name=name, served_model_name=MODELS[i % 2], url=f"http://127.0.0.1:{9000 + i}",
+            name=name, served_model_name=models[i % 2], url=f"http://127.0.0.1:{9000 + i}",
             telemetry_endpoint=None, kv_events_endpoint=None, max_model_len=4096))
         snap = SchedulerSnapshot(
             engine_id=name, seq=0, ts=0.0, step=1, batch_size=rng.randrange(0, 32),
@@ -103,16 +153,17 @@ def make_cluster(n: int, rng: random.Random) -> Cluster:
                         parent_block_hash=None, token_ids=p, block_size=BLOCK) for p in held]
         kvs.append([name.encode(), (0).to_bytes(8, "big"),
                     msgspec.msgpack.encode(KVEventBatch(ts=0.0, events=events))])
-    return Cluster(instances, snaps, kvs, prefixes)
+    return Cluster(instances, snaps, kvs, prefixes, models)
 
 
 def make_core(policy: str, cluster: Cluster, batch: int) -> RouterCore:
-    settings = dict(STATIC.get(policy, {}))
+    settings = renamed(dict(STATIC.get(policy, {})), cluster.models)
     if policy == "routebalance":
         settings["max_batch"] = batch
     router = SimpleNamespace(policy=policy, policies={policy: settings},
                              heartbeat_timeout_s=1e9)
-    core = RouterCore(SimpleNamespace(router=router, instances=lambda: cluster.instances))
+    core = RouterCore(SimpleNamespace(router=router, instances=lambda: cluster.instances),
+                      cluster.predictors)
     core.build_policy()
     for frames in cluster.snapshot_frames:
         core.snapshots.feed(frames)
@@ -126,11 +177,18 @@ def make_requests(cluster: Cluster, count: int, rng: random.Random) -> list[Rout
     for i in range(count):
         ids = rng.choice(cluster.prefixes) + [rng.randrange(3, 4000) for _ in range(190)]
         stages = rng.randrange(1, 5)
-        out.append(RoutingRequest(
-            request_id=f"q{i}", requested_model=None, prompt_text="", user_text="",
-            prompt_token_ids=ids, num_prompt_tokens=len(ids), max_tokens=256,
-            workflow=WorkflowMeta(program_id=f"p{rng.randrange(64)}", workflow="bench",
-                                  stage_index=rng.randrange(stages), num_stages=stages)))
+        meta = WorkflowMeta(program_id=f"p{rng.randrange(64)}", workflow="bench",
+                            stage_index=rng.randrange(stages), num_stages=stages)
+        texts: dict[str, str] = {"prompt_text": "", "user_text": ""}
+        if cluster.prompts:  # a trace's first stage: its texts and workflow
+            r = rng.choice(cluster.prompts)
+            texts = {"prompt_text": r.prompt_text, "system_text": r.system_text,
+                     "user_text": r.user_text}
+            meta = WorkflowMeta(program_id=f"p{i}", workflow=r.workflow, stage=r.stage,
+                                stage_index=0, num_stages=r.num_stages)
+        out.append(RoutingRequest(request_id=f"q{i}", requested_model=None,
+                                  prompt_token_ids=ids, num_prompt_tokens=len(ids),
+                                  max_tokens=256, workflow=meta, **texts))
     return out
 
 
@@ -162,9 +220,12 @@ class Samples:
 
 
 async def measure(policies: list[str], engines: int, batch: int, requests: int,
-                  seed: int) -> dict[str, Samples]:
+                  seed: int, predictors: PredictorSet | None = None,
+                  models: tuple[str, str] = MODELS, prompts: list[StageRecord] | None = None
+                  ) -> dict[str, Samples]:
     rng = random.Random(seed + engines)
-    cluster = make_cluster(engines, rng)
+    cluster = make_cluster(engines, rng, models)
+    cluster.predictors, cluster.prompts = predictors, prompts or []
     cores = {p: make_core(p, cluster, batch) for p in policies}
     pool = make_requests(cluster, 512, rng)
     rounds = max(20, requests // batch)
@@ -248,6 +309,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--requests", type=int, default=1000,
                     help="requests measured per policy, cluster size and batch size")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--artifacts", type=Path,
+                    help="trained predictors (a fold of make artifacts, e.g. artifacts/fold-0)"
+                         " for chimera and routebalance instead of static priors")
+    ap.add_argument("--data", nargs="+", default=list(TRACES),
+                    help="traces whose first-stage prompts the requests carry (--artifacts)")
     ap.add_argument("--out", type=Path, default=Path("bench_results/router"),
                     help="directory for router_bench.json and router_bench.png")
     args = ap.parse_args(argv)
@@ -262,18 +328,27 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
-    for n in args.engines:
-        for b in args.batches:
-            samples = asyncio.run(measure(args.policies, n, b, args.requests, args.seed))
-            rows += summarise(samples, n, b)
-            print(f"  measured {n} engines x batch {b} "
-                  f"({time.monotonic() - started:.0f} s)", flush=True)
-        print_table(rows, n, args.batches)
+    pset, models, prompts = learned(args.artifacts, args.data) if args.artifacts \
+        else (None, MODELS, [])
+    try:
+        for n in args.engines:
+            for b in args.batches:
+                samples = asyncio.run(measure(args.policies, n, b, args.requests, args.seed,
+                                              pset, models, prompts))
+                rows += summarise(samples, n, b)
+                print(f"  measured {n} engines x batch {b} "
+                      f"({time.monotonic() - started:.0f} s)", flush=True)
+            print_table(rows, n, args.batches)
+    finally:
+        if pset is not None:
+            close_predictors(pset)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "seed": args.seed,
             "requests_per_point": args.requests, "block_size": BLOCK,
-            "static_priors": STATIC, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "static_priors": STATIC, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "artifacts": args.artifacts.name if args.artifacts else None,
+            "predictor_call_ms": dict(pset.call_ms) if pset else {}}
     (args.out / "router_bench.json").write_text(json.dumps({"meta": meta, "rows": rows},
                                                            indent=1))
     plot(rows, args.engines, args.out / "router_bench.png")

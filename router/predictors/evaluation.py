@@ -27,8 +27,9 @@ PAPERS: dict[str, dict[str, Any]] = {
 
 
 def confidence_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[str],
-                      seed: int) -> dict[str, Any]:
-    """``scores`` and ``labels`` are (prompts, models); NaN labels are unknown."""
+                      seed: int, problems: Sequence[str] | None = None) -> dict[str, Any]:
+    """``scores`` and ``labels`` are (prompts, models); NaN labels are unknown. With each
+    prompt's problem, also the share-based routing gain (``routing_gain_report``)."""
     per_model: dict[str, Any] = {}
     for j, m in enumerate(models):
         known = ~np.isnan(labels[:, j])
@@ -50,6 +51,8 @@ def confidence_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[s
         "per_model": per_model,
     }
     out["routing"] = routing_report(scores, labels, models, seed)
+    if problems is not None:
+        out["routing_gain"] = routing_gain_report(scores, labels, models, problems, seed)
     return out
 
 
@@ -70,6 +73,59 @@ def routing_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[str]
             "best_single_model": float(single.max()),
             "best_single_model_name": models[int(single.argmax())],
             "oracle": float(y.max(axis=1).mean())}
+
+
+def routing_gain_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[str],
+                        problems: Sequence[str], seed: int, boot: int = 1000
+                        ) -> dict[str, Any]:
+    """The predictor as a router between the two models of highest base rate (big: the
+    higher), on prompts both answered: at each share of ``metrics.SHARES`` sent to the big
+    model by largest predicted gain q_big - q_small, the score beside a random choice and
+    the oracle at the same share, the gain over random and the share of the oracle's gain
+    recovered; their mean over shares (APGR); the top-confidence choice against always
+    the big model. 95% intervals: percentile bootstrap over problems (``boot`` draws)."""
+    rates = np.nanmean(labels, axis=0)
+    if len(models) < 2 or np.isnan(rates).all():
+        return {}
+    big, small = (int(j) for j in np.argsort(-np.nan_to_num(rates, nan=-1))[:2])
+    both = ~np.isnan(labels[:, [small, big]]).any(axis=1)
+    if both.sum() < 2:
+        return {}
+    gain = (scores[:, big] - scores[:, small])[both]
+    ys, yb = labels[both, small], labels[both, big]
+    top = np.where(scores[both, big] >= scores[both, small], yb, ys)
+    groups = np.asarray(problems)[both]
+    ids = {p: i for i, p in enumerate(dict.fromkeys(groups))}
+    rows_of = [np.flatnonzero(groups == p) for p in ids]
+    tb = np.random.default_rng(seed).random(len(gain))
+
+    def stats(idx: np.ndarray) -> np.ndarray:
+        """Per share: gain over random and recovered; then APGR and top - big."""
+        per = [metrics.share_scores(gain[idx], ys[idx], yb[idx], s, tb[idx])
+               for s in metrics.SHARES]
+        over = [p - r for p, r, _ in per]
+        rec = [metrics.recovered(*x) for x in per]
+        return np.array([*over, *rec, np.mean(rec), top[idx].mean() - yb[idx].mean()])
+
+    point = stats(np.arange(len(gain)))
+    rng = np.random.default_rng(seed)
+    draws = np.array([stats(np.concatenate([rows_of[i] for i in
+                                            rng.integers(0, len(rows_of), len(rows_of))]))
+                      for _ in range(boot)])
+    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
+    k = len(metrics.SHARES)
+
+    def ci(i: int) -> dict[str, float]:
+        return {"value": float(point[i]), "lo": float(lo[i]), "hi": float(hi[i])}
+
+    per_share = []
+    for j, s in enumerate(metrics.SHARES):
+        p, r, o = metrics.share_scores(gain, ys, yb, s, tb)
+        per_share.append({"share": s, "predicted": p, "random": r, "oracle": o,
+                          "gain_over_random": ci(j), "recovered": ci(k + j)})
+    return {"small": models[small], "big": models[big], "prompts": int(both.sum()),
+            "problems": len(ids), "per_share": per_share, "apgr": ci(2 * k),
+            "top_confidence_minus_always_big": ci(2 * k + 1)}
 
 
 def tau_report(pred: np.ndarray, truth: np.ndarray, prompt_tokens: np.ndarray,

@@ -47,7 +47,8 @@ def _eval_confidences(name: str) -> Callable[[Any, PromptTable, int],
                                              tuple[dict[str, Any], Panels]]:
     def run(pred: Any, table: PromptTable, seed: int) -> tuple[dict[str, Any], Panels]:
         scores = _matrix(pred.predict(table.features), table.models)
-        report = confidence_report(scores, table.correct, table.models, seed)
+        report = confidence_report(scores, table.correct, table.models, seed,
+                                   table.problems)
         return report, [("reliability", (report["reliability"], f"{name}: reliability"))]
     return run
 
@@ -66,7 +67,8 @@ def _eval_knn(pred: KnnEstimator, table: PromptTable, seed: int
     quality, tokens = pred.arrays(table.features)
     known = ~np.isnan(table.output_tokens)
     models = np.broadcast_to(np.array(table.models), known.shape)
-    report = {"quality": confidence_report(quality, table.correct, table.models, seed),
+    report = {"quality": confidence_report(quality, table.correct, table.models, seed,
+                                           table.problems),
               "output_tokens": regression_report(tokens[known], table.output_tokens[known],
                                                  list(models[known]))}
     return report, [

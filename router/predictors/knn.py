@@ -2,7 +2,7 @@
 request from its k nearest training prompts, in one batched lookup.
 
 Prompts (system + user text of each (problem, workflow, stage)) are embedded with a
-sentence encoder (MiniLM by default), L2-normalised, in FAISS inner-product indexes. For
+sentence encoder (MiniLM distilled to a static table by default), L2-normalised, in FAISS inner-product indexes. For
 neighbours i with cosine similarity s_i and weight w_i = 1 / (1 - s_i + eps), a model's
 estimate is the w-weighted mean of its known labels among them (its training mean when
 none of the k neighbours has one).
@@ -25,7 +25,7 @@ import numpy as np
 
 from router.predictors.artifact import Metadata, library_versions, read_metadata, write_metadata
 from router.predictors.base import QualityLength
-from router.predictors.encoder import MINILM, Encoder, resolve_encoder
+from router.predictors.encoder import MINILM_STATIC, AnyEncoder, build_encoder, load_encoder
 from router.predictors.features import RequestFeatures, from_request
 from router.predictors.table import PromptTable, base_rates
 
@@ -35,9 +35,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class KnnSettings:
-    encoder: str = MINILM
-    """Sentence encoder: a local Hugging Face folder or ``minilm`` (RouteBalance's
-    all-MiniLM-L6-v2)."""
+    encoder: str = MINILM_STATIC
+    """Sentence encoder: ``minilm-static`` (RouteBalance's all-MiniLM-L6-v2 distilled to a
+    static table, a lookup per prompt: docs/predictors.md, Encoders), ``minilm`` (the
+    transformer itself, RouteBalance's), or a local Hugging Face or model2vec folder."""
     max_length: int = 256
     k: int = 10
     """Neighbours per lookup."""
@@ -82,7 +83,7 @@ class KnnEstimator:
 
     KIND: ClassVar[str] = "knn"
 
-    def __init__(self, encoder: Encoder, embeddings: np.ndarray, stages: Sequence[str],
+    def __init__(self, encoder: AnyEncoder, embeddings: np.ndarray, stages: Sequence[str],
                  quality: np.ndarray, tokens: np.ndarray, models: Sequence[str],
                  settings: KnnSettings, meta: Metadata | None = None) -> None:
         self.encoder, self.embeddings, self.stages = encoder, embeddings, list(stages)
@@ -127,7 +128,7 @@ class KnnEstimator:
     @classmethod
     def train(cls, table: PromptTable, settings: KnnSettings, progress: bool = True
               ) -> KnnEstimator:
-        encoder = Encoder(resolve_encoder(settings.encoder), max_length=settings.max_length)
+        encoder = build_encoder(settings.encoder, max_length=settings.max_length)
         emb = encoder.embed([prompt_text(f) for f in table.features], progress=progress)
         return cls(encoder, emb, [f.stage for f in table.features], table.correct,
                    table.output_tokens, table.models, settings)
@@ -143,7 +144,7 @@ class KnnEstimator:
             kind=self.KIND, models=self.model_list,
             feature_settings={k: s[k] for k in FEATURE_KEYS},
             train_settings={k: v for k, v in s.items() if k not in FEATURE_KEYS},
-            data=data, libraries=library_versions(["faiss-cpu", "torch", "transformers"])))
+            data=data, libraries=library_versions(["faiss-cpu", "torch", "transformers", "model2vec"])))
 
     @classmethod
     def load(cls, folder: str | Path, expected: Mapping[str, Any] | None = None
@@ -152,6 +153,6 @@ class KnnEstimator:
         meta = read_metadata(path, cls.KIND, expected)
         settings = KnnSettings(**meta.feature_settings, **meta.train_settings)
         arrays = np.load(path / "index.npz")
-        return cls(Encoder(path / "encoder", max_length=settings.max_length),
+        return cls(load_encoder(path / "encoder", max_length=settings.max_length),
                    arrays["embeddings"], list(arrays["stages"]), arrays["quality"],
                    arrays["tokens"], meta.models, settings, meta)

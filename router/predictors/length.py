@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 from quantile_forest import RandomForestQuantileRegressor
-from scipy import sparse
 from sklearn.decomposition import TruncatedSVD
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.preprocessing import OneHotEncoder
@@ -33,6 +33,7 @@ from tqdm import tqdm
 from router.predictors.artifact import Metadata, library_versions, read_metadata, write_metadata
 from router.predictors.encoder import MINILM, TokenCounter, load_tokenizer, resolve_encoder
 from router.predictors.features import RequestFeatures, from_record, from_request
+from router.predictors.flat_forest import FlatForest
 from router.predictors.records import StageRecord
 
 if TYPE_CHECKING:
@@ -68,11 +69,17 @@ class LengthSettings:
     """The predicted quantile (Chimera: the median)."""
     n_jobs: int = 1
     """Training / prediction threads of the forest."""
+    flat_forest: bool = True
+    """Serve ``quantile`` from the forest flattened into arrays (``flat_forest.FlatForest``:
+    the mean over trees of each leaf's quantile, well under a millisecond per request)
+    instead of the quantile regression forest's pooled leaf samples (about 20 ms at batch
+    1); other quantiles always come from the latter. Issue 33; docs/predictors.md."""
     seed: int = 0
 
 
 FEATURE_KEYS = ("tokenizer", "svd_components", "tfidf_max_features", "stage_index")
-LEGACY = {"stage_index": False, "log_target": False, "max_features": 1.0}
+LEGACY = {"stage_index": False, "log_target": False, "max_features": 1.0,
+          "flat_forest": False}
 """The values of keys added after the first artifacts: what a metadata without them means."""
 
 
@@ -83,34 +90,85 @@ class LengthPredictor:
 
     def __init__(self, counter: TokenCounter, onehot: OneHotEncoder, tfidf: TfidfVectorizer,
                  svd: TruncatedSVD, forest: RandomForestQuantileRegressor,
-                 models: Sequence[str], settings: LengthSettings,
+                 flat: FlatForest | None, models: Sequence[str], settings: LengthSettings,
                  meta: Metadata | None = None) -> None:
         self.counter, self.onehot, self.tfidf, self.svd = counter, onehot, tfidf, svd
-        self.forest, self.model_list = forest, list(models)
+        self.forest, self.flat, self.model_list = forest, flat, list(models)
         self.models = frozenset(self.model_list)
         self.settings, self.meta = settings, meta
+        self._categories = [{c: i for i, c in enumerate(cats)} for cats in onehot.categories_]
+        self._analyze = tfidf.build_analyzer()
 
     # ---- features ----
 
     def _matrix(self, feats: Sequence[RequestFeatures], models: Sequence[str]) -> np.ndarray:
-        """One row per (feature, model) pair, in that order."""
-        sys_n = self.counter.counts([f.system_text for f in feats])
-        user_n = self.counter.counts([f.user_text for f in feats])
-        unknown = [i for i, f in enumerate(feats) if f.prompt_tokens <= 0]
-        full_n = [f.prompt_tokens for f in feats]
-        for i, n in zip(unknown, self.counter.counts([feats[i].prompt_text for i in unknown])):
-            full_n[i] = n
-        counts = np.array([sys_n, user_n, full_n], dtype=np.float64).T
-        cats = self.onehot.transform([[f.workflow, f.stage, m] for f, m in zip(feats, models)])
-        sketch = self.svd.transform(self.tfidf.transform([f.user_text for f in feats]))
-        cols = [counts, sparse.csr_matrix(cats).toarray(), sketch]
+        """One row per (feature, model) pair, in that order. The text columns are computed
+        once per distinct request (``quantiles`` repeats each for every model); the one-hot
+        and the TF-IDF sketch as the fitted scikit-learn transforms compute them (tested
+        equal), without their per-call validation (milliseconds at batch 1)."""
+        index: dict[int, int] = {}
+        distinct: list[RequestFeatures] = []
+        for f in feats:
+            if id(f) not in index:
+                index[id(f)] = len(distinct)
+                distinct.append(f)
+        text = self._text_columns(distinct)[[index[id(f)] for f in feats]]
+        cols = [text[:, :3], self._onehot([(f.workflow, f.stage, m)
+                                           for f, m in zip(feats, models)]), text[:, 3:]]
         if self.settings.stage_index:
             cols.append(np.array([[f.stage_index] for f in feats], dtype=np.float64))
         return np.hstack(cols)
 
+    def _text_columns(self, feats: Sequence[RequestFeatures]) -> np.ndarray:
+        """Per request: system, user and full-input token counts, then the sketch."""
+        n = len(feats)
+        unknown = [i for i, f in enumerate(feats) if f.prompt_tokens <= 0]
+        counted = self.counter.counts([f.system_text for f in feats] +
+                                      [f.user_text for f in feats] +
+                                      [feats[i].prompt_text for i in unknown])
+        full_n = [f.prompt_tokens for f in feats]
+        for i, c in zip(unknown, counted[2 * n:]):
+            full_n[i] = c
+        counts = np.array([counted[:n], counted[n:2 * n], full_n], dtype=np.float64).T
+        return np.hstack([counts, self._sketch([f.user_text for f in feats])])
+
+    def _onehot(self, rows: Sequence[tuple[str, str, str]]) -> np.ndarray:
+        """``OneHotEncoder(handle_unknown="ignore").transform``: an unseen value is zeros."""
+        widths = [len(c) for c in self._categories]
+        starts = np.cumsum([0, *widths[:-1]])
+        out = np.zeros((len(rows), sum(widths)))
+        for i, row in enumerate(rows):
+            for start, cats, value in zip(starts, self._categories, row):
+                j = cats.get(value)
+                if j is not None:
+                    out[i, start + j] = 1.0
+        return out
+
+    def _sketch(self, texts: Sequence[str]) -> np.ndarray:
+        """``svd.transform(tfidf.transform(texts))``: sublinear TF x IDF over the fitted
+        vocabulary, L2-normalised, projected on the SVD's components."""
+        vocab, idf, comps = self.tfidf.vocabulary_, self.tfidf.idf_, self.svd.components_
+        out = np.zeros((len(texts), comps.shape[0]))
+        for i, text in enumerate(texts):
+            grams = Counter(g for g in self._analyze(text) if g in vocab)
+            if not grams:
+                continue
+            ids = np.fromiter((vocab[g] for g in grams), np.intp, len(grams))
+            w = (1 + np.log(np.fromiter(grams.values(), np.float64, len(grams)))) * idf[ids]
+            out[i] = comps[:, ids] @ (w / np.linalg.norm(w))
+        return out
+
     def _forest_quantiles(self, x: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
-        """(rows, quantiles) remaining tokens, back from the log scale if trained on it."""
-        pred = np.asarray(self.forest.predict(x, quantiles=list(quantiles))).reshape(len(x), -1)
+        """(rows, quantiles) remaining tokens, back from the log scale if trained on it;
+        the served quantile from the flat forest when there is one."""
+        pred = np.empty((len(x), len(quantiles)))
+        pooled = [j for j, q in enumerate(quantiles)
+                  if self.flat is None or q != self.settings.quantile]
+        if pooled:
+            pred[:, pooled] = np.asarray(self.forest.predict(
+                x, quantiles=[quantiles[j] for j in pooled])).reshape(len(x), -1)
+        for j in sorted(set(range(len(quantiles))) - set(pooled)):
+            pred[:, j] = self.flat.predict(x)  # type: ignore[union-attr]
         return np.expm1(pred) if self.settings.log_target else pred
 
     # ---- inference ----
@@ -162,11 +220,14 @@ class LengthPredictor:
             n_estimators=s.n_estimators, min_samples_leaf=s.min_samples_leaf,
             max_features=s.max_features, default_quantiles=s.quantile, n_jobs=s.n_jobs,
             random_state=s.seed)
-        model = cls(counter, onehot, tfidf, svd, forest, models, s)
+        model = cls(counter, onehot, tfidf, svd, forest, None, models, s)
         x = model._matrix(feats, [r.model for r in records])
         steps.update()
         y = np.array([r.remaining_tokens for r in records], dtype=np.float64)
-        forest.fit(x, np.log1p(y) if s.log_target else y)
+        target = np.log1p(y) if s.log_target else y
+        forest.fit(x, target)
+        if s.flat_forest:
+            model.flat = FlatForest.of(forest.estimators_, x, target, s.quantile)
         steps.update()
         steps.close()
         return model
@@ -178,7 +239,7 @@ class LengthPredictor:
         path.mkdir(parents=True, exist_ok=True)
         self.counter.tokenizer.save_pretrained(str(path / "tokenizer"))
         with open(path / "model.pkl", "wb") as f:
-            pickle.dump((self.onehot, self.tfidf, self.svd, self.forest), f)
+            pickle.dump((self.onehot, self.tfidf, self.svd, self.forest, self.flat), f)
         s = dataclasses.asdict(self.settings)
         s["tokenizer"] = Path(s["tokenizer"]).name
         write_metadata(path, Metadata(
@@ -194,7 +255,7 @@ class LengthPredictor:
         path = Path(folder)
         meta = read_metadata(path, cls.KIND, expected)
         with open(path / "model.pkl", "rb") as f:
-            onehot, tfidf, svd, forest = pickle.load(f)
+            onehot, tfidf, svd, forest, *flat = pickle.load(f)  # no flat forest before it
         settings = LengthSettings(**{**LEGACY, **meta.feature_settings, **meta.train_settings})
         return cls(TokenCounter(load_tokenizer(path / "tokenizer")), onehot, tfidf, svd,
-                   forest, meta.models, settings, meta)
+                   forest, flat[0] if flat else None, meta.models, settings, meta)

@@ -61,3 +61,38 @@ def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, bins: int 
 def mape(pred: np.ndarray, truth: np.ndarray) -> float:
     """mean |pred - truth| / truth."""
     return float(np.mean(np.abs(pred - truth) / np.maximum(truth, 1e-9)))
+
+
+SHARES = (0.1, 0.2, 0.3, 0.4, 0.5)
+"""Shares of workflows sent to the big model at which a router is judged (issue 30)."""
+
+
+def share_scores(gain: np.ndarray, small: np.ndarray, big: np.ndarray, share: float,
+                 tiebreak: np.ndarray) -> tuple[float, float, float]:
+    """Mean score (predicted, random, oracle) when ``share`` of the rows go to the big model.
+
+    ``small`` / ``big``: each row's outcome on either model (0/1 or P(correct));
+    predicted: the rows with the largest predicted ``gain`` (q_big - q_small; ties broken by
+    ``tiebreak``); random: s x mean(big) + (1 - s) x mean(small) (its expectation);
+    oracle: the rows with the largest true gain big - small."""
+    n = len(gain)
+    k = int(round(share * n))
+    order = np.lexsort((tiebreak, -gain))[:k]
+    true_gain = big - small
+    predicted = (small.sum() + true_gain[order].sum()) / n
+    random = small.mean() + share * true_gain.mean()
+    oracle = (small.sum() + np.sort(true_gain)[::-1][:k].sum()) / n
+    return float(predicted), float(random), float(oracle)
+
+
+def recovered(predicted: float, random: float, oracle: float) -> float:
+    """The share of the oracle's gain over random that the prediction recovers:
+    (predicted - random) / (oracle - random); 0 when the oracle gains nothing."""
+    return (predicted - random) / (oracle - random) if oracle > random else 0.0
+
+
+def apgr(gain: np.ndarray, small: np.ndarray, big: np.ndarray,
+         shares: tuple[float, ...] = SHARES, seed: int = 0) -> float:
+    """RouteLLM's APGR as issue 30 states it: ``recovered`` averaged over ``shares``."""
+    tb = np.random.default_rng(seed).random(len(gain))
+    return float(np.mean([recovered(*share_scores(gain, small, big, s, tb)) for s in shares]))

@@ -37,6 +37,12 @@ class ServiceSettings:
     max_queue: int = 512
     """Requests waiting for one predictor beyond which new ones are shed (``Overloaded``,
     a 503 to the client): a queue that only grows would make every answer late."""
+    inline_max_ms: float = 1.0
+    """A predictor whose call on one request costs at most this (the median of a few
+    calls timed at start-up, ``loader.placement``) runs in the router process, inside the
+    call, instead of behind the pool: it costs the event loop less than the batch window
+    (``max_wait_ms``) and the process hop would. 0 sends every predictor to the pool.
+    Issue 33; docs/architecture.md, "Where the predictors run"."""
 
 
 # ---- worker process ----

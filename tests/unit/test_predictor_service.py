@@ -40,7 +40,8 @@ def test_same_answers_as_direct_calls(artifacts: dict[str, str]) -> None:
     _, test = split()
     reqs = [request(r, str(i)) for i, r in enumerate(test[:40])]
     direct = load_predictors(artifacts, MODELS)
-    served = load_predictors(artifacts, MODELS, service=ServiceSettings(max_batch=16))
+    served = load_predictors(artifacts, MODELS,
+                             service=ServiceSettings(max_batch=16, inline_max_ms=0))
     assert isinstance(served.length, ServedLength)
 
     async def both() -> tuple[Any, ...]:
@@ -66,7 +67,7 @@ def test_event_loop_runs_while_the_pool_predicts(artifacts: dict[str, str]) -> N
     _, test = split()
     reqs = [request(r, str(i)) for i, r in enumerate(test[:64])]
     direct = load_predictors(artifacts, MODELS)
-    served = load_predictors(artifacts, MODELS, service=ServiceSettings())
+    served = load_predictors(artifacts, MODELS, service=ServiceSettings(inline_max_ms=0))
 
     async def ticks_during(call: Any) -> int:
         ticks, done = 0, False
@@ -90,11 +91,29 @@ def test_event_loop_runs_while_the_pool_predicts(artifacts: dict[str, str]) -> N
         close_predictors(served)
 
 
+def test_placement_by_measured_cost(artifacts: dict[str, str]) -> None:
+    """A predictor runs in the router process when its timed call costs at most
+    ``inline_max_ms``, else behind the pool; the timings are kept on the set."""
+    inline = load_predictors(artifacts, MODELS, service=ServiceSettings(inline_max_ms=1e9))
+    assert isinstance(inline.length, LengthPredictor)
+    assert isinstance(inline.capability, CapabilityModel)
+    assert sorted(inline.call_ms) == ["capability", "length"]
+    assert all(ms > 0 for ms in inline.call_ms.values())
+    close_predictors(inline)  # nothing to stop: no pool was started
+    pooled = load_predictors(artifacts, MODELS, service=ServiceSettings(inline_max_ms=0))
+    try:
+        assert isinstance(pooled.length, ServedLength)
+        assert not isinstance(pooled.capability, CapabilityModel)
+    finally:
+        close_predictors(pooled)
+    assert load_predictors(artifacts, MODELS).call_ms == {}  # no service: nothing timed
+
+
 def test_broken_artifact_fails_at_start(artifacts: dict[str, str], tmp_path: Path) -> None:
     broken = tmp_path / "length"
     shutil.copytree(artifacts["length"], broken)
     (broken / "model.pkl").write_bytes(b"not a pickle")
-    with pytest.raises(ArtifactError, match="predictor service: cannot load length"):
+    with pytest.raises(ArtifactError, match="cannot load length"):
         load_predictors({"length": str(broken)}, MODELS, service=ServiceSettings())
 
 

@@ -1,0 +1,76 @@
+"""A fitted tree ensemble flattened into arrays and walked for every tree at once.
+
+scikit-learn predicts tree by tree (a Python call per tree and per batch: about 20 ms for
+the length forest's 100 trees at batch 1 on one CPU core); the same trees as flat node
+arrays are walked level by level with a few numpy operations per level for the whole
+(batch x trees) grid, well under a millisecond. Each leaf holds one value fixed at
+training time: here a quantile of the training targets that fall in it, so the forest
+predicts the mean over trees of the leaf quantiles (quantile-forest's
+``aggregate_leaves_first=False``), not the quantile of the pooled leaf samples of a
+quantile regression forest; docs/predictors.md measures what that changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class FlatForest:
+    feature: np.ndarray
+    """(nodes,) the split column of each node (0 at leaves, which never move)."""
+    threshold: np.ndarray
+    """(nodes,) go left when x[feature] <= threshold (scikit-learn's rule)."""
+    left: np.ndarray
+    """(nodes,) global index of the left child (a leaf points at itself)."""
+    right: np.ndarray
+    value: np.ndarray
+    """(nodes,) a leaf's value (unused at inner nodes)."""
+    roots: np.ndarray
+    """(trees,) global index of each tree's root."""
+    depth: int
+    """The deepest tree's depth: levels walked."""
+
+    @classmethod
+    def of(cls, trees: Sequence[Any], x: np.ndarray, y: np.ndarray, quantile: float
+           ) -> FlatForest:
+        """Flatten fitted scikit-learn trees (``estimator.tree_`` of each); every leaf gets
+        the ``quantile`` of the targets ``y`` of the training rows ``x`` that reach it."""
+        feature, threshold, left, right, value, roots = [], [], [], [], [], []
+        offset, depth = 0, 0
+        for est in trees:
+            t = est.tree_
+            n = t.node_count
+            leaf = t.children_left < 0
+            idx = np.arange(n)
+            roots.append(offset)
+            feature.append(np.where(leaf, 0, t.feature))
+            threshold.append(np.where(leaf, np.inf, t.threshold))
+            left.append(np.where(leaf, idx, t.children_left) + offset)
+            right.append(np.where(leaf, idx, t.children_right) + offset)
+            v = np.zeros(n)
+            reached = est.apply(np.asarray(x, dtype=np.float32))
+            order = np.argsort(reached, kind="stable")
+            nodes, starts = np.unique(reached[order], return_index=True)
+            for node, chunk in zip(nodes, np.split(y[order], starts[1:])):
+                v[node] = np.quantile(chunk, quantile)
+            value.append(v)
+            offset += n
+            depth = max(depth, int(t.max_depth))
+        cat = np.concatenate
+        return cls(cat(feature).astype(np.intp), cat(threshold).astype(np.float64),
+                   cat(left).astype(np.intp), cat(right).astype(np.intp), cat(value),
+                   np.asarray(roots, dtype=np.intp), depth)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """(rows,) the mean over trees of the leaf values ``x``'s rows reach."""
+        x = np.asarray(x, dtype=np.float32)  # scikit-learn compares in float32 too
+        node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
+        rows = np.arange(len(x))[:, None]
+        for _ in range(self.depth):
+            go_left = x[rows, self.feature[node]] <= self.threshold[node]
+            node = np.where(go_left, self.left[node], self.right[node])
+        return self.value[node].mean(axis=1)
