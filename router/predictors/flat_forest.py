@@ -24,9 +24,9 @@ class FlatForest:
     """(nodes,) the split column of each node (0 at leaves, which never move)."""
     threshold: np.ndarray
     """(nodes,) go left when x[feature] <= threshold (scikit-learn's rule)."""
-    left: np.ndarray
-    """(nodes,) global index of the left child (a leaf points at itself)."""
-    right: np.ndarray
+    children: np.ndarray
+    """(2 x nodes,) global index of node i's left child at 2i, its right at 2i + 1 (a leaf
+    points at itself)."""
     value: np.ndarray
     """(nodes,) a leaf's value (unused at inner nodes)."""
     roots: np.ndarray
@@ -61,16 +61,17 @@ class FlatForest:
             offset += n
             depth = max(depth, int(t.max_depth))
         cat = np.concatenate
+        children = np.stack([cat(left), cat(right)], axis=1).ravel().astype(np.intp)
         return cls(cat(feature).astype(np.intp), cat(threshold).astype(np.float64),
-                   cat(left).astype(np.intp), cat(right).astype(np.intp), cat(value),
-                   np.asarray(roots, dtype=np.intp), depth)
+                   children, cat(value), np.asarray(roots, dtype=np.intp), depth)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """(rows,) the mean over trees of the leaf values ``x``'s rows reach."""
         x = np.asarray(x, dtype=np.float32)  # scikit-learn compares in float32 too
+        flat = x.ravel()
+        start = (np.arange(len(x)) * x.shape[1])[:, None]
         node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
-        rows = np.arange(len(x))[:, None]
         for _ in range(self.depth):
-            go_left = x[rows, self.feature[node]] <= self.threshold[node]
-            node = np.where(go_left, self.left[node], self.right[node])
+            right = flat[start + self.feature[node]] > self.threshold[node]
+            node = self.children[2 * node + right]
         return self.value[node].mean(axis=1)

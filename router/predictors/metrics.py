@@ -72,15 +72,16 @@ def share_scores(gain: np.ndarray, small: np.ndarray, big: np.ndarray, share: fl
     """Mean score (predicted, random, oracle) when ``share`` of the rows go to the big model.
 
     ``small`` / ``big``: each row's outcome on either model (0/1 or P(correct));
-    predicted: the rows with the largest predicted ``gain`` (q_big - q_small; ties broken by
-    ``tiebreak``); random: s x mean(big) + (1 - s) x mean(small) (its expectation);
+    predicted: the k = round(share x n) rows with the largest predicted ``gain`` (q_big -
+    q_small; ties broken by ``tiebreak``); random: k/n x mean(big) + (1 - k/n) x
+    mean(small) (its expectation at the same k);
     oracle: the rows with the largest true gain big - small."""
     n = len(gain)
     k = int(round(share * n))
     order = np.lexsort((tiebreak, -gain))[:k]
     true_gain = big - small
     predicted = (small.sum() + true_gain[order].sum()) / n
-    random = small.mean() + share * true_gain.mean()
+    random = small.mean() + k / n * true_gain.mean()  # the share actually sent: k of n
     oracle = (small.sum() + np.sort(true_gain)[::-1][:k].sum()) / n
     return float(predicted), float(random), float(oracle)
 

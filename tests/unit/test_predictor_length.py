@@ -63,7 +63,7 @@ def test_stage_index_is_the_last_column(trained: tuple[LengthPredictor, Path]) -
     assert np.array_equal(y[:, -1] - x[:, -1], np.full(10, 2.0))
     assert np.array_equal(x[:, :-1], y[:, :-1])
     paper = LengthPredictor(model.counter, model.onehot, model.tfidf, model.svd, model.forest,
-                            model.model_list, LengthSettings(**LEGACY))
+                            None, model.model_list, LengthSettings(**LEGACY))
     assert paper._matrix(feats, models).shape[1] == x.shape[1] - 1
 
 
@@ -71,9 +71,11 @@ def test_log_target_answers_in_tokens(trained: tuple[LengthPredictor, Path]) -> 
     model, _ = trained
     train, test = split()
     x = model._matrix([from_record(r) for r in test[:20]], [r.model for r in test[:20]])
-    on_log_scale = np.asarray(model.forest.predict(x, quantiles=[0.5])).ravel()
+    on_log_scale = model.flat.predict(x)  # the served quantile: the flat forest's
     tokens = model.predict_own(test[:20], [0.5])[:, 0]
     assert np.allclose(tokens, np.expm1(on_log_scale))
+    upper = np.asarray(model.forest.predict(x, quantiles=[0.9])).ravel()  # others: the QRF's
+    assert np.allclose(model.predict_own(test[:20], [0.9])[:, 0], np.expm1(upper))
     truth = [r.remaining_tokens for r in train]
     assert min(truth) <= tokens.min() and tokens.max() <= max(truth)
 

@@ -23,7 +23,7 @@ from router.predictors.knn import KnnEstimator, KnnSettings
 from router.predictors.length import LengthPredictor, LengthSettings
 from router.predictors.loader import close_predictors, load_cluster_predictors
 from router.predictors.semantic import SemanticRouter, SemanticSettings
-from router.predictors.service import Served
+from router.predictors.service import Served, ServiceSettings
 from router.predictors.sources import load_tpot_samples
 from router.predictors.table import prompt_table
 from router.predictors.tpot import TpotHeads, TpotSettings
@@ -85,7 +85,9 @@ def test_cluster_file_makes_policies_use_the_artifacts(artifacts: Path) -> None:
     assert pset is not None
     try:
         for name in ("semantic_router", "length", "knn", "capability"):
-            assert isinstance(getattr(pset, name), Served), name  # behind the service
+            # in the router process when its call was timed cheap enough, else the pool's
+            pooled = pset.call_ms[name] > ServiceSettings().inline_max_ms
+            assert isinstance(getattr(pset, name), Served) == pooled, name
         assert pset.tpot is not None and pset.tpot.engines == {f"{m}-0" for m in MODELS}
         assert pset.profiles["synthetic-small"].mean_output_tokens == 100.0
 
