@@ -13,13 +13,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from router.predictors.evaluation import confidence_report
 from router.predictors.semantic import SemanticRouter, SemanticSettings
 from router.predictors.table import prompt_table
-from tests.fixtures.predictors import request, split
+from tests.fixtures.predictors import check_fixture_skill, request, split
 
 MODELS = ["synthetic-large", "synthetic-small"]
 
@@ -38,15 +36,7 @@ def test_trains_beats_base_rate_and_reloads(tmp_path: Path) -> None:
     train, test = split(problems=20)[0], split()[1]
     settings = SemanticSettings(encoder="minilm", max_length=64, lr=1e-4, epochs=3)
     model = SemanticRouter.train(prompt_table(train, MODELS, True), settings, progress=False)
-    table = prompt_table(test, MODELS, True)
-    scores = np.array([[row[m] for m in MODELS] for row in model.predict(table.features)])
-    report = confidence_report(scores, table.correct, MODELS, 0)
-    assert report["macro_map"] > report["macro_base_rate"]
-    # synthetic.SKILL: the small model is better at code, the large one at math
-    code = np.array(["def " in f.user_text for f in table.features])
-    (large_code, small_code), (large_math, small_math) = (scores[code].mean(0),
-                                                          scores[~code].mean(0))
-    assert small_code > small_math and large_math > large_code
+    check_fixture_skill(model, test, MODELS)
     model.save(tmp_path, {"seed": 0, "holdout": 0.2})
     again = SemanticRouter.load(tmp_path)
     reqs = [request(r, str(i)) for i, r in enumerate(test[:6])]

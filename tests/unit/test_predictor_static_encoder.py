@@ -20,7 +20,7 @@ from router.predictors.evaluation import confidence_report
 from router.predictors.knn import KnnEstimator, KnnSettings
 from router.predictors.semantic import SemanticRouter, SemanticSettings
 from router.predictors.table import prompt_table
-from tests.fixtures.predictors import records, request, split
+from tests.fixtures.predictors import check_fixture_skill, records, request, split
 
 MODELS = ["synthetic-large", "synthetic-small"]
 WORDS = ["apple", "river", "stone", "cloud", "green", "music", "paper", "table"]
@@ -157,14 +157,7 @@ def test_semantic_router_with_the_static_encoder(static: StaticEncoder,
     scores = np.array([[row[m] for m in MODELS] for row in model.predict(fitted.features)])
     for v in confidence_report(scores, fitted.correct, MODELS, 0)["per_model"].values():
         assert v["brier"] < v["brier_base_rate"] - 0.05
-    table = prompt_table(test, MODELS, True)
-    scores = np.array([[row[m] for m in MODELS] for row in model.predict(table.features)])
-    report = confidence_report(scores, table.correct, MODELS, 0)
-    assert report["macro_map"] > report["macro_base_rate"]
-    code = np.array(["def " in f.user_text for f in table.features])
-    (large_code, small_code), (large_math, small_math) = (scores[code].mean(0),
-                                                          scores[~code].mean(0))
-    assert small_code > small_math and large_math > large_code
+    check_fixture_skill(model, test, MODELS)
     model.save(tmp_path, {"seed": 0, "holdout": 0.2})
     meta = json.loads((tmp_path / "metadata.json").read_text())
     assert meta["feature_settings"]["encoder"] == MINILM_STATIC
