@@ -171,24 +171,26 @@ class SemanticRouter:
         threads = torch.get_num_threads()
         if isinstance(body, StaticBag):  # small tensors: threads only contend (10x slower)
             torch.set_num_threads(1)
-        order = list(range(len(table.features)))
-        labels = torch.tensor(table.correct, dtype=torch.float32)
-        steps = epochs * -(-len(order) // settings.batch_size)
-        bar = tqdm(total=steps, desc="semantic router", disable=not progress, unit="batch")
-        body.train()
-        for _ in range(epochs):
-            rng.shuffle(order)
-            for i in range(0, len(order), settings.batch_size):
-                idx = order[i:i + settings.batch_size]
-                texts = [table.features[j].user_text for j in idx]
-                loss = masked_bce(head(body(texts) * scale), labels[idx])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                bar.update()
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-        bar.close()
-        torch.set_num_threads(threads)
+        try:
+            order = list(range(len(table.features)))
+            labels = torch.tensor(table.correct, dtype=torch.float32)
+            steps = epochs * -(-len(order) // settings.batch_size)
+            bar = tqdm(total=steps, desc="semantic router", disable=not progress, unit="batch")
+            body.train()
+            for _ in range(epochs):
+                rng.shuffle(order)
+                for i in range(0, len(order), settings.batch_size):
+                    idx = order[i:i + settings.batch_size]
+                    texts = [table.features[j].user_text for j in idx]
+                    loss = masked_bce(head(body(texts) * scale), labels[idx])
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    bar.update()
+                    bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.close()
+        finally:
+            torch.set_num_threads(threads)
         if isinstance(body, StaticBag):
             encoder = body.trained()
             with torch.no_grad():
