@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kernels_bench import router_bench
 from router.app import load_configured_predictors
 from router.config import ClusterConfig, load_cluster_config
 from router.dispatch.core import RouterCore
@@ -117,3 +119,28 @@ def test_cluster_file_makes_policies_use_the_artifacts(artifacts: Path) -> None:
 def test_a_model_the_artifacts_do_not_know_fails_at_start(artifacts: Path) -> None:
     with pytest.raises(ArtifactError, match="also has gpt-9; retrain it"):
         load_cluster_predictors(cluster_file(artifacts, "chimera", "gpt-9"), service=None)
+
+
+def test_router_bench_routes_on_the_artifacts(artifacts: Path, tmp_path: Path) -> None:
+    """``kernels_bench router --artifacts``: chimera and routebalance decide on the trained
+    predictors (their sources say so), on engines serving the artifacts' models, with the
+    fixture's prompts; the JSON records where each predictor ran."""
+    data = str(Path(__file__).parents[1] / "fixtures" / "predictors" / "synthetic.jsonl.gz")
+    pset, models, prompts = router_bench.learned(artifacts / "art", [data])
+    try:
+        assert models == ("synthetic-large", "synthetic-small")
+        assert prompts and all(r.stage_index == 0 for r in prompts)
+        cluster = router_bench.make_cluster(2, random.Random(0), models)
+        cluster.predictors, cluster.prompts = pset, prompts
+        for policy, source in (("chimera", "confidence"), ("routebalance", "quality_length")):
+            core = router_bench.make_core(policy, cluster, 1)
+            assert core.policy is not None and core.policy.sources[source] == "predictor"
+    finally:
+        close_predictors(pset)
+    out = tmp_path / "bench"
+    router_bench.main(["--artifacts", str(artifacts / "art"), "--data", data, "--policies",
+                       "chimera", "routebalance", "--engines", "2", "--batches", "1",
+                       "--requests", "20", "--out", str(out)])
+    result = json.loads((out / "router_bench.json").read_text())
+    assert sorted(result["meta"]["predictor_call_ms"]) == ["knn", "length", "semantic_router"]
+    assert {r["policy"] for r in result["rows"]} == {"round_robin", "chimera", "routebalance"}
