@@ -43,13 +43,20 @@ def _matrix(rows: Sequence[Mapping[str, float]], models: Sequence[str]) -> np.nd
     return np.array([[row[m] for m in models] for row in rows])
 
 
+def _routing_panel(report: dict[str, Any], name: str) -> Panels:
+    """The score-against-share panel, when the report has a routing gain."""
+    gain = report.get("routing_gain")
+    return [("routing", (gain, f"{name}: as a router"))] if gain else []
+
+
 def _eval_confidences(name: str) -> Callable[[Any, PromptTable, int],
                                              tuple[dict[str, Any], Panels]]:
     def run(pred: Any, table: PromptTable, seed: int) -> tuple[dict[str, Any], Panels]:
         scores = _matrix(pred.predict(table.features), table.models)
         report = confidence_report(scores, table.correct, table.models, seed,
                                    table.problems)
-        return report, [("reliability", (report["reliability"], f"{name}: reliability"))]
+        return report, [("reliability", (report["reliability"], f"{name}: reliability")),
+                        *_routing_panel(report, name)]
     return run
 
 
@@ -73,6 +80,7 @@ def _eval_knn(pred: KnnEstimator, table: PromptTable, seed: int
                                                  list(models[known]))}
     return report, [
         ("reliability", (report["quality"]["reliability"], "knn: quality reliability")),
+        *_routing_panel(report["quality"], "knn"),
         ("scatter", (tokens[known], table.output_tokens[known], "knn: output tokens",
                      "output tokens"))]
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from router.predictors import metrics
 from router.predictors.evaluation import confidence_report, routing_gain_report
+from router.predictors.plots import save_figure
 
 # ten prompts: each one's outcome on the small and the big model
 SMALL = np.array([1, 0, 0, 1, 0, 1, 0, 0, 1, 0], dtype=float)  # mean 0.4
@@ -185,3 +187,12 @@ def test_confidence_report_carries_it_with_problems() -> None:
     assert "routing_gain" not in confidence_report(scores, y, MODELS3, 0)
     r = confidence_report(scores, y, MODELS3, 0, problems)["routing_gain"]
     assert r["big"] == "strong" and len(r["per_share"]) == len(metrics.SHARES)
+
+
+def test_routing_panel_draws_the_report(tmp_path: Path) -> None:
+    """router.evaluate's score-against-share panel renders from a report."""
+    scores, y, problems = table()
+    report = routing_gain_report(scores, y, MODELS3, problems, seed=0, boot=50)
+    out = tmp_path / "routing.png"
+    save_figure([("routing", (report, "as a router"))], out, "test")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
