@@ -105,7 +105,8 @@ def routing_gain_report(scores: np.ndarray, labels: np.ndarray, models: Sequence
                for s in metrics.SHARES]
         over = [p - r for p, r, _ in per]
         rec = [metrics.recovered(*x) for x in per]
-        return np.array([*over, *rec, np.mean(rec), top[idx].mean() - yb[idx].mean()])
+        return np.array([*over, *rec, metrics.mean_recovered(per),
+                         top[idx].mean() - yb[idx].mean()])
 
     point = stats(np.arange(len(gain)))
     rng = np.random.default_rng(seed)

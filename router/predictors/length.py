@@ -162,13 +162,13 @@ class LengthPredictor:
         """(rows, quantiles) remaining tokens, back from the log scale if trained on it;
         the served quantile from the flat forest when there is one."""
         pred = np.empty((len(x), len(quantiles)))
-        pooled = [j for j, q in enumerate(quantiles)
-                  if self.flat is None or q != self.settings.quantile]
+        served = [self.flat is not None and q == self.settings.quantile for q in quantiles]
+        pooled = [j for j, s in enumerate(served) if not s]
         if pooled:
             pred[:, pooled] = np.asarray(self.forest.predict(
                 x, quantiles=[quantiles[j] for j in pooled])).reshape(len(x), -1)
-        for j in sorted(set(range(len(quantiles))) - set(pooled)):
-            pred[:, j] = self.flat.predict(x)  # type: ignore[union-attr]
+        if any(served):
+            pred[:, served] = self.flat.predict(x)[:, None]  # type: ignore[union-attr]
         return np.expm1(pred) if self.settings.log_target else pred
 
     # ---- inference ----

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 from scipy import stats
 from sklearn.metrics import average_precision_score, roc_auc_score
@@ -92,8 +94,14 @@ def recovered(predicted: float, random: float, oracle: float) -> float:
     return (predicted - random) / (oracle - random) if oracle > random else 0.0
 
 
+def mean_recovered(per_share: Sequence[tuple[float, float, float]]) -> float:
+    """RouteLLM's APGR as issue 30 states it: ``recovered`` averaged over the shares'
+    (predicted, random, oracle) scores."""
+    return float(np.mean([recovered(*x) for x in per_share]))
+
+
 def apgr(gain: np.ndarray, small: np.ndarray, big: np.ndarray,
          shares: tuple[float, ...] = SHARES, seed: int = 0) -> float:
-    """RouteLLM's APGR as issue 30 states it: ``recovered`` averaged over ``shares``."""
+    """``mean_recovered`` at ``shares``, ties broken by a seeded draw."""
     tb = np.random.default_rng(seed).random(len(gain))
-    return float(np.mean([recovered(*share_scores(gain, small, big, s, tb)) for s in shares]))
+    return mean_recovered([share_scores(gain, small, big, s, tb) for s in shares])
