@@ -12,6 +12,7 @@ from router.policies.linear import Linear
 from router.policies.lmetric import LMetric
 from router.policies.prefix_filter import PrefixFilter
 from router.policies.random_baseline import RandomPolicy
+from router.policies.random_mix import RandomMix
 from router.policies.round_robin import RoundRobin
 from router.policies.routebalance import RouteBalance
 from router.policies.shortest_queue import ShortestQueue
@@ -23,7 +24,7 @@ from router.types import ClusterInfo
 
 POLICIES: dict[str, type[Policy[Any]]] = {p.name: p for p in (
     Chimera, LMetric, RouteBalance, Laar, RoundRobin, RandomPolicy, VllmBalancer,
-    ShortestQueue, Linear, PrefixFilter, Dynamo, VineLM)}
+    ShortestQueue, Linear, PrefixFilter, Dynamo, VineLM, RandomMix)}
 
 
 def validate_settings(name: str, table: Mapping[str, Any]) -> Any:

@@ -1,0 +1,328 @@
+"""Quality predictors judged as routers, cross-fitted (issue 30 items 1, 3 and 4).
+
+    python scripts/quality_study.py [--repeats 3] [--boot 1000] [--out DIR]
+
+Rows: the first stage of every (problem, workflow) of the shipped math and code traces,
+labelled by whether the 0.5B and the 1.5B Qwen run of that workflow was right. Every
+number is on held-out problems: the five folds of the artifacts (``Split.fold(0, k, 5)``)
+each train on four fifths of the problems and predict the fifth; the held-out predictions
+of the five folds are pooled and judged by ``routing_gain_report`` (score against share of
+calls on the 1.5B, APGR, bootstrap over problems).
+
+- **Candidates**: each candidate's settings (its small grid) and the choice among the
+  candidates are made by an inner 4-fold split of each fold's training problems only
+  (validation APGR); the held-out numbers of every candidate are reported beside the
+  selected one, losers included.
+- **Learning curve**: the candidates trained on 25%, 50%, 75% and 100% of each fold's
+  training problems (seeded subsets, ``--repeats`` draws below 100%), judged on the same
+  held-out problems.
+
+Writes ``study.json`` and ``learning-curve.png`` in ``--out`` (docs/predictors/quality/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.decomposition import PCA
+from xgboost import XGBClassifier
+
+from router.predictors.encoder import MINILM, Encoder, StaticEncoder, resolve_encoder
+from router.predictors.evaluation import routing_gain_report
+from router.predictors.features import RequestFeatures
+from router.predictors.metrics import SHARES, mean_recovered, share_scores
+from router.predictors.records import Split
+from router.predictors.semantic import SemanticRouter, SemanticSettings
+from router.predictors.sources import load_records, parse_model_map, serve_as
+from router.predictors.table import PromptTable, prompt_table
+
+TRACES = ["data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz"]
+MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
+SMALL, BIG = "tiny-a", "tiny-b"
+FOLDS = 5
+INNER = 4
+FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass(frozen=True)
+class Data:
+    """The rows: labels (n, 2) [small, big], problems, workflows, texts, features."""
+
+    labels: np.ndarray
+    problems: np.ndarray
+    workflows: np.ndarray
+    texts: list[str]
+    features: dict[str, np.ndarray]
+    table_rows: list[RequestFeatures]
+    """The rows as the semantic router reads them."""
+
+
+Fit = Callable[[Data, np.ndarray, np.ndarray], np.ndarray]
+"""(data, training rows, rows to predict) -> predicted gain q_big - q_small per row."""
+
+
+def difficulty(text: str) -> list[float]:
+    """Text-only difficulty proxies: length, numbers and their size, sentences, code lines."""
+    nums = re.findall(r"\d+(?:\.\d+)?", text)
+    return [np.log1p(len(text)), len(nums), max((len(n) for n in nums), default=0),
+            text.count(".") + text.count("?"), text.count("\n"), len(set(text.split()))]
+
+
+def load(progress: bool) -> Data:
+    records = serve_as(load_records(TRACES), parse_model_map([MODEL_MAP]))
+    table = prompt_table(records, [SMALL, BIG], True)
+    keep = ~np.isnan(table.correct).any(axis=1)
+    feats = [f for f, k in zip(table.features, keep) if k]
+    texts = [f.user_text for f in feats]
+    workflows = np.array([f.workflow for f in feats])
+    names = sorted(set(workflows))
+    onehot = (workflows[:, None] == np.array(names)[None]).astype(np.float32)
+    t0 = time.monotonic()
+    static = StaticEncoder.distill(resolve_encoder(MINILM)).embed(texts)
+    minilm = Encoder(resolve_encoder(MINILM)).embed(texts, progress=progress)
+    if progress:
+        print(f"embeddings: {time.monotonic() - t0:.0f} s", flush=True)
+    diff = np.array([difficulty(t) for t in texts], np.float32)
+    diff = (diff - diff.mean(0)) / np.maximum(diff.std(0), 1e-9)
+    return Data(table.correct[keep], np.array([p for p, k in zip(table.problems, keep) if k]),
+                workflows, texts,
+                {"workflow": onehot, "static": static, "minilm": minilm, "difficulty": diff},
+                feats)
+
+
+def columns(d: Data, *names: str) -> np.ndarray:
+    return np.hstack([d.features[n] for n in names])
+
+
+# ---- candidates: each returns the predicted gain q_big - q_small ----
+
+def prior(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+    """P(correct) per (model, workflow): the training base rates (no text)."""
+    out = np.zeros(len(te))
+    for w in set(d.workflows[te]):
+        mine = tr[d.workflows[tr] == w]
+        rate = d.labels[mine].mean(0) if len(mine) else d.labels[tr].mean(0)
+        out[d.workflows[te] == w] = rate[1] - rate[0]
+    return out
+
+
+def logistic(feature_names: Sequence[str], c: float) -> Fit:
+    """One L2 logistic regression of P(correct) per model on the named features."""
+    def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+        x = columns(d, *feature_names)
+        q = [LogisticRegression(C=c, max_iter=2000).fit(x[tr], d.labels[tr, j])
+             .predict_proba(x[te])[:, 1] for j in (0, 1)]
+        return q[1] - q[0]
+    return fit
+
+
+def ridge_gain(feature_names: Sequence[str], alpha: float) -> Fit:
+    """Ridge regression of the gain y_big - y_small itself."""
+    def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+        x = columns(d, *feature_names)
+        y = d.labels[tr, 1] - d.labels[tr, 0]
+        return Ridge(alpha=alpha).fit(x[tr], y).predict(x[te])
+    return fit
+
+
+def knn(feature: str, k: int) -> Fit:
+    """Mean labels of the k most similar training prompts of the same workflow."""
+    def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+        e = d.features[feature]
+        out = np.zeros(len(te))
+        for i, row in enumerate(te):
+            pool = tr[d.workflows[tr] == d.workflows[row]]
+            pool = pool if len(pool) else tr
+            near = pool[np.argsort(-(e[pool] @ e[row]))[:k]]
+            out[i] = d.labels[near, 1].mean() - d.labels[near, 0].mean()
+        return out
+    return fit
+
+
+def boosted(depth: int) -> Fit:
+    """Gradient-boosted trees per model on 16 PCA components of MiniLM, the workflow and
+    the difficulty proxies."""
+    def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+        pca = PCA(16, random_state=0).fit(d.features["minilm"][tr])
+        x = np.hstack([pca.transform(d.features["minilm"]), columns(d, "workflow",
+                                                                       "difficulty")])
+        q = [XGBClassifier(n_estimators=100, max_depth=depth, learning_rate=0.05,
+                           subsample=0.8, n_jobs=1, random_state=0, verbosity=0)
+             .fit(x[tr], d.labels[tr, j]).predict_proba(x[te])[:, 1] for j in (0, 1)]
+        return q[1] - q[0]
+    return fit
+
+
+def semantic(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+    """Today's default: the static MiniLM table fine-tuned under a linear head, on the
+    problem text alone (``SemanticRouter``)."""
+    table = PromptTable([d.table_rows[i] for i in tr], list(d.problems[tr]), [SMALL, BIG],
+                        d.labels[tr], np.zeros_like(d.labels[tr]))
+    router = SemanticRouter.train(table, SemanticSettings(), progress=False)
+    q = router.predict([d.table_rows[i] for i in te])
+    return np.array([r[BIG] - r[SMALL] for r in q])
+
+
+CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
+    "prior per (model, workflow)": [("-", prior)],
+    "semantic router (default)": [("-", semantic)],
+    "logistic, static + workflow": [(f"C={c}", logistic(("static", "workflow"), c))
+                                    for c in (0.1, 1.0, 10.0)],
+    "logistic, MiniLM + workflow": [(f"C={c}", logistic(("minilm", "workflow"), c))
+                                    for c in (0.1, 1.0, 10.0)],
+    "ridge gain, MiniLM + workflow": [(f"alpha={a}", ridge_gain(("minilm", "workflow"), a))
+                                      for a in (1.0, 10.0, 100.0)],
+    "k-NN, MiniLM, same workflow": [(f"k={k}", knn("minilm", k)) for k in (5, 10, 20)],
+    "boosted trees, MiniLM PCA + workflow + difficulty": [(f"depth={k}", boosted(k))
+                                                          for k in (2, 4)],
+    "logistic, difficulty + workflow": [(f"C={c}", logistic(("difficulty", "workflow"), c))
+                                        for c in (0.1, 1.0)],
+}
+
+
+CURVE = ("prior per (model, workflow)", "semantic router (default)",
+         "logistic, MiniLM + workflow", "ridge gain, MiniLM + workflow")
+"""The candidates of the learning curve."""
+
+
+def fold_of(problem: str, seed: int, folds: int) -> int:
+    """The fold ``Split.fold(seed, k, folds)`` that holds ``problem`` out."""
+    return next(k for k in range(folds) if Split.fold(seed, k, folds).holds_out(problem))
+
+
+def apgr(d: Data, rows: np.ndarray, gain: np.ndarray) -> float:
+    """Point APGR of ``gain`` on ``rows`` (no bootstrap: the inner choice)."""
+    tb = np.random.default_rng(0).random(len(rows))
+    ys, yb = d.labels[rows, 0], d.labels[rows, 1]
+    return mean_recovered([share_scores(gain, ys, yb, s, tb) for s in SHARES])
+
+
+def subset(d: Data, rows: np.ndarray, fraction: float, repeat: int) -> np.ndarray:
+    """A seeded ``fraction`` of the problems of ``rows`` (all of them at 1.0)."""
+    if fraction >= 1.0:
+        return rows
+    keep = {p for p in set(d.problems[rows]) if int(hashlib.sha256(
+        f"curve{repeat}:{p}".encode()).hexdigest()[:8], 16) / 2**32 < fraction}
+    return rows[np.isin(d.problems[rows], list(keep))]
+
+
+def report(d: Data, gain: np.ndarray, boot: int) -> dict:
+    scores = np.stack([np.zeros_like(gain), gain], 1)
+    return routing_gain_report(scores, d.labels, [SMALL, BIG], list(d.problems), 0, boot)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--only", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES),
+                   help="the candidates to run (default: all)")
+    p.add_argument("--boot", type=int, default=1000)
+    p.add_argument("--out", type=Path, default=Path("docs/predictors/quality"))
+    args = p.parse_args()
+    d = load(progress=True)
+    n = len(d.labels)
+    fold = np.array([fold_of(pr, 0, FOLDS) for pr in d.problems])
+    result: dict = {"rows": n, "problems": len(set(d.problems)),
+                    "base": {"small": float(d.labels[:, 0].mean()),
+                             "big": float(d.labels[:, 1].mean()),
+                             "oracle": float(d.labels.max(1).mean())},
+                    "candidates": {}, "curve": {}}
+    candidates = {name: CANDIDATES[name] for name in args.only}
+    held: dict[str, np.ndarray] = {name: np.zeros(n) for name in candidates}
+    chosen = np.zeros(n)
+    picks: list[dict] = []
+    for k in range(FOLDS):
+        tr, te = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+        inner = np.array([fold_of(pr, 1 + k, INNER) for pr in d.problems[tr]])
+        val: dict[str, tuple[float, str, Fit]] = {}
+        for name, grid in candidates.items():
+            best = None
+            for label, fit in grid:
+                g = np.zeros(len(tr))
+                for j in range(INNER):
+                    a, b = tr[inner != j], np.flatnonzero(inner == j)
+                    g[b] = fit(d, a, tr[b])
+                score = apgr(d, tr, g)
+                if best is None or score > best[0]:
+                    best = (score, label, fit)
+            assert best is not None
+            val[name] = best
+            held[name][te] = best[2](d, tr, te)
+            print(f"fold {k} {name} [{best[1]}]: validation APGR {best[0]:.3f}", flush=True)
+        winner = max(val, key=lambda m: val[m][0])
+        chosen[te] = held[winner][te]
+        picks.append({"fold": k, "winner": winner,
+                      "validation": {m: {"apgr": v[0], "setting": v[1]}
+                                     for m, v in val.items()}})
+    result["folds"] = picks
+    for name in candidates:
+        result["candidates"][name] = report(d, held[name], args.boot)
+    result["selected"] = report(d, chosen, args.boot)
+    for name in [m for m in CURVE if m in candidates]:
+        setting = dict(CANDIDATES[name])
+        label = max(set(p["validation"][name]["setting"] for p in picks),
+                    key=[p["validation"][name]["setting"] for p in picks].count)
+        curve = []
+        for f in FRACTIONS:
+            for r in range(1 if f >= 1.0 else args.repeats):
+                g = np.zeros(n)
+                for k in range(FOLDS):
+                    tr, te = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+                    g[te] = setting[label](d, subset(d, tr, f, r), te)
+                rep = report(d, g, args.boot)
+                curve.append({"fraction": f, "repeat": r, "apgr": rep["apgr"],
+                              "top_minus_big": rep["top_confidence_minus_always_big"]})
+                print(f"curve {name} [{label}] {f:.2f} #{r}: APGR "
+                      f"{rep['apgr']['value']:.3f}", flush=True)
+        result["curve"][name] = {"setting": label, "points": curve}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "study.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / "learning-curve.png")
+    print_summary(result)
+
+
+def print_summary(result: dict) -> None:
+    def ci(v: dict) -> str:
+        return f"{v['value']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]"
+    print(f"\n{'candidate':52s} {'APGR':>26s} {'top - always big':>26s}")
+    for name, rep in [*result["candidates"].items(), ("selected per fold", result["selected"])]:
+        print(f"{name:52s} {ci(rep['apgr']):>26s} "
+              f"{ci(rep['top_confidence_minus_always_big']):>26s}")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, c in result["curve"].items():
+        pts = c["points"]
+        fr = sorted({p["fraction"] for p in pts})
+        mean = [np.mean([p["apgr"]["value"] for p in pts if p["fraction"] == f]) for f in fr]
+        lo = [np.mean([p["apgr"]["lo"] for p in pts if p["fraction"] == f]) for f in fr]
+        hi = [np.mean([p["apgr"]["hi"] for p in pts if p["fraction"] == f]) for f in fr]
+        n = [f * result["problems"] * (FOLDS - 1) / FOLDS for f in fr]
+        line, = ax.plot(n, mean, marker="o", label=name)
+        ax.fill_between(n, lo, hi, color=line.get_color(), alpha=0.12)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.axhline(0.3, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("training problems per fold")
+    ax.set_ylabel("held-out APGR (share of oracle gain over random)")
+    ax.set_title("Learning curve, cross-fitted over 5 folds")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
