@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 from launcher import LaunchError
+from launcher.backends import backend_class
 from launcher.console import Console
 from launcher.devices import detect_devices
-from launcher.plan import make_plan
+from launcher.planner import make_plan
 from launcher.run import launch
-from launcher.ray_backend import RayBackend
 from launcher.scale import ask_to_scale
 from router.config import MAX_REPLICAS, ClusterConfig, ConfigError, load_cluster_config
 
@@ -54,13 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.scale:
             return _scale(cfg, args.run_dir, args.scale)
         run_dir = _run_dir(args.run_dir or cfg.launcher.run_dir)
-        if cfg.cluster.backend == "ray" and not args.only:
-            return _on_ray(cfg, run_dir, args.dry_run, args.demo)
-        plan = make_plan(cfg, detect_devices(), run_dir, only=args.only)
-        if args.dry_run:
-            Console().raw(plan.render())
-            return 0
-        return launch(plan, Console(), demo=args.demo)
+        return _run(cfg, run_dir, args.only, args.dry_run, args.demo)
     except (ConfigError, LaunchError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -78,7 +72,7 @@ def _scale_arg(text: str) -> tuple[str, int]:
 
 def _scale(cfg: ClusterConfig, run_dir: Path | None, wanted: list[tuple[str, int]]) -> int:
     """``--scale``: ask the running launcher; 0 if it took every change."""
-    if cfg.cluster.backend != "ray":
+    if not backend_class(cfg.cluster.backend).scales:
         raise LaunchError('--scale needs [cluster] backend = "ray" (engines placed on a Ray '
                           "cluster); on one machine, edit replicas and restart")
     given = run_dir or cfg.launcher.run_dir
@@ -93,17 +87,25 @@ def _scale(cfg: ClusterConfig, run_dir: Path | None, wanted: list[tuple[str, int
     return 0 if ok else 1
 
 
-def _on_ray(cfg: ClusterConfig, run_dir: Path, dry_run: bool, demo: bool) -> int:
-    """Plan and run the cluster with its engines on the Ray cluster ``[cluster]`` names."""
-    backend = RayBackend(cfg.cluster, run_dir)
+def _run(cfg: ClusterConfig, run_dir: Path, only: list[str], dry_run: bool,
+         demo: bool) -> int:
+    """Plan the cluster, its engines on the backend ``[cluster]`` names, and run it (or
+    print the plan)."""
+    cls = backend_class(cfg.cluster.backend)
+    cls.check_only(only)
+    backend = cls.connect(cfg.cluster, run_dir)
     try:
-        plan = make_plan(cfg, detect_devices(), run_dir, ray_host=backend.telemetry_host)
+        plan = make_plan(cfg, detect_devices(), run_dir, only=only,
+                         ray_host=backend.telemetry_host)
         if dry_run:
+            text = plan.render()
             fit = backend.fit([(p.spec.name, p.spec.placement) for p in plan.engines])
-            Console().raw(plan.render() + "\n\nplacement on the Ray cluster's free "
-                          "resources now:\n" + "\n".join(f"  {ln}" for ln in fit))
+            if fit:
+                text += ("\n\nplacement on the cluster's free resources now:\n"
+                         + "\n".join(f"  {ln}" for ln in fit))
+            Console().raw(text)
             return 0
-        return launch(plan, Console(), demo=demo, backend=backend)
+        return launch(plan, backend, Console(), demo=demo)
     finally:
         backend.close()
 

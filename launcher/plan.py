@@ -1,14 +1,11 @@
-"""The launch plan: ports, endpoints, device placement and the command of every process.
+"""The launch plan: what runs, with which ports, endpoints, command and environment.
 
-``make_plan`` is pure apart from probing which ports are free (injectable): it resolves
-the cluster file (every port and telemetry endpoint filled in, re-validated exactly as
-the router will load it), places engines on GPUs (``CUDA_VISIBLE_DEVICES``, tensor
-parallel groups packed onto the least-loaded GPUs) or, with no GPU visible, on disjoint
-CPU core sets (``VLLM_CPU_OMP_THREADS_BIND``, ``--kv-cache-memory-bytes``), and builds
-the command line and environment of each engine and of the router. With ``[cluster]
-backend = "ray"`` engines are not placed here: each replica gets a ``RayPlacement``
-(``launcher.ray_backend``) and TCP telemetry endpoints on ``ray_host``, and its address
-is known once it runs (``Plan.placed`` turns it into the entry the router loads).
+A ``Plan`` holds the resolved cluster file (every port and telemetry endpoint filled in,
+re-validated exactly as the router will load it) and a ``ProcessPlan`` for each engine
+replica and router process. Where engines run is a backend's part
+(``launcher.backends``): this module holds what every backend shares, the command
+line and environment of an engine (``engine_process``) and the router's processes.
+``launcher.planner.make_plan`` puts a plan together.
 """
 
 from __future__ import annotations
@@ -21,20 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import LaunchError
-from launcher.devices import Devices, format_ids
-from launcher.ports import PortFree, free_port, port_is_free, take_port
-from launcher.ray_backend import NODE_HOST, NODE_PORT, RayPlacement, placement
-from launcher.supervisor import ProcessSpec
+from launcher.ports import PortFree, take_port
+from launcher.process import ProcessSpec
 from router.auth import KeysError, engine_key
 from router.config import (
     ENGINE_FLAGS,
     ClusterConfig,
     EngineConfig,
     EngineInstance,
+    RouterConfig,
     default_kv_cache_bytes,
     http_url,
-    is_loopback,
-    parse_cluster_config,
 )
 from router.dispatch.peers import sync_endpoints
 
@@ -43,6 +37,10 @@ BASE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERE
 """Environment of every process the launcher starts: nothing contacts a model hub."""
 SECRET_ENV = frozenset({"VLLM_API_KEY"})
 """Environment variables the plan never prints."""
+NODE_HOST = "<node-address>"
+"""Stands in an engine's command line for its node's address (set where it lands)."""
+NODE_PORT = "<node-port>"
+"""Stands in an engine's command line for the port found free where it lands."""
 _MAX_IPC_PATH = 107  # bytes in sockaddr_un.sun_path, less the NUL
 
 @dataclass(frozen=True)
@@ -53,8 +51,9 @@ class ProcessPlan:
     kind: str
     """``engine`` or ``router``."""
     port: int
+    """Its port (0: found where it lands, ``NODE_PORT``)."""
     devices: str
-    """``gpu 0,1``, ``cpu 0-3``; empty for the router."""
+    """``gpu 0,1``, ``cpu 0-3``, ``ray 1 GPU``; empty for the router."""
     model: str
     """Served model name (the router: its policy)."""
 
@@ -68,10 +67,12 @@ class Plan:
     routers: list[ProcessPlan]
     """The router's processes: one, or ``router.workers``; none with ``--only``."""
     remote: list[EngineInstance]
-    devices: Devices
+    where: str
+    """Where engines run, as ``--dry-run`` shows it (this machine's devices, a Ray
+    cluster)."""
     warnings: list[str]
-    ray_host: str | None = None
-    """With engines on Ray: where they reach the router's telemetry sockets."""
+    telemetry_host: str | None = None
+    """With engines placed elsewhere: where they reach the router's telemetry sockets."""
     python: str = sys.executable
 
     @property
@@ -84,52 +85,6 @@ class Plan:
                                     "the router loads this file.\n" + self.config.to_toml())
 
     @property
-    def ray(self) -> bool:
-        """Engines go to a Ray cluster (``[cluster] backend = "ray"``)."""
-        return self.config.cluster.backend == "ray"
-
-    def placed(self, where: dict[str, tuple[str, str]]) -> Plan:
-        """The plan once Ray placed its engines: ``where`` maps each instance to its base
-        URL and node; each becomes an entry of its own in the router's file, with its
-        URL, node and telemetry endpoints (re-validated)."""
-        cfg = self.config
-        by_name = {p.spec.name: p for p in self.engines}
-        entries: list[dict[str, object]] = []
-        for e, table in zip(cfg.engines, cfg.to_dict()["engines"]):
-            if e.remote:
-                entries.append(table)
-                continue
-            entries += [placed_entry(e, name, by_name[name].spec.placement, *where[name])
-                        for name in (f"{e.name}-{r}" for r in range(e.replicas))
-                        if name in where]
-        draft = cfg.to_dict() | {"engines": entries}
-        return dataclasses.replace(self, config=parse_cluster_config(draft, cfg.source,
-                                                                     self.run_dir))
-
-    def with_replicas(self, name: str, replicas: int,
-                      port_free: PortFree | None = None) -> Plan:
-        """The plan with Ray engine entry ``name`` at ``replicas`` replicas: new ones get
-        their processes (and telemetry endpoints), the last ones beyond go
-        (LaunchError: no such entry placed by Ray)."""
-        cfg = self.config
-        e = next((x for x in cfg.engines if x.name == name and not x.remote), None)
-        if not self.ray or e is None or self.ray_host is None:
-            raise LaunchError(f"no engine entry {name!r} placed on Ray here (entries: "
-                              f"{', '.join(x.name for x in cfg.engines if not x.remote)})")
-        config = dataclasses.replace(cfg, engines=[
-            dataclasses.replace(x, replicas=replicas) if x is e else x for x in cfg.engines])
-        keep = [p for p in self.engines if p.spec.name not in
-                {f"{name}-{r}" for r in range(replicas, e.replicas)}]
-        taken = cfg.claimed_ports() | {
-            int(ep.rsplit(":", 1)[1]) for p in self.engines
-            for ep in (p.spec.placement.telemetry_endpoint, p.spec.placement.kv_events_endpoint)}
-        added = _ray_engines(config, self.run_dir, self.python, self.ray_host,
-                             port_free or port_is_free, [], only=(name, range(e.replicas,
-                                                                             replicas)),
-                             taken=taken)
-        return dataclasses.replace(self, config=config, engines=keep + added)
-
-    @property
     def router(self) -> ProcessPlan | None:
         """The (first) router process."""
         return self.routers[0] if self.routers else None
@@ -139,9 +94,7 @@ class Plan:
 
     def render(self) -> str:
         """The plan as ``--dry-run`` prints it."""
-        where = (f"Ray cluster {self.config.cluster.address}" if self.ray
-                 else self.devices.describe())
-        lines = [f"run dir  {self.run_dir}", f"devices  {where}", ""]
+        lines = [f"run dir  {self.run_dir}", f"devices  {self.where}", ""]
         for p in self.processes():
             where = f"  {p.devices}" if p.devices else ""
             lines.append(f"{p.spec.name}  ({p.kind}, {p.model})  port {p.port or NODE_PORT}"
@@ -158,108 +111,54 @@ class Plan:
         return "\n".join(lines)
 
 
-def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
-              only: Sequence[str] = (), port_free: PortFree | None = None,
-              python: str = sys.executable, ray_host: str | None = None) -> Plan:
-    """Plan the cluster of ``cfg`` in ``run_dir`` (absolute); with ``only``, just those
-    engines and no router (for a host that runs part of a cluster). ``ray_host``: the
-    address engines on a Ray cluster reach the router's telemetry at (backend ray)."""
-    port_free = port_free or port_is_free
-    if cfg.cluster.backend == "ray" and only:
-        raise LaunchError('--only: with [cluster] backend = "ray" the launcher places every '
-                          "engine on the Ray cluster itself; run it once, on one host")
-    cfg = _select(cfg, only)
-    resolved = _resolve(cfg, run_dir, start_router=not only, port_free=port_free)
-    warnings: list[str] = []
-    routers = [] if only else _routers(resolved, run_dir, python)
-    remote = dataclasses.replace(  # local entries placed by Ray have no port yet
-        resolved, engines=[e for e in resolved.engines if e.remote]).instances()
-    if resolved.cluster.backend == "ray":
-        if ray_host is None:
-            raise LaunchError("the Ray backend needs the router host's address (ray_host)")
-        engines = _ray_engines(resolved, run_dir, python, ray_host, port_free, warnings)
-        return Plan(resolved, run_dir, engines, routers, remote, devices, warnings, ray_host,
-                    python)
-    local = [i for i in resolved.instances() if not i.remote]
-    if devices.gpus:
-        placed = place_gpus(resolved, devices.gpus)
-    else:
-        placed = place_cpus(resolved, devices.cpus, warnings)
-    engines = []
-    for inst in local:
-        e = resolved.engine(inst.engine)
-        ids = placed[inst.name]
-        if devices.gpus:
-            env, where = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}, "gpu"
-        else:
-            env = {"VLLM_CPU_OMP_THREADS_BIND": _omp_bind(ids, e.tensor_parallel_size)}
-            where = "cpu"
-        engines.append(ProcessPlan(
-            spec=ProcessSpec(
-                name=inst.name,
-                argv=engine_argv(python, resolved, e, inst, gpu=bool(devices.gpus)),
-                env={**BASE_ENV, **env, **_key_env(resolved, e), **e.env},
-                log_path=run_dir / f"{inst.name}.log",
-                health_url=inst.url + "/health", nice=e.nice),
-            kind="engine", port=inst.port, devices=f"{where} {format_ids(ids)}",
-            model=inst.served_model_name))
-    return Plan(resolved, run_dir, engines, routers, remote, devices, warnings)
+class PortPlan:
+    """The ports a plan hands out: the file's own, then free ones from
+    ``launcher.base_port`` (errors name the user's file)."""
+
+    def __init__(self, cfg: ClusterConfig, port_free: PortFree) -> None:
+        self.cfg, self.port_free = cfg, port_free
+        self.taken = cfg.claimed_ports()
+        self._next = cfg.launcher.base_port
+
+    def alloc(self, host: str) -> int:
+        """The next free port on ``host``."""
+        base = self.cfg.launcher.base_port
+        port = take_port(host, self._next, self.taken, self.port_free, base)
+        self._next = port + 1
+        return port
+
+    def check_free(self, key: str, host: str, port: int) -> None:
+        """LaunchError if the file's ``key`` names a port in use."""
+        if not self.port_free(host, port):
+            raise LaunchError(f"{self.cfg.source}: {key}: port {port} is already in use on "
+                              f"{host}")
 
 
-def placed_entry(e: EngineConfig, name: str, where: RayPlacement, url: str,
-                 node: str) -> dict[str, object]:
+def engine_process(cfg: ClusterConfig, e: EngineConfig, inst: EngineInstance, run_dir: Path,
+                   python: str, *, gpu: bool, env: dict[str, str], health_url: str | None,
+                   devices: str, placement: object = None) -> ProcessPlan:
+    """The process of engine instance ``inst`` of ``e``: its command (``engine_argv``),
+    environment (``BASE_ENV``, ``env``, its API key, the entry's own) and log."""
+    return ProcessPlan(
+        spec=ProcessSpec(
+            name=inst.name, argv=engine_argv(python, cfg, e, inst, gpu=gpu),
+            env={**BASE_ENV, **env, **_key_env(cfg, e), **e.env},
+            log_path=run_dir / f"{inst.name}.log", health_url=health_url, nice=e.nice,
+            placement=placement),
+        kind="engine", port=inst.port, devices=devices, model=e.served_model_name)
+
+
+def placed_entry(e: EngineConfig, name: str, telemetry_endpoint: str,
+                 kv_events_endpoint: str, url: str, node: str) -> dict[str, object]:
     """The router's file entry of replica ``name`` of ``e``, running at ``url`` on
     ``node`` (also the body of ``POST /admin/engines/{name}/add``)."""
     entry = {"name": name, "url": url, "model": e.model,
              "served_model_name": e.served_model_name,
-             "telemetry_endpoint": where.telemetry_endpoint,
-             "kv_events_endpoint": where.kv_events_endpoint,
+             "telemetry_endpoint": telemetry_endpoint,
+             "kv_events_endpoint": kv_events_endpoint,
              "max_model_len": e.max_model_len, "max_num_seqs": e.max_num_seqs,
              "api_key_env": e.api_key_env, "node": node}
     return {k: v for k, v in entry.items() if v is not None}
-
-
-def _ray_engines(cfg: ClusterConfig, run_dir: Path, python: str, host: str,
-                 port_free: PortFree, warnings: list[str],
-                 only: tuple[str, range] | None = None,
-                 taken: set[int] | None = None) -> list[ProcessPlan]:
-    """One process per replica (or per replica of ``only``: an entry and its replica
-    indexes), placed by Ray: its command with the node's address and port left open
-    (``NODE_HOST``, ``NODE_PORT``), telemetry to the router on ``host``; ``taken``:
-    ports of ``host`` in use besides the file's."""
-    taken = taken if taken is not None else cfg.claimed_ports()
-
-    def endpoint() -> str:
-        base = cfg.launcher.base_port
-        return f"tcp://{host}:{take_port(host, base, taken, port_free, base)}"
-
-    replicas = [(e, EngineInstance(
-        name=f"{e.name}-{r}", engine=e.name, replica=r, model=e.model,
-        served_model_name=e.served_model_name, url="", port=0, telemetry_endpoint=endpoint(),
-        kv_events_endpoint=endpoint(), max_model_len=e.max_model_len,
-        max_num_seqs=e.max_num_seqs, remote=False))
-        for e in cfg.engines if not e.remote
-        for r in (only[1] if only and only[0] == e.name else
-                  () if only else range(e.replicas))]
-    if not is_loopback(host):
-        warnings += [f"engines.{e.name}: its replicas listen on their Ray node's address "
-                     "with no API key (set api_key_env)"
-                     for e in cfg.engines if not e.remote and not e.api_key_env]
-    out = []
-    for e, inst in replicas:
-        gpus = e.num_gpus or 0
-        argv = engine_argv(python, cfg, e, inst, gpu=bool(gpus))
-        argv[argv.index("--host") + 1] = NODE_HOST
-        argv[argv.index("--port") + 1] = NODE_PORT
-        where = placement(gpus, e.num_cpus or 1, e.resources, cfg.launcher.base_port,
-                          frozenset(taken), inst.telemetry_endpoint, inst.kv_events_endpoint)
-        out.append(ProcessPlan(
-            spec=ProcessSpec(
-                name=inst.name, argv=argv, env={**BASE_ENV, **_key_env(cfg, e), **e.env},
-                log_path=run_dir / f"{inst.name}.log", health_url=None, nice=e.nice,
-                placement=where),
-            kind="engine", port=0, devices=where.describe(), model=e.served_model_name))
-    return out
 
 
 def _key_env(cfg: ClusterConfig, e: EngineConfig) -> dict[str, str]:
@@ -272,7 +171,7 @@ def _key_env(cfg: ClusterConfig, e: EngineConfig) -> dict[str, str]:
         raise LaunchError(f"{cfg.source}: {exc}") from None
 
 
-def _routers(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
+def router_processes(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
     """The router process, or ``router.workers`` of them, each health-checked on its own
     port (the shared one answers from any of them)."""
     r = cfg.router
@@ -323,7 +222,29 @@ def engine_argv(python: str, cfg: ClusterConfig, e: EngineConfig, inst: EngineIn
 # ---------------------------------------------------------------- resolution
 
 
-def _select(cfg: ClusterConfig, only: Sequence[str]) -> ClusterConfig:
+def resolve_router(cfg: ClusterConfig, run_dir: Path, ports: PortPlan) -> RouterConfig:
+    """The router's table with its ports (and its workers' sync directory) set."""
+    router = cfg.router
+    if router.port is None:
+        router = dataclasses.replace(router, port=ports.alloc(router.host))
+    else:
+        ports.check_free("router.port", router.host, router.port)
+    if router.workers > 1:
+        worker_ports = router.worker_ports or [ports.alloc(router.host)
+                                               for _ in range(router.workers)]
+        if router.worker_ports:
+            for i, p in enumerate(worker_ports):
+                ports.check_free(f"router.worker_ports[{i}]", router.host, p)
+        router = dataclasses.replace(router, worker_ports=worker_ports,
+                                     sync_dir=router.sync_dir or str(run_dir))
+        assert router.sync_dir is not None and router.port is not None
+        for ep in sync_endpoints(router.sync_dir, router.port, router.workers):
+            _check_ipc_length(ep.removeprefix("ipc://"), "router.sync_dir")
+    return router
+
+
+def select(cfg: ClusterConfig, only: Sequence[str]) -> ClusterConfig:
+    """``cfg`` with only the engine entries ``only`` names (all if none)."""
     if not only:
         return cfg
     names = [e.name for e in cfg.engines]
@@ -337,61 +258,7 @@ def _select(cfg: ClusterConfig, only: Sequence[str]) -> ClusterConfig:
     return dataclasses.replace(cfg, engines=[e for e in cfg.engines if e.name in only])
 
 
-def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
-             port_free: PortFree) -> ClusterConfig:
-    """``cfg`` with every port and endpoint of what it starts set, as the router loads it
-    (still naming the user's file in errors)."""
-    taken = cfg.claimed_ports()
-    next_port = [cfg.launcher.base_port]
-
-    def alloc(host: str) -> int:
-        port = take_port(host, next_port[0], taken, port_free, cfg.launcher.base_port)
-        next_port[0] = port + 1
-        return port
-
-    def check_free(key: str, host: str, port: int) -> None:
-        if not port_free(host, port):
-            raise LaunchError(f"{cfg.source}: {key}: port {port} is already in use on "
-                              f"{host}")
-
-    router = cfg.router
-    if start_router:
-        if router.port is None:
-            router = dataclasses.replace(router, port=alloc(router.host))
-        else:
-            check_free("router.port", router.host, router.port)
-        if router.workers > 1:
-            ports = router.worker_ports or [alloc(router.host) for _ in range(router.workers)]
-            if router.worker_ports:
-                for i, p in enumerate(ports):
-                    check_free(f"router.worker_ports[{i}]", router.host, p)
-            router = dataclasses.replace(router, worker_ports=ports,
-                                         sync_dir=router.sync_dir or str(run_dir))
-            assert router.sync_dir is not None and router.port is not None
-            for ep in sync_endpoints(router.sync_dir, router.port, router.workers):
-                _check_ipc_length(ep.removeprefix("ipc://"), "router.sync_dir")
-    engines = []
-    for e in cfg.engines:
-        if e.remote or cfg.cluster.backend == "ray":  # placed by Ray: _ray_engines
-            engines.append(e)
-            continue
-        names = [f"{e.name}-{i}" for i in range(e.replicas)]
-        if e.port is None:
-            port: int | list[int] = _one([alloc(e.host) for _ in names])
-        else:
-            port = e.port
-            for p in port if isinstance(port, list) else [port + i for i in range(e.replicas)]:
-                check_free(f"engines.{e.name}.port", e.host, p)
-        tele = e.telemetry_endpoint or _one([_ipc(run_dir, n, "telemetry") for n in names])
-        kv = e.kv_events_endpoint or _one([_ipc(run_dir, n, "kv") for n in names])
-        engines.append(dataclasses.replace(e, port=port, telemetry_endpoint=tele,
-                                           kv_events_endpoint=kv))
-    launcher = dataclasses.replace(cfg.launcher, run_dir=str(run_dir))
-    draft = dataclasses.replace(cfg, router=router, engines=engines, launcher=launcher)
-    return parse_cluster_config(draft.to_dict(), cfg.source, run_dir)
-
-
-def _ipc(run_dir: Path, instance: str, stream: str) -> str:
+def ipc_endpoint(run_dir: Path, instance: str, stream: str) -> str:
     path = run_dir / f"{instance}.{stream}"
     _check_ipc_length(str(path), "run directory")
     return f"ipc://{path}"
@@ -403,128 +270,8 @@ def _check_ipc_length(path: str, what: str) -> None:
                           f"({path} is over {_MAX_IPC_PATH} bytes): pass a shorter --run-dir")
 
 
-def _one(values: list[int] | list[str]) -> int | str | list[int] | list[str]:
+def one(values: list[int] | list[str]) -> int | str | list[int] | list[str]:
     """A single replica's value as a scalar (tidier resolved files), else the list."""
     return values[0] if len(values) == 1 else values
 
 
-def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Plan | None:
-    """The plan with engine instance ``name`` on the next free port from
-    ``launcher.base_port``, when another program took its port since planning (the
-    launcher checks before each restart); ``None`` while its port is free."""
-    port_free = port_free or port_is_free
-    i, proc = next((k, p) for k, p in enumerate(plan.engines) if p.spec.name == name)
-    cfg = plan.config
-    instances = cfg.instances()
-    e = cfg.engine(next(x.engine for x in instances if x.name == name))
-    if port_free(e.host, proc.port):
-        return None
-    port = free_port(e.host, cfg.launcher.base_port, cfg.claimed_ports(), port_free)
-    if port is None:
-        raise LaunchError(f"{name}: its port {proc.port} is taken and no port is free "
-                          f"from launcher.base_port {cfg.launcher.base_port} upwards")
-    ports = [port if x.name == name else x.port for x in instances if x.engine == e.name]
-    draft = dataclasses.replace(cfg, engines=[
-        dataclasses.replace(x, port=_one(ports)) if x.name == e.name else x
-        for x in cfg.engines])
-    config = parse_cluster_config(draft.to_dict(), cfg.source, plan.run_dir)
-    inst = next(x for x in config.instances() if x.name == name)
-    argv = list(proc.spec.argv)
-    argv[argv.index("--port") + 1] = str(port)
-    spec = dataclasses.replace(proc.spec, argv=argv, health_url=inst.url + "/health")
-    engines = list(plan.engines)
-    engines[i] = dataclasses.replace(proc, spec=spec, port=port)
-    return dataclasses.replace(plan, config=config, engines=engines)
-
-
-# ---------------------------------------------------------------- placement
-
-
-def place_gpus(cfg: ClusterConfig, visible: list[int]) -> dict[str, list[int]]:
-    """GPU ids of each local instance: pinned ones as given, the others (largest tensor
-    parallel groups first) on the least-loaded GPUs with room for their memory share."""
-    load = {g: 0.0 for g in visible}
-    out: dict[str, list[int]] = {}
-    auto: list[tuple[EngineConfig, str]] = []
-    for e in cfg.engines:
-        if e.remote:
-            continue
-        for r in range(e.replicas):
-            name = f"{e.name}-{r}"
-            if e.gpus is None:
-                auto.append((e, name))
-                continue
-            chunk = e.gpus[r * e.tensor_parallel_size:(r + 1) * e.tensor_parallel_size]
-            for g in chunk:
-                if g not in load:
-                    raise LaunchError(f"{cfg.source}: engines.{e.name}.gpus: GPU {g} is not "
-                                      f"visible (visible: {format_ids(visible)})")
-                load[g] += e.gpu_memory_utilization
-            out[name] = chunk
-    for e, name in sorted(auto, key=lambda a: -a[0].tensor_parallel_size):
-        tp, share = e.tensor_parallel_size, e.gpu_memory_utilization
-        room = sorted((g for g in visible if load[g] + share <= 1 + 1e-9),
-                      key=lambda g: (load[g], g))
-        if len(room) < tp:
-            raise LaunchError(f"{cfg.source}: engines.{e.name}: {name} needs {tp} GPU(s) "
-                              f"with {share:g} of their memory free; {len(room)} of the "
-                              f"{len(visible)} visible GPUs have it")
-        chunk = sorted(room[:tp])
-        for g in chunk:
-            load[g] += share
-        out[name] = chunk
-    return out
-
-
-def place_cpus(cfg: ClusterConfig, cores: list[int], warnings: list[str]
-               ) -> dict[str, list[int]]:
-    """CPU cores of each local instance: pinned ones as given, the others disjoint slices
-    of the remaining cores (``num_cpus`` each, or an even share); if there are not
-    enough cores the instances share them, with a warning."""
-    out: dict[str, list[int]] = {}
-    auto: list[tuple[str, int | None]] = []
-    for e in cfg.engines:
-        if e.remote:
-            continue
-        per = len(e.cpus) // e.replicas if e.cpus else 0
-        for r in range(e.replicas):
-            name = f"{e.name}-{r}"
-            if e.cpus is None:
-                auto.append((name, e.num_cpus))
-                continue
-            chunk = e.cpus[r * per:(r + 1) * per]
-            missing = [c for c in chunk if c not in cores]
-            if missing:
-                raise LaunchError(f"{cfg.source}: engines.{e.name}.cpus: core(s) "
-                                  f"{format_ids(missing)} not available here (available: "
-                                  f"{format_ids(cores)})")
-            out[name] = chunk
-    pinned = {c for chunk in out.values() for c in chunk}
-    free = [c for c in cores if c not in pinned]
-    n_even = sum(1 for _, n in auto if n is None)
-    spare = len(free) - sum(n for _, n in auto if n is not None)
-    start = 0
-    if spare >= n_even:
-        shares = iter([spare // n_even + (k < spare % n_even) for k in range(n_even)])
-        for name, n in auto:
-            n = n or next(shares)
-            out[name] = free[start:start + n]
-            start += n
-    else:
-        pool = free or cores
-        warnings.append(f"{len(auto)} engine instance(s) share {len(pool)} CPU core(s) "
-                        f"({format_ids(pool)}): they will slow each other down")
-        for name, n in auto:
-            out[name] = [pool[(start + j) % len(pool)] for j in range(min(n or 1, len(pool)))]
-            start += n or 1
-    return out
-
-
-def _omp_bind(cores: list[int], tp: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for ``tp`` ranks: the cores split into ``tp`` groups."""
-    if tp <= 1:
-        return format_ids(cores)
-    if len(cores) < tp:
-        return "|".join(str(cores[r % len(cores)]) for r in range(tp))
-    size = len(cores) // tp
-    return "|".join(format_ids(cores[r * size:(r + 1) * size]) for r in range(tp))

@@ -1,9 +1,9 @@
 """``python -m launcher.reaper CMD [ARG...]``: run CMD and take its whole process group
 down with it.
 
-A Ray host actor starts its engine through this (``launcher.ray_backend``), as the leader
+A Ray host actor starts its engine through this (``launcher.backends.ray``), as the leader
 of a new session: if the actor dies (its node is lost, the launcher's job ends) the reaper
-gets SIGTERM (``PR_SET_PDEATHSIG``, set by ``launcher.supervisor.spawn``), passes it to
+gets SIGTERM (``PR_SET_PDEATHSIG``, set by ``launcher.process.spawn``), passes it to
 the engine and, after a grace period, SIGKILLs every process left in its group. vLLM's
 EngineCore and workers stay in that group but outlive a killed API server, which the
 actor, being gone, can no longer clean up. The reaper exits as CMD did (the same code, or

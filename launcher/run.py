@@ -7,9 +7,10 @@ restarted with exponential backoff up to ``launcher.max_restarts``; when it is h
 again it is marked up. Ctrl-C or SIGTERM: graceful shutdown (``Supervisor.stop_all``); a
 second one kills at once.
 
-With engines on a Ray cluster (``launcher.ray_backend``) the router's file is written once
-they run (their addresses are known then) and rewritten when one is re-placed elsewhere;
-the router is told of the move (``POST /admin/engines/{id}/move``).
+The backend (``launcher.backends``) decides where engines run: the router's file is
+rewritten once they run (``Backend.placed``: on a Ray cluster their addresses are known
+then) and whenever one moves (a port taken here, ``Backend.replan``; a re-placement on
+another node); the router is told of the move (``POST /admin/engines/{id}/move``).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import httpx
 import tomli_w
 import zmq
 
+from launcher.backends.base import Backend
 from launcher.console import Console, table
-from launcher.plan import BASE_ENV, Plan, move_engine
-from launcher.ray_backend import RayBackend
+from launcher.plan import BASE_ENV, Plan
+from launcher.process import ProcessHandle
 from launcher.scale import Scaler
 from launcher.supervisor import Managed, State, Supervisor
 from router.auth import load_keys
@@ -54,10 +56,9 @@ class _StopRequest:
         self.signum = signum
 
 
-def launch(plan: Plan, console: Console, demo: bool = False,
-           backend: RayBackend | None = None) -> int:
-    """Run the cluster of ``plan`` (its engines on ``backend``'s Ray cluster if it has
-    one); return the launcher's exit code."""
+def launch(plan: Plan, backend: Backend, console: Console, demo: bool = False) -> int:
+    """Run the cluster of ``plan``, its engines on ``backend``; return the launcher's exit
+    code."""
     la = plan.config.launcher
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     plan.write_resolved()
@@ -68,7 +69,7 @@ def launch(plan: Plan, console: Console, demo: bool = False,
                      backoff_max_s=la.restart_backoff_max_s,
                      health_interval_s=la.health_interval_s,
                      unhealthy_after=la.unhealthy_after, stable_s=la.stable_s,
-                     remote_start=backend.start if backend is not None else None)
+                     backend=backend)
     stop = _StopRequest(sup)
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     routers: list[Managed] = []
@@ -81,9 +82,8 @@ def launch(plan: Plan, console: Console, demo: bool = False,
         if not _wait_up(sup, engines, console, stop, "engines"):
             return 128 + stop.signum if stop.signum else 1
         unplaced = plan
-        if plan.ray:
-            plan = plan.placed(_where(engines))
-            plan.write_resolved()
+        plan = backend.placed(plan, _handles(engines))
+        plan.write_resolved()
         if plan.routers:
             routers = [sup.start(p.spec) for p in plan.routers]
             if not _wait_up(sup, routers, console, stop, "the router"):
@@ -95,7 +95,7 @@ def launch(plan: Plan, console: Console, demo: bool = False,
             client = sup.spawn_plain([sys.executable, str(DEMO_CLIENT), "--base-url",
                                       plan.config.router_url() + "/v1"], dict(BASE_ENV))
             helpers.append(client)
-        return _supervise(sup, plan, unplaced, routers, console, stop, client)
+        return _supervise(sup, backend, plan, unplaced, routers, console, stop, client)
     finally:
         console.done()
         console.line("stopping the cluster")
@@ -129,38 +129,42 @@ def _wait_up(sup: Supervisor, procs: list[Managed], console: Console, stop: _Sto
     return False
 
 
-def _where(engines: list[Managed]) -> dict[str, tuple[str, str]]:
-    """Each placed engine's base URL and node."""
-    return {m.spec.name: (m.remote.url, m.remote.where) for m in engines
-            if m.remote is not None}
+def _handles(engines: list[Managed]) -> dict[str, ProcessHandle]:
+    """Each running engine's handle, by name."""
+    return {m.spec.name: m.handle for m in engines if m.handle is not None}
 
 
-def _supervise(sup: Supervisor, plan: Plan, unplaced: Plan, routers: list[Managed],
-               console: Console, stop: _StopRequest,
+def _supervise(sup: Supervisor, backend: Backend, plan: Plan, unplaced: Plan,
+               routers: list[Managed], console: Console, stop: _StopRequest,
                client: subprocess.Popen[bytes] | None) -> int:
     """Restart what dies until a stop request (exit 0), a router process gives up (1), or
-    the demo ``client`` ends (its exit code). ``unplaced``: the plan before Ray placed its
-    engines (``plan`` then), to re-place a moved one and to scale (``launcher.scale``)."""
+    the demo ``client`` ends (its exit code). ``unplaced``: the plan before the backend
+    placed its engines (``plan`` then), to move one and to scale (``launcher.scale``)."""
     router_url = plan.config.router_url() if routers else None
     r = plan.config.router
     admin_key = min(load_keys(r.admin_keys_file, r.admin_keys_env, "router admin keys"),
                     default=None)
     current = [plan]
+    base = [unplaced]
+
+    def placed() -> None:
+        """Rewrite the router's file from where the engines run now."""
+        if scaler is not None:
+            base[0] = scaler.plan
+        current[0] = backend.placed(base[0], _handles([m for m in sup.procs
+                                                       if m not in routers]))
+        current[0].write_resolved()
 
     def before_restart(m: Managed) -> str | None:
-        """An engine whose port another program took gets the next free one; the resolved
-        file is rewritten, so a restarted router reads it too."""
-        if m in routers:
+        """An engine the backend moves before its restart gets its new spec; the
+        resolved file is rewritten, so a restarted router reads it too."""
+        change = backend.replan(base[0], m.spec.name)
+        if change is None:
             return None
-        name = m.spec.name
-        moved = move_engine(current[0], name)
-        if moved is None:
-            return None
-        old = next(p for p in current[0].engines if p.spec.name == name)
-        new = next(p for p in moved.engines if p.spec.name == name)
-        current[0], m.spec = moved, new.spec
-        moved.write_resolved()
-        return f"port {old.port} is taken; restarting on port {new.port}"
+        base[0], moved = change
+        m.spec = next(p.spec for p in base[0].engines if p.spec.name == m.spec.name)
+        placed()
+        return moved
 
     def admin(name: str, action: str, params: dict[str, str] | None = None,
               body: Any = None) -> int:
@@ -168,22 +172,16 @@ def _supervise(sup: Supervisor, plan: Plan, unplaced: Plan, routers: list[Manage
             return 0
         return _admin(console, router_url, name, action, admin_key, params, body)
 
-    def placed(unplaced_now: Plan) -> None:
-        """Rewrite the router's file from where the engines run now."""
-        current[0] = unplaced_now.placed(_where([m for m in sup.procs if m not in routers]))
-        current[0].write_resolved()
-
     scaler = None
-    if plan.ray and router_url is not None:
+    if backend.scales and router_url is not None:
         try:
             scaler = Scaler(unplaced, sup, console, admin,
                             lambda name: _inflight(router_url, name), r.request_timeout_s,
-                            plan.config.launcher.grace_period_s, placed)
+                            plan.config.launcher.grace_period_s, lambda plan: placed())
         except zmq.ZMQError as e:
             console.line(f"warning: --scale is not available ({e}: {plan.run_dir} too deep "
                          "for an ipc:// socket?); the engines keep being supervised")
-    if not plan.ray:
-        sup.before_restart = before_restart
+    sup.before_restart = before_restart
     try:
         while not stop.signum:
             for ev in sup.step(restart=True):
@@ -195,8 +193,7 @@ def _supervise(sup: Supervisor, plan: Plan, unplaced: Plan, routers: list[Manage
                     continue
                 if ev.kind == "moved":
                     console.line(f"{name} {ev.detail}")
-                    if plan.ray:
-                        placed(scaler.plan if scaler is not None else unplaced)
+                    placed()
                     inst = next((i for i in current[0].config.instances() if i.name == name),
                                 None)
                     if inst is not None:  # not before it joined routing
@@ -257,11 +254,10 @@ def _inflight(router_url: str, instance: str) -> int | None:
 
 
 def _summary(plan: Plan, engines: list[Managed], routers: list[Managed]) -> str:
+    urls = {i.name: i.url for i in plan.config.instances()}
     rows: list[list[object]] = [
-        [p.spec.name, p.model, p.devices,
-         m.remote.where if m.remote is not None else "local",
-         urlsplit(m.remote.url).port if m.remote is not None else p.port, m.pid,
-         m.state.value]
+        [p.spec.name, p.model, p.devices, m.handle.where if m.handle is not None else "-",
+         urlsplit(urls[p.spec.name]).port, m.pid, m.state.value]
         for p, m in zip(plan.engines, engines)]
     rows += [[i.name, i.served_model_name, "remote", i.node or "-", i.url, "-", "remote"]
              for i in plan.remote]

@@ -26,6 +26,7 @@ import zmq
 
 from launcher import LaunchError
 from launcher.console import Console
+from launcher.backends.ray import RayProcess, with_replicas
 from launcher.plan import Plan, placed_entry
 from launcher.supervisor import Managed, State, Supervisor
 from router.config import MAX_REPLICAS
@@ -139,10 +140,11 @@ class Scaler:
     def joined(self, m: Managed) -> None:
         """A replica being added is healthy: it joins routing."""
         name = m.spec.name
-        if self.joining.pop(name, None) is None or m.remote is None:
+        if self.joining.pop(name, None) is None or not isinstance(m.handle, RayProcess):
             return
         e = self.plan.config.engine(name.rsplit("-", 1)[0])
-        entry = placed_entry(e, name, m.spec.placement, m.remote.url, m.remote.where)
+        entry = placed_entry(e, name, m.spec.placement.telemetry_endpoint,
+                             m.spec.placement.kv_events_endpoint, m.handle.url, m.handle.where)
         status = self.admin(name, "add", None, entry)
         self.console.line(f"{name} joined routing" if status == 200 else
                           f"{name} is up but the router refused it (HTTP {status})")
@@ -155,7 +157,7 @@ class Scaler:
         plan = self.plan
         current = next((e.replicas for e in plan.config.engines if e.name == req.engine
                         and not e.remote), None)
-        bigger = plan.with_replicas(req.engine, req.replicas)  # LaunchError: no such entry
+        bigger = with_replicas(plan, req.engine, req.replicas)  # LaunchError: no such entry
         assert current is not None
         if req.replicas > current:
             started: list[Managed] = []
@@ -198,6 +200,6 @@ class Scaler:
                               + ("" if open_ == 0 else " (drain timeout)"))
         for engine, n in list(self.target.items()):
             if not any(name.rsplit("-", 1)[0] == engine for name in self.draining):
-                self.plan = self.plan.with_replicas(engine, n)
+                self.plan = with_replicas(self.plan, engine, n)
                 del self.target[engine]
                 self.on_change(self.plan)

@@ -22,7 +22,8 @@ import httpx
 import psutil
 
 from launcher.devices import detect_devices
-from launcher.plan import Plan, make_plan
+from launcher.plan import Plan
+from launcher.planner import make_plan
 from launcher.supervisor import Managed, State, Supervisor
 from router.config import ClusterConfig, EngineConfig, EngineInstance, RouterConfig
 
@@ -190,12 +191,12 @@ class ReplayCluster:
     def router_cpu_s(self) -> float:
         """CPU seconds the running router and its children (the predictor service's
         workers) have used: the router's share of the cores the engines compute on."""
-        proc = self.router_proc.popen if self.router_proc is not None else None
-        if proc is None:
+        pid = self.router_proc.pid if self.router_proc is not None else None
+        if pid is None:
             return 0.0
         total = 0.0
         try:
-            root = psutil.Process(proc.pid)
+            root = psutil.Process(pid)
             for p in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
                     t = p.cpu_times()

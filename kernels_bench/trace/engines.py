@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from launcher.devices import detect_devices
-from launcher.plan import make_plan
+from launcher.planner import make_plan
 from launcher.supervisor import State, Supervisor
 from router.config import ClusterConfig, EngineConfig, http_url
 

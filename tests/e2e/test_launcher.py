@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from launcher.supervisor import MARKER_ENV
+from launcher.process import MARKER_ENV
 from router.config import ClusterConfig, load_cluster_config
 
 pytestmark = pytest.mark.engine

@@ -28,7 +28,7 @@ import httpx
 import psutil
 import pytest
 
-from launcher.supervisor import MARKER_ENV
+from launcher.process import MARKER_ENV
 from router.config import load_cluster_config
 from tests.e2e.test_launcher import START_TIMEOUT_S, Launcher
 

@@ -1,4 +1,4 @@
-"""launcher.ray_backend on a real Ray cluster with declared (not physical) GPUs: a
+"""launcher.backends.ray on a real Ray cluster with declared (not physical) GPUs: a
 tensor-parallel replica gets one GPU per rank on one node and its process sees them all;
 a replica with no room is reported, not left waiting; releasing frees the node."""
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher import LaunchError
-from launcher.ray_backend import NODE_HOST, NODE_PORT, RayBackend, placement
-from launcher.supervisor import ProcessSpec
+from launcher.backends.ray import RayBackend, placement
+from launcher.plan import NODE_HOST, NODE_PORT
+from launcher.process import ProcessSpec
 from router.config import BackendConfig
 
 ray = pytest.importorskip("ray", reason="the Ray extra (pip install -e '.[ray]')")

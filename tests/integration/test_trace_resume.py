@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.supervisor import MARKER_ENV
+from launcher.process import MARKER_ENV
 from router.trace_format import read_records
 
 pytestmark = pytest.mark.engine

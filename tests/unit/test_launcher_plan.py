@@ -10,7 +10,8 @@ import pytest
 from launcher import LaunchError
 from launcher.__main__ import main
 from launcher.devices import Devices, format_ids
-from launcher.plan import Plan, make_plan
+from launcher.plan import Plan
+from launcher.planner import make_plan
 from router import config as cc
 from router.config import load_cluster_config
 
@@ -326,7 +327,7 @@ def test_engine_api_key_from_the_environment(tmp_path: Path,
 def test_an_engine_whose_port_was_taken_moves(tmp_path: Path) -> None:
     """Before a restart: a taken port moves that replica (only) to the next free port
     from base_port, in its command, health URL and the resolved file the router loads."""
-    from launcher.plan import move_engine
+    from launcher.backends.local import move_engine
 
     plan = plan_of(tmp_path, ROUTER + engine("a", "replicas = 2\n"))
     assert [p.port for p in plan.engines] == [8101, 8102]

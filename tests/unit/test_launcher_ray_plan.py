@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from launcher import LaunchError
-from launcher.plan import Plan, make_plan
-from launcher.ray_backend import NODE_HOST, NODE_PORT, RayPlacement
+from launcher.backends import ray as ray_backend
+from launcher.backends.ray import RayPlacement
+from launcher.plan import NODE_HOST, NODE_PORT, Plan
+from launcher.planner import make_plan
 from router import config as cc
 from router.config import ConfigError, load_cluster_config
 
@@ -70,8 +72,8 @@ def test_placed_engines_become_the_router_s_entries(tmp_path: Path) -> None:
                    + '[[engines]]\nname = "far"\nurl = "http://127.0.0.1:9999"\n'
                    'telemetry_endpoint = "tcp://127.0.0.1:9998"\n'
                    'kv_events_endpoint = "tcp://127.0.0.1:9997"\n')
-    placed = plan.placed({"a-0": ("http://127.0.0.1:8201", "127.0.0.1 (aaaa)"),
-                          "a-1": ("http://127.0.0.1:8202", "127.0.0.1 (bbbb)")})
+    placed = ray_backend.placed(plan, {"a-0": ("http://127.0.0.1:8201", "127.0.0.1 (aaaa)"),
+                                "a-1": ("http://127.0.0.1:8202", "127.0.0.1 (bbbb)")})
     instances = {i.name: i for i in placed.config.instances()}
     assert set(instances) == {"a-0", "a-1", "far"}
     a1 = instances["a-1"]

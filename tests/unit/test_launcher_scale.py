@@ -12,7 +12,7 @@ import zmq
 
 from launcher import LaunchError
 from launcher.console import Console
-from launcher.plan import make_plan
+from launcher.planner import make_plan
 from launcher.scale import CONTROL_NAME, Scaler, ScaleReply, ask_to_scale, control_endpoint
 from launcher.supervisor import Supervisor
 from router import config as cc

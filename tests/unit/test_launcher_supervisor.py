@@ -19,8 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.backends.local import LocalProcess
 from launcher.ports import port_is_free
-from launcher.supervisor import Event, Managed, ProcessSpec, State, Supervisor
+from launcher.process import ProcessSpec
+from launcher.supervisor import Event, Managed, State, Supervisor
 
 STAND_IN = r'''
 import http.server, subprocess, sys
@@ -178,7 +180,8 @@ def test_stop_all_leaves_nothing(sup: Supervisor, tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 2 + 3  # grace, then SIGKILL and reaping
     assert gone_within(procs)
     assert not sup.marked()
-    assert first.popen is not None and first.popen.returncode == -signal.SIGTERM
+    assert isinstance(first.handle, LocalProcess)
+    assert first.handle.tree.popen.returncode == -signal.SIGTERM
 
 
 def test_a_wedged_process_is_restarted(tmp_path: Path) -> None:

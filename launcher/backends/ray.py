@@ -1,4 +1,4 @@
-"""Engines on a Ray cluster (``[cluster] backend = "ray"``).
+"""The Ray backend: engines on a Ray cluster (``[cluster] backend = "ray"``).
 
 Each engine replica is a Ray actor (``EngineHost``) that owns the replica's engine
 process, in a placement group of its own: one bundle per tensor-parallel rank
@@ -10,37 +10,40 @@ GPUs (``CUDA_VISIBLE_DEVICES``), as vLLM's multiprocessing executor expects. The
 picks a port free on its node, starts ``python -m engine_ext.serve`` there on the node's
 address (in a session of its own, under ``launcher.reaper``, which takes the engine's
 whole process group down if the actor dies) and answers the
-supervisor's polls through ``RayProcess``. A replica whose process, actor or node dies is
+supervisor's polls through ``RayProcess`` (the router runs on the launcher's machine,
+under a ``LocalProcess``). A replica whose process, actor or node dies is
 re-placed by the supervisor: its group is removed and a new one placed on any node with
 room, so a replica of a lost node comes back on another.
 
 The actors and groups belong to the launcher's Ray job: Ray removes them if the launcher
 dies; ``RayBackend.close`` removes them on a normal stop. Ray is an optional extra
 (``pip install hetserve[ray]``), imported only here and only when this backend is used.
+
+Planning needs no Ray: each replica's ``RayPlacement`` and its command with its node's
+address and port left open (``NODE_HOST``, ``NODE_PORT``); its address is known once it
+runs (``placed`` turns it into the entry the router loads).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from launcher import LaunchError
-from launcher.ports import port_is_free, take_port
-from launcher.supervisor import (MARKER_ENV, ProcessSpec, alive, describe_exit, kill_procs,
-                                 reap, spawn, tail_file)
-from router.config import BackendConfig, is_loopback
-
-NODE_HOST = "<node-address>"
-"""Stands in the engine's command line for its node's address (set by the host)."""
-NODE_PORT = "<node-port>"
-"""Stands in the engine's command line for the port the host finds free on its node."""
+from launcher.backends.base import Backend
+from launcher.backends.local import LocalProcess
+from launcher.devices import Devices
+from launcher.plan import (NODE_HOST, NODE_PORT, Plan, PortPlan, ProcessPlan, engine_process,
+                           placed_entry)
+from launcher.ports import PortFree, port_is_free, take_port
+from launcher.process import (MARKER_ENV, ProcessHandle, ProcessSpec, ProcessTree,
+                              describe_exit, spawn, tail_file)
+from router.config import (BackendConfig, ClusterConfig, EngineConfig, EngineInstance,
+                           is_loopback, parse_cluster_config)
 CALL_TIMEOUT_S = 10.0
 """Longest wait for one answer of a host actor (a poll, a stop)."""
 _DROPPED_ENV = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
@@ -89,9 +92,8 @@ class EngineHost:
     """The Ray actor that owns one engine process on its node."""
 
     def __init__(self) -> None:
-        self.popen: Any = None
+        self.tree: ProcessTree | None = None
         self.log_path: Path | None = None
-        self.seen: dict[int, psutil.Process] = {}
 
     def node(self) -> tuple[str, str]:
         """This node's address and Ray id."""
@@ -120,37 +122,31 @@ class EngineHost:
         with open(self.log_path, "ab") as log:
             log.write(f"---- launcher: on {host} port {port} ----\n".encode())
             log.flush()
-            self.popen = spawn(argv, full, stdout=log)
-        return port, self.popen.pid
+            self.tree = ProcessTree(spawn(argv, full, stdout=log))
+        return port, self.tree.popen.pid
 
     def poll(self) -> int | None:
-        self._remember()
-        return self.popen.poll()
+        assert self.tree is not None
+        self.tree.remember()
+        return self.tree.popen.poll()
 
     def alive(self) -> bool:
-        self._remember()
-        return self.popen.poll() is None or any(alive(p) for p in self.seen.values())
+        assert self.tree is not None
+        self.tree.remember()
+        return self.tree.alive()
 
     def terminate(self) -> None:
-        self._remember()
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
+        assert self.tree is not None
+        self.tree.terminate()
 
     def kill(self) -> None:
-        """SIGKILL the process's group and every descendant seen."""
-        self._remember()
-        kill_procs(list(self.seen.values()), self.popen, signal.SIGKILL)
-        reap(self.popen, 5.0)
+        """SIGKILL the process's tree."""
+        assert self.tree is not None
+        self.tree.kill()
+        self.tree.reap()
 
     def tail(self, lines: int) -> str:
         return "(not started)" if self.log_path is None else tail_file(self.log_path, lines)
-
-    def _remember(self) -> None:
-        try:
-            kids = psutil.Process(self.popen.pid).children(recursive=True)
-        except psutil.Error:
-            return
-        self.seen.update((k.pid, k) for k in kids if k.pid not in self.seen)
 
 
 class GpuLease:
@@ -168,7 +164,7 @@ def _gpu_ids() -> list[str]:
 
 
 class RayProcess:
-    """The supervisor's handle on a placed engine (``launcher.supervisor.RemoteProcess``)."""
+    """A placed engine's handle (``launcher.process.ProcessHandle``)."""
 
     def __init__(self, name: str, host: Any, leases: list[Any], group: Any, address: str,
                  node_id: str, port: int, pid: int, ports: set[int]) -> None:
@@ -178,8 +174,15 @@ class RayProcess:
         self.host, self.leases, self.group = host, leases, group
         self.address, self.node_id, self.port, self.pid = address, node_id, port, pid
         self.url = f"http://{address}:{port}"
+        self.health_url = self.url + "/health"
         self.where = f"{address} ({node_id[:8]})"
         self._released = False
+
+    def moved_from(self, before: ProcessHandle) -> str | None:
+        if not isinstance(before, RayProcess) or (before.url, before.where) == (
+                self.url, self.where):
+            return None
+        return f"re-placed on {self.where} at {self.url} (was {before.where} at {before.url})"
 
     def poll(self) -> str | None:
         import ray
@@ -229,8 +232,10 @@ class RayProcess:
         return str(self._call("tail", "(its node is unreachable: no log)", lines))
 
 
-class RayBackend:
+class RayBackend(Backend):
     """The launcher's connection to a Ray cluster: places replicas, removes them."""
+
+    scales = True
 
     def __init__(self, cfg: BackendConfig, run_dir: Path, timeout_s: float | None = None
                  ) -> None:
@@ -259,13 +264,49 @@ class RayBackend:
         self.address = ray.util.get_node_ip_address()
         """This node's address, as Ray knows it."""
 
+    @classmethod
+    def connect(cls, cluster: BackendConfig, run_dir: Path) -> RayBackend:
+        return cls(cluster, run_dir)
+
+    @classmethod
+    def check_only(cls, only: Sequence[str]) -> None:
+        if only:
+            raise LaunchError('--only: with [cluster] backend = "ray" the launcher places '
+                              "every engine on the Ray cluster itself; run it once, on one "
+                              "host")
+
+    @classmethod
+    def resolve_engines(cls, cfg: ClusterConfig, run_dir: Path, ports: PortPlan
+                        ) -> list[EngineConfig]:
+        """As they are: a replica's port is found on its node, its telemetry endpoints
+        when planned (``plan_engines``)."""
+        return cfg.engines
+
+    @classmethod
+    def plan_engines(cls, cfg: ClusterConfig, run_dir: Path, python: str,
+                     devices: Devices | None, telemetry_host: str | None,
+                     port_free: PortFree, warnings: list[str]) -> list[ProcessPlan]:
+        if telemetry_host is None:
+            raise LaunchError("the Ray backend needs the router host's address (ray_host)")
+        return ray_engines(cfg, run_dir, python, telemetry_host, port_free, warnings)
+
+    @classmethod
+    def describe(cls, cfg: ClusterConfig, devices: Devices | None) -> str:
+        return f"Ray cluster {cfg.cluster.address}"
+
     @property
     def telemetry_host(self) -> str:
         return self.cfg.telemetry_host or self.address
 
-    def start(self, spec: ProcessSpec) -> RayProcess:
+    def start(self, spec: ProcessSpec, restarts: int = 0) -> ProcessHandle:
         """Place ``spec`` (its ``placement`` a ``RayPlacement``) and start its engine
-        (LaunchError: no node has room within the placement timeout)."""
+        (LaunchError: no node has room within the placement timeout); a spec with no
+        placement (the router) runs here."""
+        if spec.placement is None:
+            return LocalProcess(spec, self.run_dir, restarts)
+        return self._place(spec)
+
+    def _place(self, spec: ProcessSpec) -> RayProcess:
         import ray
         from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -315,9 +356,9 @@ class RayBackend:
         self.processes.append(proc)
         return proc
 
-    def fit(self, placements: Sequence[tuple[str, RayPlacement]]) -> list[str]:
-        """Dry run: where each replica would go on the cluster's free resources now
-        (first fit, a replica on one node), or why it does not fit."""
+    def fit(self, placements: Sequence[tuple[str, Any]]) -> list[str]:
+        """Dry run: where each replica (its ``RayPlacement``) would go on the cluster's
+        free resources now (first fit, a replica on one node), or why it does not fit."""
         free = _available_per_node()
         lines = []
         for name, p in placements:
@@ -334,6 +375,10 @@ class RayBackend:
                 free[node][k] -= v
             lines.append(f"{name}: fits on node {node}")
         return lines
+
+    def placed(self, plan: Plan, handles: Mapping[str, ProcessHandle]) -> Plan:
+        return placed(plan, {name: (h.url, h.where) for name, h in handles.items()
+                             if isinstance(h, RayProcess)})
 
     def close(self) -> None:
         """Remove every actor and placement group this launcher created."""
@@ -379,3 +424,93 @@ def _fmt(resources: Mapping[str, float]) -> str:
 def _bundles(bundles: list[dict[str, float]]) -> str:
     return _fmt(_total(bundles))
 
+
+
+# ---------------------------------------------------------------- planning
+
+
+def ray_engines(cfg: ClusterConfig, run_dir: Path, python: str, host: str,
+                port_free: PortFree, warnings: list[str],
+                only: tuple[str, range] | None = None,
+                taken: set[int] | None = None) -> list[ProcessPlan]:
+    """One process per replica (or per replica of ``only``: an entry and its replica
+    indexes), placed by Ray: its command with the node's address and port left open
+    (``NODE_HOST``, ``NODE_PORT``), telemetry to the router on ``host``; ``taken``:
+    ports of ``host`` in use besides the file's."""
+    taken = taken if taken is not None else cfg.claimed_ports()
+
+    def endpoint() -> str:
+        base = cfg.launcher.base_port
+        return f"tcp://{host}:{take_port(host, base, taken, port_free, base)}"
+
+    replicas = [(e, EngineInstance(
+        name=f"{e.name}-{r}", engine=e.name, replica=r, model=e.model,
+        served_model_name=e.served_model_name, url="", port=0, telemetry_endpoint=endpoint(),
+        kv_events_endpoint=endpoint(), max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs, remote=False))
+        for e in cfg.engines if not e.remote
+        for r in (only[1] if only and only[0] == e.name else
+                  () if only else range(e.replicas))]
+    if not is_loopback(host):
+        warnings += [f"engines.{e.name}: its replicas listen on their Ray node's address "
+                     "with no API key (set api_key_env)"
+                     for e in cfg.engines if not e.remote and not e.api_key_env]
+    out = []
+    for e, inst in replicas:
+        gpus = e.num_gpus or 0
+        where = placement(gpus, e.num_cpus or 1, e.resources, cfg.launcher.base_port,
+                          frozenset(taken), inst.telemetry_endpoint, inst.kv_events_endpoint)
+        proc = engine_process(cfg, e, inst, run_dir, python, gpu=bool(gpus), env={},
+                              health_url=None, devices=where.describe(), placement=where)
+        argv = proc.spec.argv
+        argv[argv.index("--host") + 1] = NODE_HOST
+        argv[argv.index("--port") + 1] = NODE_PORT
+        out.append(proc)
+    return out
+
+
+def placed(plan: Plan, where: Mapping[str, tuple[str, str]]) -> Plan:
+    """The plan once Ray placed its engines: ``where`` maps each instance to its base
+    URL and node; each becomes an entry of its own in the router's file, with its
+    URL, node and telemetry endpoints (re-validated)."""
+    cfg = plan.config
+    by_name = {p.spec.name: p.spec.placement for p in plan.engines}
+    entries: list[dict[str, object]] = []
+    for e, table in zip(cfg.engines, cfg.to_dict()["engines"]):
+        if e.remote:
+            entries.append(table)
+            continue
+        entries += [placed_entry(e, name, by_name[name].telemetry_endpoint,
+                                 by_name[name].kv_events_endpoint, *where[name])
+                    for name in (f"{e.name}-{r}" for r in range(e.replicas))
+                    if name in where]
+    draft = cfg.to_dict() | {"engines": entries}
+    return dataclasses.replace(plan, config=parse_cluster_config(draft, cfg.source,
+                                                                 plan.run_dir))
+
+
+def with_replicas(plan: Plan, name: str, replicas: int,
+                  port_free: PortFree | None = None) -> Plan:
+    """The plan with Ray engine entry ``name`` at ``replicas`` replicas: new ones get
+    their processes (and telemetry endpoints), the last ones beyond go
+    (LaunchError: no such entry placed by Ray)."""
+    cfg = plan.config
+    e = next((x for x in cfg.engines if x.name == name and not x.remote), None)
+    if e is None or plan.telemetry_host is None:
+        raise LaunchError(f"no engine entry {name!r} placed on Ray here (entries: "
+                          f"{', '.join(x.name for x in cfg.engines if not x.remote)})")
+    config = dataclasses.replace(cfg, engines=[
+        dataclasses.replace(x, replicas=replicas) if x is e else x for x in cfg.engines])
+    keep = [p for p in plan.engines if p.spec.name not in
+            {f"{name}-{r}" for r in range(replicas, e.replicas)}]
+    taken = cfg.claimed_ports() | {
+        int(ep.rsplit(":", 1)[1]) for p in plan.engines
+        for ep in (p.spec.placement.telemetry_endpoint, p.spec.placement.kv_events_endpoint)}
+    added = ray_engines(config, plan.run_dir, plan.python, plan.telemetry_host,
+                        port_free or port_is_free, [], only=(name, range(e.replicas,
+                                                                        replicas)),
+                        taken=taken)
+    return dataclasses.replace(plan, config=config, engines=keep + added)
+
+
+BACKEND = RayBackend
