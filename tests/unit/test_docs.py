@@ -9,16 +9,17 @@ Reads the docs at test time, so it follows code that moves:
   table) loads with the project's loader, and every ``--flag`` of its engines'
   ``extra_args`` exists in vLLM's server (engines pass unknown arguments to it).
 - Every ``python -m MODULE [SUB ...] ...`` command (also ``.venv/bin/python -m`` and the
-  Makefile's ``$(PY) -m``), in fenced blocks, inline code and Makefile recipes: each
-  ``--flag`` exists in ``python -m MODULE [SUB ...] --help``, run once per command, as
-  ``-m`` runs it, by two help servers (subprocesses that load the libraries the commands
-  share once: one process per command took 4 minutes of CPU). SUB is a word the parent's help lists as a command (argparse's
-  ``{a,b} ...`` or a ``commands:`` section); ``A|B`` alternatives accept a flag of either.
-  A command whose help says unknown arguments go to vLLM also takes vLLM's flags. Every
-  module named exists.
+  Makefile's ``$(PY) -m``), in fenced blocks, inline code and Makefile recipes: the module
+  exists, and each ``--flag`` exists in ``python -m MODULE [SUB ...] --help``, run once per
+  command, as ``-m`` runs it, by two help servers: subprocesses that load the libraries
+  the commands share once (a process per command took about 4 minutes of CPU, these 40 s).
+  SUB is a word the parent's help lists as a command (argparse's ``{a,b} ...`` or a
+  ``commands:`` section); ``A|B`` alternatives accept a flag of either. A command whose
+  help says unknown arguments go to vLLM also takes vLLM's flags.
 
 A block that is deliberately partial is marked by the line ``<!-- fragment -->`` right
-before its fence: it is still parsed (and import-checked), never run or loaded.
+before its fence: a Python or TOML fragment is still parsed (and import-checked), never
+run or loaded; a shell fragment's commands are not checked.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def test_python_block(block: Block, monkeypatch: pytest.MonkeyPatch) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             module = importlib.import_module(node.module)
             for alias in node.names:
-                if not hasattr(module, alias.name):
-                    importlib.import_module(f"{node.module}.{alias.name}")
+                assert hasattr(module, alias.name) or importlib.util.find_spec(
+                    f"{node.module}.{alias.name}") is not None, \
+                    f"{block.where}: {node.module} has no {alias.name}"
     if block.fragment or "://" in block.text:
         return
     monkeypatch.chdir(ROOT)
