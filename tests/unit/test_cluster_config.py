@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -387,14 +386,6 @@ def test_without_policy_registry_only_the_name_is_checked(tmp_path: Path) -> Non
         "anything"
     assert "must not be empty" in error(tmp_path, '[router]\npolicy = " "\n' + ENGINE_A,
                                         "router.policy")
-
-
-def test_docs_example_is_valid(tmp_path: Path) -> None:
-    """docs/cluster.md's full example loads (keeps the documentation honest)."""
-    doc = (Path(__file__).parents[2] / "docs" / "cluster.md").read_text()
-    example = re.findall(r"```toml\n(.*?)```", doc, re.S)[0]
-    cfg = load(tmp_path, example)
-    assert [(e.name, e.remote) for e in cfg.engines] == [("big", False), ("far-0", True)]
 
 
 # ---------------------------------------------------------------- hostile files
