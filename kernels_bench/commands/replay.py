@@ -8,10 +8,10 @@ import shlex
 import signal
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from kernels_bench.replay.arrivals import PROCESSES
 from kernels_bench.replay.cluster import ClusterError
