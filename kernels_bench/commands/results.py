@@ -8,9 +8,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from kernels_bench.commands.replay import RESULTS_ROOT
 from kernels_bench.replay import results
-from kernels_bench.replay.output import PLOTS, load_summary, read_jsonl
+from kernels_bench.replay.output import PLOTS, RESULTS_ROOT, load_summary, read_jsonl
 from kernels_bench.replay.results import NOTES, excluded_section, latest_run, problem_list, render
 
 

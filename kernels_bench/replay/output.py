@@ -27,6 +27,10 @@ import numpy as np  # noqa: E402
 from kernels_bench.replay import intervals  # noqa: E402
 from kernels_bench.replay.report import PAIRS, flat_rows, markdown_tables  # noqa: E402
 
+RESULTS_ROOT = Path("bench_results/replay")
+"""Where a live replay writes its run folders by default (``<timestamp>`` below it)."""
+TWIN_ROOT = Path("bench_results/twin")
+"""Where a twin replay writes its run folders by default."""
 SUMMARY = "summary.json"
 PLOTS = ("frontier.png", "cdf.png", "traffic.png")
 
