@@ -5,7 +5,8 @@
 - ``summary.json``: what was run (``meta``), every run's metrics (``runs``) and the
   intervals and comparisons over repeats and workflows (``intervals``);
 - ``summary.csv``, ``summary.md``: the summary table, with ratios against the baseline;
-- ``frontier.png``, ``cdf.png``, ``traffic.png``: the plots (``plots``).
+- ``frontier.png``, ``cdf.png``, ``traffic.png``: the plots (``write_plots``):
+  latency-versus-score frontier, latency CDFs, traffic share.
 """
 
 from __future__ import annotations
@@ -13,14 +14,25 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay import intervals, plots
-from kernels_bench.replay.report import PAIRS, flat_rows, markdown_tables
+import matplotlib
 
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kernels_bench.replay import intervals  # noqa: E402
+from kernels_bench.replay.report import PAIRS, flat_rows, markdown_tables  # noqa: E402
+
+RESULTS_ROOT = Path("bench_results/replay")
+"""Where a live replay writes its run folders by default (``<timestamp>`` below it)."""
+TWIN_ROOT = Path("bench_results/twin")
+"""Where a twin replay writes its run folders by default."""
 SUMMARY = "summary.json"
+PLOTS = ("frontier.png", "cdf.png", "traffic.png")
 
 
 def _rows(records: Sequence[Any], run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -64,7 +76,7 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     (folder / "summary.md").write_text(markdown_tables(summary) + "\n", encoding="utf-8")
-    plots.write_all(folder, summary, workflows)
+    write_plots(folder, summary, workflows)
 
 
 def summary_intervals(workflows: Sequence[dict[str, Any]], meta: dict[str, Any]
@@ -88,3 +100,114 @@ def load_summary(folder: Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a replay summary ({e})") from None
+
+
+def _policies(summary: Mapping[str, Any]) -> list[str]:
+    return [p["label"] for p in summary["meta"]["policies"]]
+
+
+def _style(i: int) -> dict[str, Any]:
+    """Colour and line style of the i-th policy: distinct for up to 30 policies."""
+    return {"color": plt.get_cmap("tab10")(i % 10), "linestyle": ("-", "--", ":")[i // 10 % 3]}
+
+
+def frontier(path: Path, summary: Mapping[str, Any]) -> None:
+    """Score against mean E2E latency and E2E per token, one line per policy across
+    the rates (points labelled with the rate), with the 95% intervals as error bars
+    (pooled over repeats, ``intervals``)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    values = summary.get("intervals", {}).get("values", [])
+    for i, policy in enumerate(_policies(summary)):
+        rows = sorted((v for v in values if v["policy"] == policy and v["score"]),
+                      key=lambda v: v["rate"])
+        if not rows:
+            continue
+        y = np.array([[v["score"][k] for k in ("value", "low", "high")] for v in rows])
+        for ax, key, scale in ((axes[0], "e2e_s.mean", 1.0),
+                               (axes[1], "e2e_per_token_s.mean", 1e3)):
+            x = scale * np.array([[v[key][k] for k in ("value", "low", "high")]
+                                  for v in rows])
+            line = ax.errorbar(x[:, 0], y[:, 0], xerr=_spread(x), yerr=_spread(y), capsize=2,
+                               marker="os^"[i // 10 % 3], label=policy, **_style(i))
+            for xi, yi, v in zip(x[:, 0], y[:, 0], rows):
+                ax.annotate(f"{v['rate']:g}/s", (xi, yi), fontsize=7,
+                            color=line.lines[0].get_color(), xytext=(3, 3),
+                            textcoords="offset points")
+    axes[0].set_xlabel("workflow E2E latency, mean (s)")
+    axes[1].set_xlabel("E2E latency per output token, mean (ms)")
+    for ax in axes:
+        ax.set_ylabel("task score (points)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="best")
+    fig.suptitle("Latency vs score per policy across arrival rates, 95% intervals "
+                 "(up-left is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _spread(v: np.ndarray) -> np.ndarray:
+    """Error bars (2 x n) from rows of (value, low, high)."""
+    return np.vstack([v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]])
+
+
+def cdf(path: Path, summary: Mapping[str, Any], workflows: Sequence[Mapping[str, Any]]) -> None:
+    """CDF of workflow E2E latency per policy, one panel per rate."""
+    rates = summary["meta"]["rates"]
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 3.8), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        for i, policy in enumerate(_policies(summary)):
+            xs = np.sort([w["end_s"] - w["arrival_s"] for w in workflows
+                          if w["policy"] == policy and w["rate"] == rate and not w["error"]])
+            if xs.size:
+                ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post", label=policy,
+                        **_style(i))
+        ax.set_title(f"{rate:g} workflows/s")
+        ax.set_xlabel("workflow E2E latency (s)")
+        ax.set_ylabel("share of workflows")
+        ax.grid(alpha=0.3)
+    handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
+    if handles:
+        axes[0][-1].legend(handles.values(), handles.keys(), fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def traffic(path: Path, summary: Mapping[str, Any]) -> None:
+    """Share of calls per served model, per policy (mean over repeats), one panel per
+    rate."""
+    rates = summary["meta"]["rates"]
+    policies = _policies(summary)
+    models = sorted({m for r in summary["runs"] for m in r["summary"]["traffic"]})
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 0.45 * len(policies) + 1.6),
+                             squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        shares: dict[str, dict[str, float]] = {p: {} for p in policies}
+        runs = [r for r in summary["runs"] if r["rate"] == rate]
+        for p in policies:
+            mine = [r["summary"]["traffic"] for r in runs if r["policy"] == p]
+            shares[p] = {m: sum(t.get(m, {}).get("calls", 0.0) for t in mine) / len(mine)
+                         for m in models} if mine else {}
+        left = np.zeros(len(policies))
+        for m in models:
+            width = np.array([shares[p].get(m, 0.0) for p in policies])
+            ax.barh(policies, width, left=left, label=m)
+            left += width
+        ax.set_xlim(0, 1)
+        ax.invert_yaxis()
+        ax.set_title(f"{rate:g} workflows/s")
+        ax.set_xlabel("share of calls")
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_plots(folder: Path, summary: Mapping[str, Any],
+              workflows: Sequence[Mapping[str, Any]]) -> None:
+    if not summary["runs"]:
+        return
+    frontier(folder / PLOTS[0], summary)
+    cdf(folder / PLOTS[1], summary, workflows)
+    traffic(folder / PLOTS[2], summary)

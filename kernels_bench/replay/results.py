@@ -9,17 +9,12 @@ intervals without the problems FILE lists (e.g. those a setting was tuned on).
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.cli import RESULTS_ROOT
-from kernels_bench.replay.output import SUMMARY, load_summary, read_jsonl, summary_intervals
-from kernels_bench.replay.plots import PLOTS
+from kernels_bench.replay.output import PLOTS, SUMMARY, summary_intervals
 from kernels_bench.replay.report import interval_tables, markdown_tables, observations
 
 NOTES = "notes.md"
@@ -130,34 +125,3 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
     parts += ["## Plots", ""]
     parts += [f"![{p}]({images}/{p})" for p in PLOTS]
     return "\n".join(parts) + "\n"
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench results",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", type=Path, help=f"replay output folder (default: the latest "
-                   f"under {RESULTS_ROOT})")
-    p.add_argument("--out", type=Path, default=Path("docs/results.md"))
-    p.add_argument("--exclude-problems", type=Path, metavar="FILE",
-                   help="also give the intervals without these problems (a JSON list of "
-                   "problem ids), e.g. those a setting was tuned on")
-    a = p.parse_args(argv)
-    try:
-        run = a.run or latest_run(RESULTS_ROOT)
-        summary = load_summary(run)
-        excluded = ""
-        if a.exclude_problems:
-            excluded = excluded_section(summary, read_jsonl(run / "workflows.jsonl"),
-                                        problem_list(a.exclude_problems),
-                                        a.exclude_problems.name)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    images = a.out.parent / a.out.stem
-    images.mkdir(parents=True, exist_ok=True)
-    for name in PLOTS:
-        if (run / name).exists():
-            shutil.copyfile(run / name, images / name)
-    notes = (run / NOTES).read_text(encoding="utf-8") if (run / NOTES).exists() else None
-    a.out.write_text(render(summary, run.name, images.name, notes, excluded),
-                     encoding="utf-8")
-    print(f"wrote {a.out} and {images}/ from {run}")

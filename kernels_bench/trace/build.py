@@ -11,9 +11,7 @@ records the settings; resuming with different settings is refused.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -181,28 +179,3 @@ def build(cluster: Path, s: Settings, out: Path, models: list[str] | None, workf
         with engine_session(cfg, name) as eng, TraceWriter(out) as writer:
             asyncio.run(run_model(eng.base_url, eng.served_model_name, todo, s, writer))
     print(f"[trace] done: {out}", file=sys.stderr, flush=True)
-
-
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(
-        prog="python -m kernels_bench trace build",
-        description="Run every model of a cluster over a suite's workflows (resumable).")
-    ap.add_argument("--cluster", type=Path, required=True, help="cluster.toml: the models")
-    ap.add_argument("--suite", choices=sorted(WORKFLOWS), required=True)
-    ap.add_argument("--problems", type=int, required=True, help="number of problems")
-    ap.add_argument("--out", type=Path, required=True, help="trace file (.jsonl or .jsonl.gz)")
-    ap.add_argument("--models", nargs="+", help="engine names to run (default: all, in order)")
-    ap.add_argument("--workflows", nargs="+", help="workflow ids (default: all of the suite)")
-    ap.add_argument("--seed", type=int, default=0, help="problem and sampling seed")
-    ap.add_argument("--max-tokens", type=int, default=512, help="output cap per stage")
-    ap.add_argument("--concurrency", type=int, default=32, help="workflow runs in flight")
-    ap.add_argument("--code-timeout", type=float, default=10.0, help="seconds per test run")
-    args = ap.parse_args(argv)
-    workflows = args.workflows or list(WORKFLOWS[args.suite])
-    bad = sorted(set(workflows) - set(WORKFLOWS[args.suite]))
-    if bad:
-        ap.error(f"--workflows: {bad} not in {args.suite}'s {list(WORKFLOWS[args.suite])}")
-    s = Settings(args.suite, args.problems, args.seed, args.max_tokens, args.concurrency,
-                 args.code_timeout)
-    command = shlex.join(["python", "-m", "kernels_bench", "trace", "build", *argv])
-    build(args.cluster, s, args.out, args.models, workflows, command)

@@ -30,9 +30,7 @@ The grading is a heuristic; the datasheet reports the units and accuracy per kin
 
 from __future__ import annotations
 
-import argparse
 import re
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,6 @@ from typing import Any
 from tqdm import tqdm
 
 from kernels_bench.trace.answers import extract_math_answer, numbers_equal
-from kernels_bench.trace.models import real_models_root
 from router.trace_format import (
     FORMAT,
     VERSION,
@@ -181,23 +178,3 @@ def _unit(tok: Any, p: Any, champ_name: str, model: str) -> Unit | None:
                 stages=[stage], final_answer=summary.text.strip(), correct=correct,
                 score=float(correct), total_output_tokens=output_tokens, latency_s=0.0,
                 detail=f"graded by {method}; category {p.category}")
-
-
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(
-        prog="python -m kernels_bench trace champ",
-        description="Convert champ-dataset's recorded API-model answers into a trace.")
-    ap.add_argument("--tokenizer", default="qwen2.5-coder-0.5b-instruct",
-                    help="tokenizer used to count tokens: a local folder, or the name of a "
-                         "model fetched by scripts/fetch_real_models.py (default: %(default)s)")
-    ap.add_argument("--out", type=Path, required=True, help="trace file (.jsonl.gz)")
-    args = ap.parse_args(argv)
-    command = shlex.join(["python", "-m", "kernels_bench", "trace", "champ", *argv])
-    tokenizer = Path(args.tokenizer).expanduser()
-    if not tokenizer.is_dir():
-        tokenizer = real_models_root() / args.tokenizer
-        if not tokenizer.is_dir():
-            ap.error(f"--tokenizer {args.tokenizer}: no such folder, and no fetched model of "
-                     f"that name in {tokenizer.parent} (run scripts/fetch_real_models.py)")
-    written, skipped = convert(str(tokenizer), args.out, command)
-    print(f"{written} units -> {args.out} ({skipped} conversations without a summary skipped)")

@@ -8,8 +8,6 @@ beside it, and a PNG of the output-length distributions and accuracies.
 
 from __future__ import annotations
 
-import argparse
-import json
 import shlex
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -17,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from router.trace_format import Trace, load_trace
+from router.trace_format import Trace
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 
@@ -193,21 +191,3 @@ def plot(summaries: list[dict[str, Any]], traces: list[Trace], path: Path) -> No
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(
-        prog="python -m kernels_bench trace datasheet",
-        description="Write the datasheet (Markdown, JSON, PNG) of trace files.")
-    ap.add_argument("traces", nargs="+", type=Path, help="trace files")
-    ap.add_argument("--out", type=Path, required=True, help="Markdown file to write")
-    ap.add_argument("--title", default="Workflow traces: datasheet")
-    args = ap.parse_args(argv)
-    traces = [load_trace(p) for p in args.traces]
-    summaries = [summarize(t, p) for t, p in zip(traces, args.traces)]
-    regenerate = shlex.join(["python", "-m", "kernels_bench", "trace", "datasheet", *argv])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(summaries, args.title, regenerate))
-    args.out.with_suffix(".json").write_text(json.dumps(summaries, indent=1) + "\n")
-    plot(summaries, traces, args.out.with_suffix(".png"))
-    print(f"wrote {args.out}, {args.out.with_suffix('.json')}, {args.out.with_suffix('.png')}")

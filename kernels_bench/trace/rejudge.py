@@ -10,17 +10,15 @@ build can still continue the file. Do not run it on a file a build is appending 
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections import Counter
-from pathlib import Path
 
 import msgspec
 from tqdm import tqdm
 
 from kernels_bench.trace.suites import Problem, judge, load_problems
-from router.trace_format import Header, Unit, read_records, write_records
+from router.trace_format import Header, Unit
 
 _MATH_ID = re.compile(r"gsm_symbolic/(\d+)/(\d+)")
 
@@ -62,20 +60,3 @@ def rejudge(units: list[Unit], problems: dict[str, Problem],
             changes["answer changed, verdict kept"] += 1
         out.append(new)
     return out, changes
-
-
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(
-        prog="python -m kernels_bench trace rejudge",
-        description="Judge every unit of a finished trace again from its recorded outputs.")
-    ap.add_argument("trace", type=Path, help="trace file (math or code)")
-    ap.add_argument("--out", type=Path, help="where to write (default: replace TRACE, "
-                    "atomically; never while a build appends to it)")
-    args = ap.parse_args(argv)
-    header, units = read_records(args.trace)
-    timeout_s = float(header.settings.get("code_timeout_s", 10.0))
-    judged, changes = rejudge(units, problems_of(header, units), timeout_s)
-    out = args.out or args.trace
-    write_records(out, header, judged)
-    said = ", ".join(f"{k} {v}" for k, v in changes.items()) or "no change"
-    print(f"{len(judged)} units judged again -> {out}: {said}")

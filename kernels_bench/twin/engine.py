@@ -3,7 +3,7 @@ forward pass.
 
 The scheduler is the class the engine runs (``engine_ext.schedulers.scheduler_type`` for
 its ``sched_policy``, the synchronous variant, as on CPU), built with no model executor
-(``kernels_bench.sched_harness``), sized by an ``EngineSpec``, with prefix caching on.
+(``kernels_bench.lib.scheduler_harness``), sized by an ``EngineSpec``, with prefix caching on.
 A step is what vLLM's ``EngineCore`` does: take the requests that arrived, ``schedule()``,
 run the model (here: wait ``StepTimeModel.step_ms``), ``update_from_output`` with one
 made-up sampled token per request whose step reaches its last token.
@@ -17,7 +17,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from engine_ext.schedulers import scheduler_type
-from kernels_bench.sched_harness import block_hasher, fake_output, make_scheduler
+from kernels_bench.lib.scheduler_harness import block_hasher, fake_output, make_scheduler
 from kernels_bench.twin.engine_spec import EngineSpec
 from kernels_bench.twin.request import RequestRecord, TwinRequest
 from kernels_bench.twin.step_time import StepTimeModel

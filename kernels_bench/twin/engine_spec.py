@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_ext.serve import build_parser
-from kernels_bench.model_config import kv_bytes_per_token, model_config
+from kernels_bench.lib.model_config import kv_bytes_per_token, model_config
 from router.config import ClusterConfig, EngineConfig, default_kv_cache_bytes
 
 CPU_BLOCK_SIZE = 128

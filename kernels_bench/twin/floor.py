@@ -1,7 +1,7 @@
 """Twin profiles from a measured floor: a GPU's measured step times plus a stated engine
 overhead, so a GPU profiled once with ``python -m kernels_bench kernels`` runs in the twin.
 
-A floor file (``kernels_bench.floor.cli``; docs/twin/floors/) holds, per model shape,
+A floor file (``kernels_bench.floor.measure``; docs/twin/floors/) holds, per model shape,
 decode step times by batch and context and prefill times by prompt length, measured in
 plain torch: the GPU work of a step without vLLM's own per-step work. ``floor_file``
 writes the ``<entry>.json`` that ``kernels_bench profile`` measures and
@@ -45,8 +45,8 @@ from typing import Annotated, Any
 import msgspec
 
 from engine_ext.builtin_models import BUILTIN_MODELS, PREFIX
-from kernels_bench.model_config import SHAPE_SUFFIX, model_config, shape_name
-from kernels_bench.profile_bench import Cell
+from kernels_bench.lib.model_config import SHAPE_SUFFIX, model_config, shape_name
+from kernels_bench.predictors.profile import Cell
 from kernels_bench.twin.roofline import (
     GpuPreset, ModelShape, decode_profile, floor_seconds, gpu_preset, kv_capacity_tokens,
     model_shape, profile_file,
@@ -54,7 +54,7 @@ from kernels_bench.twin.roofline import (
 from kernels_bench.twin.step_time import Ms
 
 REFERENCE_CONTEXT = 512
-"""The context ``decode_ms_per_token`` is read at (``profile_bench.profile_numbers``)."""
+"""The context ``decode_ms_per_token`` is read at (``predictors.profile.profile_numbers``)."""
 
 
 class DecodeCell(msgspec.Struct, frozen=True):
@@ -91,7 +91,7 @@ class PrefillCell(msgspec.Struct, frozen=True):
 
 
 class Floor(msgspec.Struct, frozen=True):
-    """A measured-floor file (``kernels_bench.floor.cli``'s docstring has every field)."""
+    """A measured-floor file (``kernels_bench.floor.measure``'s docstring has every field)."""
 
     device: str
     torch: str

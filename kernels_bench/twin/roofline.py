@@ -22,8 +22,8 @@ from typing import Any
 
 import msgspec
 
-from kernels_bench.model_config import DTYPE_BYTES, kv_bytes_per_token, model_config
-from kernels_bench.profile_bench import Cell, profile_numbers
+from kernels_bench.lib.model_config import DTYPE_BYTES, kv_bytes_per_token, model_config
+from kernels_bench.predictors.profile import Cell, profile_numbers
 from kernels_bench.twin.step_time import EngineProfile
 
 BW_EFFICIENCY = 0.8
@@ -220,7 +220,7 @@ def profile_file(modelled: str, entry: str, model: str, cells: list[Cell],
                  reference_context: int, decode_tokens: int,
                  machine: dict[str, Any]) -> dict[str, Any]:
     """``<entry>.json`` with the fields ``kernels_bench profile`` writes
-    (``profile_bench.summarize``) for step times it did not measure: ``samples`` 0, no
+    (``predictors.profile.summarize``) for step times it did not measure: ``samples`` 0, no
     prefill curve, ``prefill_fixed_ms`` 0, and ``modelled`` saying where they come from."""
     ms, max_batch, ctx = profile_numbers(cells, max_num_seqs, kv_tokens, reference_context,
                                          decode_tokens)

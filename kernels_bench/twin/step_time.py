@@ -26,7 +26,7 @@ Z90 = 1.2815515655446004
 
 
 class ProfileCell(msgspec.Struct, frozen=True):
-    """One decode cell of a profile (``profile_bench.Cell``)."""
+    """One decode cell of a profile (``predictors.profile.Cell``)."""
 
     batch_size: Annotated[int, msgspec.Meta(ge=1)]
     context_tokens: Annotated[int, msgspec.Meta(ge=0)]

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from kernels_bench import artifacts
-from kernels_bench.replay import cli, results
+from kernels_bench.predictors import artifacts
+from kernels_bench.commands import replay as cli
+from kernels_bench.commands import results
 from kernels_bench.replay.workload import remaining_tokens
 from router.predictors.records import Split
 from router.trace_format import load_trace

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels_bench import artifacts, profile_bench
+from kernels_bench.commands import profile as profile_command
+from kernels_bench.predictors import artifacts
 from router.predictors.base import TpotQuery
 from router.predictors.tpot import TpotHeads
 from tests.replay_fixture import write_trace
@@ -54,7 +55,7 @@ def test_profile_of_a_tiny_engine(tmp_path: Path, short_dir: Path) -> None:
     (tmp_path / "c.toml").write_text(CLUSTER)
     trace = write_trace(tmp_path / "trace.jsonl")
     out = tmp_path / "profile"
-    profile_bench.main(["--cluster", str(tmp_path / "c.toml"), "--batch-sizes", "1", "4",
+    profile_command.main(["--cluster", str(tmp_path / "c.toml"), "--batch-sizes", "1", "4",
                         "--contexts", "64", "256", "--decode-tokens", "48",
                         "--reference-context", "200", "--trace", str(trace),
                         "--model-map", "tiny-a=small", "--out", str(out),

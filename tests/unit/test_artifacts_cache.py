@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench import artifacts
+from kernels_bench.commands import artifacts as artifacts_command
+from kernels_bench.predictors import artifacts
 from router.predictors.kinds import kind, split_rows
 from router.predictors.records import Split
 from router.predictors.sources import serve_as
@@ -47,7 +48,7 @@ def test_folds_cross_fit_every_problem(tmp_path: Path, capsys: pytest.CaptureFix
     out = tmp_path / "art"
     argv = ["--predictors", "capability", "--data", trace, "--model-map", MAP[0],
             "--out", str(out), "--folds", "3", "--quiet"]
-    artifacts.main(argv)
+    artifacts_command.main(argv)
     assert "3 trained, 0 up to date" in capsys.readouterr().out
     splits = [Split.of(json.loads((artifacts.fold_dir(out, k) / "capability" /
                                    "metadata.json").read_text())["data"]) for k in range(3)]
@@ -55,11 +56,11 @@ def test_folds_cross_fit_every_problem(tmp_path: Path, capsys: pytest.CaptureFix
     rows = load_rows(kind("capability"), [trace], MAP)
     held = [{r.problem_id for r in split_rows(rows, s)[1]} for s in splits]
     assert sum(map(len, held)) == len({r.problem_id for r in rows})  # each problem once
-    artifacts.main(argv)
+    artifacts_command.main(argv)
     assert "0 trained, 3 up to date" in capsys.readouterr().out
     for bad in (["--folds", "1"], ["--folds", "3", "--holdout", "0.2"]):
         with pytest.raises(SystemExit):
-            artifacts.main([*argv[:-3], *bad])
+            artifacts_command.main([*argv[:-3], *bad])
 
 
 def test_served_names_and_errors(tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ def test_served_names_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="expected SERVED=TRACE_MODEL"):
         load_rows(kind("length"), [trace], ["a"])
     with pytest.raises(SystemExit):
-        artifacts.main(["--holdout", "0", "--out", str(tmp_path / "x")])
+        artifacts_command.main(["--holdout", "0", "--out", str(tmp_path / "x")])
 
 
 def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -102,10 +103,10 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
         (prof / artifacts.PROFILE_KEY_FILE).write_text(
             artifacts.profile_key(cluster, artifacts.machine()))
 
-    def fail(argv: list[str]) -> None:
-        raise AssertionError(f"profiled again: {argv}")
+    def fail(*args: object) -> None:
+        raise AssertionError(f"profiled again: {args}")
 
-    monkeypatch.setattr(artifacts.profile_bench, "main", fail)
+    monkeypatch.setattr(artifacts, "profile_cluster", fail)
     write_profile(300)
     assert artifacts.build_tpot(cluster, out, [], progress=False) == {
         "profile": "up to date", "tpot": "trained"}

@@ -1,5 +1,5 @@
 """The fault-injection benchmark's classification of what a client got
-(``kernels_bench.faults``; the benchmark itself runs real engines: docs/reliability.md)."""
+(``kernels_bench.faults.signals``; the benchmark itself runs real engines: docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kernels_bench.faults import _classify, table
+from kernels_bench.faults.signals import _classify, table
 
 DONE = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n'
 ERROR_EVENT = b'data: {"choices":[]}\n\ndata: {"error":{"message":"engine broke"}}\n\n'

@@ -77,7 +77,7 @@ def test_standin_answers_chat_stream_and_models() -> None:
                                     "vllm-router:round_robin/2", "hetserve@base:vllm/2"])
 def test_router_workers_only_for_hetserve(target: str, capsys: pytest.CaptureFixture[str]
                                           ) -> None:
-    from kernels_bench.front import cli
+    from kernels_bench.commands import front as cli
 
     with pytest.raises(SystemExit):
         cli.main(["--targets", target])
@@ -110,7 +110,7 @@ def test_open_loop_sends_at_its_rate_and_counts_failures() -> None:
 
 
 def test_added_p99_is_paired_by_repeat() -> None:
-    from kernels_bench.front.cli import Cell, summarize
+    from kernels_bench.front.bench import Cell, summarize
 
     cells = [Cell("direct", "open", 500, 0, 500, 1, 2.0, 0, 500),
              Cell("direct", "open", 500, 1, 500, 1, 5.0, 0, 500),
@@ -149,7 +149,7 @@ def test_paced_stream_spaces_its_events() -> None:
 def test_the_stream_interval_is_an_option_and_bounded(capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``--interval-ms`` reaches the run (it was read there before it was an option)."""
-    from kernels_bench.front import cli
+    from kernels_bench.commands import front as cli
 
     with pytest.raises(SystemExit):
         cli.main(["--interval-ms", "-1"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench import predictor_bench
+from kernels_bench.commands import predictors as predictors_command
 from router import evaluate, train
 from tests.fixtures.predictors import SYNTHETIC
 
@@ -43,7 +43,7 @@ def test_predictor_bench_tiny_run(tmp_path: Path) -> None:
     art = tmp_path / "capability"
     train.main(["capability", "--data", str(SYNTHETIC), "--out", str(art), "--quiet"])
     out = tmp_path / "bench"
-    predictor_bench.main(["--artifact", f"capability={art}", "--data", str(SYNTHETIC),
+    predictors_command.main(["--artifact", f"capability={art}", "--data", str(SYNTHETIC),
                           "--batches", "1,4", "--repeats", "2", "--out", str(out)])
     results = json.loads((out / "predictors.json").read_text())["results"]["capability"]
     assert set(results) == {"1", "4"}

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kernels_bench import router_bench
+from kernels_bench.commands import router as router_command
+from kernels_bench.overhead import router as router_bench
 from router.app import load_configured_predictors
 from router.config import ClusterConfig, load_cluster_config
 from router.dispatch.core import RouterCore
@@ -138,7 +139,7 @@ def test_router_bench_routes_on_the_artifacts(artifacts: Path, tmp_path: Path) -
     finally:
         close_predictors(pset)
     out = tmp_path / "bench"
-    router_bench.main(["--artifacts", str(artifacts / "art"), "--data", data, "--policies",
+    router_command.main(["--artifacts", str(artifacts / "art"), "--data", data, "--policies",
                        "chimera", "routebalance", "--engines", "2", "--batches", "1",
                        "--requests", "20", "--out", str(out)])
     result = json.loads((out / "router_bench.json").read_text())

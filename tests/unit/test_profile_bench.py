@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine_ext.telemetry import SchedulerSnapshot
-from kernels_bench.profile_bench import (Cell, decode_samples, default_batches, fit_line,
+from kernels_bench.predictors.profile import (Cell, decode_samples, default_batches, fit_line,
                                          profile_numbers, write_outputs)
 from router.predictors.loader import load_profiles
 

@@ -125,7 +125,7 @@ def test_folds_run_inside_each_engine_group_with_rotated_order(cfg: ClusterConfi
 
 def test_results_name_no_path_of_this_machine(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernels_bench.replay.cli import portable
+    from kernels_bench.commands.replay import portable
 
     monkeypatch.chdir(tmp_path)
     assert portable(str(tmp_path / "runs" / "out")) == "runs/out"  # need not exist
@@ -175,7 +175,7 @@ def fake_artifacts(root: Path, splits: list[Split], kinds: tuple[str, ...] = (
 
 
 def test_artifact_layouts(tmp_path: Path) -> None:
-    from kernels_bench.replay.cli import artifact_folders
+    from kernels_bench.commands.replay import artifact_folders
 
     fake_artifacts(tmp_path / "folds", [Split.fold(0, k, 3) for k in range(3)])
     folds = artifact_folders(tmp_path / "folds")
@@ -201,7 +201,7 @@ def test_artifact_layouts(tmp_path: Path) -> None:
 
 def test_cross_fitted_plan_replays_each_fold_on_its_own_problems(tmp_path: Path,
                                                                cfg: ClusterConfig) -> None:
-    from kernels_bench.replay.cli import artifact_folders
+    from kernels_bench.commands.replay import artifact_folders
     from kernels_bench.replay.run import ReplayOptions, prepare
     from tests.replay_fixture import tiny_trace
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels_bench.replay.vinelm import (Latency, Served, WorkflowResult, best_static,
+from kernels_bench.vinelm.replay import (Latency, Served, WorkflowResult, best_static,
                                          served_template, summarize)
 from kernels_bench.vinelm.executions import RecordedExecutor
 from router.vinelm.estimate import build_trie

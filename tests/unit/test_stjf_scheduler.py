@@ -1,4 +1,4 @@
-"""STJF with aging inside vLLM's real Scheduler (no model executor; see sched_harness)."""
+"""STJF with aging inside vLLM's real Scheduler (no model executor; see kernels_bench.lib.scheduler_harness)."""
 
 import random
 import time
@@ -16,7 +16,8 @@ from engine_ext.schedulers import (  # noqa: E402
     VLLMScheduler,
     scheduler_class,
 )
-from kernels_bench.sched_harness import add_all, make_request, make_scheduler, step  # noqa: E402
+from kernels_bench.lib.scheduler_harness import (  # noqa: E402
+    add_all, make_request, make_scheduler, step)
 from scheduler_patches.queues import KeyedRequestQueue  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_ext.telemetry import (MAX_SEQ_JUMP, BlockStored, KVEventBatch, StreamStats,
                                   kv_event_decoder, snapshot_decoder)
-from kernels_bench import telemetry_fuzz
+from kernels_bench.faults import telemetry_fuzz
 from router.dispatch import subscriber
 from router.dispatch.subscriber import StreamSubscriber
 from router.metrics import RouterMetrics

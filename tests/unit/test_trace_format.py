@@ -147,7 +147,7 @@ def test_compact_sorts_and_makes_one_member(tmp_path: Path) -> None:
 
 
 def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
-    from kernels_bench.trace.cli import main
+    from kernels_bench.commands.trace import main
 
     good = write(tmp_path / "good.jsonl.gz", [header(), unit(model="m1"), unit(model="m2")])
     head, u = _good()
@@ -163,7 +163,7 @@ def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
 
 
 def test_commands_report_bad_input_in_one_line(tmp_path: Path) -> None:
-    from kernels_bench.trace.cli import main
+    from kernels_bench.commands.trace import main
 
     head, u = _good()
     u["stages"][0]["output_tokens"] = -1
@@ -183,7 +183,7 @@ def test_commands_report_bad_input_in_one_line(tmp_path: Path) -> None:
 
 
 def test_outputs_go_into_new_folders(tmp_path: Path) -> None:
-    from kernels_bench.trace.cli import main
+    from kernels_bench.commands.trace import main
 
     src = write(tmp_path / "a.jsonl.gz", [header(), unit()])
     main(["compact", str(src), str(tmp_path / "new" / "b.jsonl.gz")])

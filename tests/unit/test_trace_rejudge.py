@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels_bench.trace.rejudge import main
+from kernels_bench.commands.trace import rejudge as main
 from kernels_bench.trace.suites import load_problems
 from kernels_bench.trace.workflows import WORKFLOWS
 from router.trace_format import (

@@ -175,7 +175,7 @@ def test_quick_kernels_run_makes_a_floor_the_profile_reads(tmp_path: Path) -> No
 
 def test_kernels_bad_input_is_one_line(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from kernels_bench.floor import cli
+    from kernels_bench.commands import kernels as cli
 
     for args, message in [(["--model", "builtin:nope"], "built-in models are builtin:tiny-a"),
                           (["--model", str(tmp_path)], "no config.json"),

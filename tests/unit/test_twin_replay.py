@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from kernels_bench.replay.client import ClientSettings, stage_body
-from kernels_bench.replay.cli import build_parser, replay_options
+from kernels_bench.commands.replay import build_parser, replay_options
 from kernels_bench.replay.output import read_jsonl
 from kernels_bench.replay.records import RequestRecord
 from kernels_bench.replay.workload import Job
 from kernels_bench.twin import calibrate
-from kernels_bench.twin.cli import main as twin_main
+from kernels_bench.commands.twin import main as twin_main
 from kernels_bench.twin.engine_spec import engine_specs
 from kernels_bench.twin.loop import Stuck, VirtualLoop
 from kernels_bench.twin.router import RouterCosts, TwinRouter

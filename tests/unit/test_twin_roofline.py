@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.model_config import model_config
+from kernels_bench.lib.model_config import model_config
 from kernels_bench.twin import roofline
 from kernels_bench.twin.roofline import GpuPreset, floor_seconds, model_shape, step_seconds
 from kernels_bench.twin.step_time import StepTimeModel, load_profile

@@ -222,6 +222,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
-
-if __name__ == "__main__":
-    main()

@@ -28,15 +28,13 @@ the file ``[router.predictors] profiles`` loads for Chimera's L[m] and LAAR's c(
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gzip
 import json
 import platform
-import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -246,44 +244,43 @@ def _targets(cfg: ClusterConfig, names: list[str]) -> list[str]:
     return chosen
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench profile",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cluster", type=Path, required=True)
-    p.add_argument("--engines", nargs="+", default=[], metavar="NAME",
-                   help="engine entries to profile (default: every local one)")
-    p.add_argument("--batch-sizes", nargs="+", type=int, metavar="B",
-                   help="default: 1, 2, 4, ... up to each engine's max_num_seqs")
-    p.add_argument("--contexts", nargs="+", type=int, default=[128, 512, 2048],
-                   help="prompt lengths (capped by max_model_len; default 128 512 2048)")
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--reference-context", type=int, default=512)
-    p.add_argument("--trace", type=Path, help="fills mean_output_tokens from this trace")
-    p.add_argument("--model-map", action="append", default=[], metavar="SERVED=TRACE,...")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("bench_results/profile"))
-    p.add_argument("--run-dir", type=Path, help="engine logs and sockets (default <out>/cluster)")
-    a = p.parse_args(argv)
-    if a.decode_tokens < 8 or a.reference_context < 1 or any(b < 1 for b in a.batch_sizes or []):
-        p.error("--decode-tokens must be >= 8, batch sizes and --reference-context >= 1")
-    try:
-        cfg = load_cluster_config(a.cluster)
-        names = _targets(cfg, a.engines)
-        means = None
-        if a.trace is not None:
-            trace = load_trace(a.trace)
-            served = list(dict.fromkeys(cfg.engine(n).served_model_name for n in names))
-            model_map = resolve_model_map(served, parse_model_map(a.model_map), trace.models)
-            means = trace_priors(trace.complete_runs(model_map.values()),
-                                 model_map)["mean_output_tokens"]
-        run(cfg, names, a, means)
-    except (ConfigError, SpecError, TraceFormatError, ClusterError, LaunchError, ValueError,
-            OSError) as e:
-        sys.exit(f"error: {e}")
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What a profile sweeps and where it writes it (the options of ``kernels_bench profile``)."""
+
+    out: Path = Path("bench_results/profile")
+    run_dir: Path | None = None
+    """Engine logs and sockets (default ``<out>/cluster``)."""
+    batch_sizes: list[int] | None = None
+    """Default: 1, 2, 4, ... up to each engine's ``max_num_seqs``."""
+    contexts: list[int] = field(default_factory=lambda: [128, 512, 2048])
+    """Prompt lengths (capped by ``max_model_len``)."""
+    decode_tokens: int = 128
+    reference_context: int = 512
+    seed: int = 0
 
 
-def run(cfg: ClusterConfig, names: list[str], a: argparse.Namespace,
+ERRORS = (ConfigError, SpecError, TraceFormatError, ClusterError, LaunchError, ValueError,
+          OSError)
+"""What ``profile_cluster`` raises on a bad file or a failed engine."""
+
+
+def profile_cluster(cluster: Path, engines: list[str], a: ProfileOptions,
+                    trace: Path | None = None, model_map: list[str] | None = None) -> None:
+    """Profile ``engines`` of the cluster file (default: every local one) into ``a.out``;
+    ``trace`` fills ``mean_output_tokens`` (served models mapped by ``model_map``)."""
+    cfg = load_cluster_config(cluster)
+    names = _targets(cfg, engines)
+    means = None
+    if trace is not None:
+        t = load_trace(trace)
+        served = list(dict.fromkeys(cfg.engine(n).served_model_name for n in names))
+        mapping = resolve_model_map(served, parse_model_map(model_map or []), t.models)
+        means = trace_priors(t.complete_runs(mapping.values()), mapping)["mean_output_tokens"]
+    run(cfg, names, a, means)
+
+
+def run(cfg: ClusterConfig, names: list[str], a: ProfileOptions,
         means: dict[str, float] | None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     cluster = ReplayCluster(cfg, a.run_dir or a.out / "cluster", tqdm.write)
@@ -321,7 +318,7 @@ def run(cfg: ClusterConfig, names: list[str], a: argparse.Namespace,
 
 
 def summarize(cfg: ClusterConfig, inst: EngineInstance, got: dict[str, Any], kv: int,
-              a: argparse.Namespace, means: dict[str, float] | None) -> dict[str, Any]:
+              a: ProfileOptions, means: dict[str, float] | None) -> dict[str, Any]:
     e = cfg.engine(inst.engine)
     assert e.max_num_seqs is not None
     cells: list[Cell] = got["cells"]

@@ -1,7 +1,7 @@
 """``python -m kernels_bench kernels``: a model shape's decode step and prefill, timed in plain
 torch on the device present (CUDA if torch sees one, else the CPU), into a measured-floor file.
 
-For each ``--model`` (its shape from ``config.json``: ``kernels_bench.model_config``; random
+For each ``--model`` (its shape from ``config.json``: ``kernels_bench.lib.model_config``; random
 weights, ``floor.decoder``):
 
 - decode, every batch b x context c: one step of b sequences at c cached tokens, eager
@@ -23,8 +23,6 @@ paged attention kernels, tensor parallelism.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +32,7 @@ import torch
 
 from kernels_bench.floor.decoder import Decoder, DecoderShape
 from kernels_bench.floor.timing import eager_ms, graph_ms
-from kernels_bench.model_config import model_config, shape_name
+from kernels_bench.lib.model_config import model_config, shape_name
 
 BATCHES = (1, 8, 32, 64, 128)
 CONTEXTS = (512, 2048)
@@ -62,19 +60,19 @@ def measure(models: list[str], batches: list[int], contexts: list[int], prompts:
         for name, shape in shapes.items():
             dec = Decoder(shape, max(batches), max(max(contexts) + 1, max(prompts)), device,
                           dtype)
-            _say(f"{name}: {_gb(dec)} on {device} ({dtype})")
+            say(f"{name}: {_gb(dec)} on {device} ({dtype})")
             for c in contexts:
                 for b in batches:
                     cell = _cell(dec, b, 1, c, dtype, repeats, cuda)
                     decode.append({"model": name, "batch": b, "context": c, **cell})
-                    _say(f"[{len(decode) + len(prefill)}/{total}] {name} decode b={b} c={c}: "
+                    say(f"[{len(decode) + len(prefill)}/{total}] {name} decode b={b} c={c}: "
                          + _times(cell))
             for t in prompts:
                 cell = _cell(dec, 1, t, 0, dtype, repeats, cuda)
                 prefill.append({"model": name, "prompt_tokens": t, "ms": cell["eager_ms"],
                                 "ms_per_token": cell["eager_ms"] / t,
                                 **{k: v for k, v in cell.items() if k != "eager_ms"}})
-                _say(f"[{len(decode) + len(prefill)}/{total}] {name} prefill T={t}: "
+                say(f"[{len(decode) + len(prefill)}/{total}] {name} prefill T={t}: "
                      + _times(cell))
             del dec
             if cuda:
@@ -126,54 +124,5 @@ def _gb(dec: Decoder) -> str:
     return f"weights {weights / 1e9:.2f} GB, KV cache {cache / 1e9:.2f} GB"
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
-    return value
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench kernels",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", nargs="+", required=True, metavar="SPEC",
-                   help="builtin:NAME or a folder with config.json (several: one file)")
-    p.add_argument("--batches", nargs="+", type=_positive, metavar="B",
-                   help=f"decode batch sizes (default {' '.join(map(str, BATCHES))})")
-    p.add_argument("--contexts", nargs="+", type=_positive, metavar="C",
-                   help=f"decode contexts, tokens (default {' '.join(map(str, CONTEXTS))})")
-    p.add_argument("--prompts", nargs="+", type=_positive, metavar="T",
-                   help=f"prefill prompt lengths (default {' '.join(map(str, PROMPTS))})")
-    p.add_argument("--repeats", type=_positive, help=f"timed calls per cell (default {REPEATS})")
-    p.add_argument("--dtype", choices=DTYPES,
-                   help="default bfloat16 on CUDA, float32 on a CPU")
-    p.add_argument("--quick", action="store_true",
-                   help="a small grid (batches 1 4, context 64, prompts 16 32, 3 repeats) "
-                   "that runs in seconds on a CPU; explicit options win")
-    p.add_argument("--out", type=Path, required=True, help="the floor file (JSON) to write")
-    a = p.parse_args(argv)
-    defaults = QUICK if a.quick else {"batches": BATCHES, "contexts": CONTEXTS,
-                                      "prompts": PROMPTS, "repeats": REPEATS}
-    grid = {k: getattr(a, k) or v for k, v in defaults.items()}
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = DTYPES[a.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
-    try:
-        floor = measure(a.model, sorted(set(grid["batches"])), sorted(set(grid["contexts"])),
-                        sorted(set(grid["prompts"])), dtype, grid["repeats"], device)
-    except ValueError as e:
-        p.error(str(e))
-    except torch.OutOfMemoryError:
-        sys.exit(f"out of {device} memory: measure fewer or smaller --batches, --contexts "
-                 "or --prompts")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(floor, indent=1) + "\n")
-    _say(f"wrote {a.out}: {len(floor['decode'])} decode and {len(floor['prefill'])} prefill "
-         f"cells on {floor['device']}")
-
-
-if __name__ == "__main__":
-    main()

@@ -307,38 +307,3 @@ def table(result: dict[str, object]) -> str:
                      f"{o['refused']} | {o['cut']} | {o['lost']} | {p['redispatched']:.0f} | "
                      f"{secs(p['down_after_s'])} | {secs(p['back_after_s'])} |")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kernels_bench faults",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER,
-                        help="cluster file (loopback; the first and last engines are the "
-                        "victims)")
-    parser.add_argument("--concurrency", type=int, default=16, help="closed-loop clients")
-    parser.add_argument("--settle-s", type=float, default=10.0,
-                        help="load before the first fault and after each recovery")
-    parser.add_argument("--request-timeout-s", type=float, default=120.0,
-                        help="a client's timeout (then the request counts as lost)")
-    parser.add_argument("--start-timeout-s", type=float, default=900.0)
-    parser.add_argument("--max-seconds", type=float, default=1800.0,
-                        help="no new fault after this long")
-    parser.add_argument("--out", type=Path, default=Path("bench_results/faults.json"))
-    args = parser.parse_args(argv)
-    if not 1 <= args.concurrency <= 1024:
-        parser.error("--concurrency: 1 to 1024")
-    try:
-        result = run(args)
-    except RuntimeError as exc:
-        sys.exit(f"faults: {exc}")
-    print()
-    print("\n".join(result["launcher_events"]))  # type: ignore[arg-type]
-    print()
-    print(table(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"\nwrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -6,20 +6,17 @@
    when flooding (where latency is mostly time spent queued).
 2. Scheduler step time with telemetry on versus off: vLLM's scheduler with our
    ``TelemetryMixin`` (publishing every step, the worst case, and at the default 20 ms
-   rate limit) against the same scheduler without an endpoint, on ``sched_harness``
+   rate limit) against the same scheduler without an endpoint, on ``lib.scheduler_harness``
    (no model), ``max_num_seqs`` running and N waiting. Printed as ratios measured in the
    same run, interleaved.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -101,7 +98,7 @@ def step_overhead(n_waiting: int, steps: int, max_num_seqs: int) -> list[dict[st
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from engine_ext.instrumented import TelemetryMixin
-    from kernels_bench.sched_harness import fake_output, make_request, make_scheduler
+    from kernels_bench.lib.scheduler_harness import fake_output, make_request, make_scheduler
 
     class Instrumented(TelemetryMixin, Scheduler):
         pass
@@ -133,36 +130,3 @@ def step_overhead(n_waiting: int, steps: int, max_num_seqs: int) -> list[dict[st
     base = statistics.median(samples["off"])
     return [{"waiting": n_waiting, "telemetry": name, "median_us": statistics.median(xs) * 1e6,
              "ratio_vs_off": statistics.median(xs) / base} for name, xs in samples.items()]
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench telemetry", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--snapshots", type=int, default=20_000)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--waiting", type=int, nargs="+", default=[100, 10_000])
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--out", type=Path, default=Path("bench_results/telemetry"))
-    a = p.parse_args(argv)
-
-    tmp = tempfile.mkdtemp(prefix="hetserve-telbench-")
-    streams = [stream(ep, n, rate)
-               for ep in (f"ipc://{tmp}/stream", "tcp://127.0.0.1:0")
-               for n, rate in ((min(a.snapshots, 3000), 1000.0), (a.snapshots, None))]
-    print(f"{'transport':10} {'mode':8} {'received':>9} {'snap/s':>9} {'p50 us':>8} {'p99 us':>8}")
-    for r in streams:
-        print(f"{r['endpoint']:10} {r['mode']:8} {r['received']:>9} {r['per_second']:>9.0f} "
-              f"{r['p50_us']:>8.0f} {r['p99_us']:>8.0f}")
-    steps = [row for n in a.waiting for row in step_overhead(n, a.steps, a.max_num_seqs)]
-    print(f"\n{'waiting':>8} {'telemetry':12} {'step median us':>15} {'x off':>6}")
-    for r in steps:
-        print(f"{r['waiting']:>8} {r['telemetry']:12} {r['median_us']:>15.1f} "
-              f"{r['ratio_vs_off']:>6.2f}")
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "telemetry.json").write_text(json.dumps({"streams": streams, "steps": steps},
-                                                     indent=2))
-    print(f"wrote {a.out / 'telemetry.json'}")
-
-
-if __name__ == "__main__":
-    main()

@@ -35,11 +35,9 @@ A table goes to stdout, JSON to ``--out``; the exit status is 1 if a check faile
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import os
@@ -633,29 +631,3 @@ def print_report(rep: dict[str, Any]) -> None:
 
 def run(frames: int, seed: int = 0) -> dict[str, Any]:
     return asyncio.run(fuzz_router(frames, seed))
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench fuzz-telemetry",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--frames", type=int, default=100_000, help="garbage frames (default "
-                   "100,000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("bench_results/telemetry_fuzz"))
-    a = p.parse_args(argv)
-    if a.frames < 1:
-        p.error("--frames must be at least 1")
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    rep = run(a.frames, a.seed)
-    print_report(rep)
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / "telemetry_fuzz.json"
-    path.write_text(json.dumps(rep, indent=1))
-    print(f"wrote {path}")
-    if not rep["ok"]:
-        raise SystemExit(1)
-
-
-if __name__ == "__main__":
-    main()

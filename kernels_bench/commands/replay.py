@@ -8,14 +8,14 @@ import shlex
 import signal
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from kernels_bench.replay.arrivals import PROCESSES
 from kernels_bench.replay.cluster import ClusterError
-from kernels_bench.replay.output import SUMMARY
+from kernels_bench.replay.output import RESULTS_ROOT, SUMMARY, TWIN_ROOT
 from kernels_bench.replay.report import markdown_tables
 from kernels_bench.replay.run import ReplayOptions, replay
 from kernels_bench.replay.spec import SpecError, parse_model_map, parse_policies
@@ -30,8 +30,6 @@ from router.trace_format import Trace, TraceFormatError, load_trace
 MAIN_POLICIES = ["chimera:stjf", "chimera:fcfs", "lmetric", "routebalance", "laar",
                  "vllm:fcfs", "round_robin", "oracle"]
 BASELINE = "vllm:fcfs"
-RESULTS_ROOT = Path("bench_results/replay")
-TWIN_ROOT = Path("bench_results/twin")
 
 
 def build_parser(prog: str = "python -m kernels_bench replay", description: str = "",

@@ -1,7 +1,7 @@
 """``python -m kernels_bench scheduler``: cost of one ``schedule()`` call, ours vs vLLM's.
 
 For each waiting-queue size N (default 10, 100, 1,000, 10,000) it builds, with no model
-executor (``sched_harness``), vLLM's stock priority scheduler and our STJF and MLFQ
+executor (``lib.scheduler_harness``), vLLM's stock priority scheduler and our STJF and MLFQ
 schedulers, fills each with the same requests, and times ``schedule()``:
 
 - ``full``: the batch is full (``max_num_seqs`` requests decoding), N requests wait and
@@ -16,16 +16,13 @@ scheduler measured in the same run. JSON and a PNG plot go to ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.sched_harness import fake_output, make_request, make_scheduler
+from kernels_bench.lib.scheduler_harness import fake_output, make_request, make_scheduler
 
 SIZES = (10, 100, 1_000, 10_000)
 
@@ -140,26 +137,3 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench scheduler", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    p.add_argument("--steps", type=int, default=300, help="timed schedule() calls per case")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("bench_results/scheduler"))
-    a = p.parse_args(argv)
-    rows = run(tuple(a.sizes), a.steps, a.max_num_seqs, a.seed)
-    print_table(rows)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "scheduler.json").write_text(json.dumps(
-        {"rows": rows, "cpu_count": os.cpu_count(), "settings": vars(a) | {"out": str(a.out)}},
-        indent=2))
-    plot(rows, a.out / "scheduler.png")
-    print(f"wrote {a.out / 'scheduler.json'} and {a.out / 'scheduler.png'}")
-
-
-if __name__ == "__main__":
-    main()

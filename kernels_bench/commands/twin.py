@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.cli import TWIN_ROOT, build_parser, check_args, run_replay
+from kernels_bench.commands.replay import build_parser, check_args, run_replay
+from kernels_bench.replay.output import TWIN_ROOT
 from kernels_bench.replay.run import ReplayOptions
 from kernels_bench.twin.router import RouterCosts
 from kernels_bench.twin.run import TwinOptions, load_profiles, twin
