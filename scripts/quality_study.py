@@ -13,6 +13,11 @@ calls on the 1.5B, APGR, bootstrap over problems).
   candidates are made by an inner 4-fold split of each fold's training problems only
   (validation APGR); the held-out numbers of every candidate are reported beside the
   selected one, losers included.
+- **Signals the workflow produces** (math): the small model's final answer agreeing
+  with its answers to the same problem under the other workflows (self-consistency; it
+  costs those runs), and its verifier calling its answer wrong, each used as the gain
+  score of an escalation rule (doubt -> the big model); no training, so every problem is
+  held out.
 - **Learning curve**: the candidates trained on 25%, 50%, 75% and 100% of each fold's
   training problems (seeded subsets, ``--repeats`` draws below 100%), judged on the same
   held-out problems.
@@ -44,10 +49,13 @@ from router.predictors.records import Split
 from router.predictors.semantic import SemanticRouter, SemanticSettings
 from router.predictors.sources import load_records, parse_model_map, serve_as
 from router.predictors.table import PromptTable, prompt_table
+from router.trace_format import read_records
 
 TRACES = ["data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz"]
 MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
 SMALL, BIG = "tiny-a", "tiny-b"
+TRACE_MATH = ("plan_solve_verify_solve", "plan_solve", "solve")
+"""The math suite's workflows (docs/traces.md)."""
 FOLDS = 5
 INNER = 4
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
@@ -215,6 +223,34 @@ def subset(d: Data, rows: np.ndarray, fraction: float, repeat: int) -> np.ndarra
     return rows[np.isin(d.problems[rows], list(keep))]
 
 
+def workflow_signals(boot: int) -> dict:
+    """APGR of the escalation signals on the math rows (see the module docstring)."""
+    units = {}
+    for path in TRACES:
+        _, rows = read_records(path)
+        units.update({(u.problem_id, u.workflow, u.model): u for u in rows})
+    small, big = (dict(parse_model_map([MODEL_MAP]))[m] for m in (SMALL, BIG))
+    keys = sorted(k[:2] for k in units if k[2] == small and k[1] in TRACE_MATH)
+    labels = np.array([[float(units[(*k, m)].correct) for m in (small, big)] for k in keys])
+    agree, verdict = [], []
+    for p, w in keys:
+        mine = (units[(p, w, small)].final_answer or "").strip()
+        others = [(units[(p, v, small)].final_answer or "").strip() for v in TRACE_MATH
+                  if v != w]
+        agree.append(np.mean([mine == o for o in others]))
+        check = [st.output_text.lower() for st in units[(p, w, small)].stages
+                 if st.role == "verifier"]
+        verdict.append(float(bool(check and re.search(r"incorrect|not correct|wrong",
+                                                        check[0]))))
+    out = {"rows": len(keys)}
+    problems = [p for p, _ in keys]
+    for name, doubt in (("disagreement of the small model's workflows", 1 - np.array(agree)),
+                        ("small model's verifier says wrong", np.array(verdict))):
+        scores = np.stack([np.zeros(len(doubt)), doubt], 1)
+        out[name] = routing_gain_report(scores, labels, [SMALL, BIG], problems, 0, boot)
+    return out
+
+
 def report(d: Data, gain: np.ndarray, boot: int) -> dict:
     scores = np.stack([np.zeros_like(gain), gain], 1)
     return routing_gain_report(scores, d.labels, [SMALL, BIG], list(d.problems), 0, boot)
@@ -284,6 +320,7 @@ def main() -> None:
                 print(f"curve {name} [{label}] {f:.2f} #{r}: APGR "
                       f"{rep['apgr']['value']:.3f}", flush=True)
         result["curve"][name] = {"setting": label, "points": curve}
+    result["workflow_signals"] = workflow_signals(args.boot)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "study.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "learning-curve.png")
@@ -294,7 +331,9 @@ def print_summary(result: dict) -> None:
     def ci(v: dict) -> str:
         return f"{v['value']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]"
     print(f"\n{'candidate':52s} {'APGR':>26s} {'top - always big':>26s}")
-    for name, rep in [*result["candidates"].items(), ("selected per fold", result["selected"])]:
+    rows = [*result["candidates"].items(), ("selected per fold", result["selected"]),
+            *((f"math: {k}", v) for k, v in result["workflow_signals"].items() if k != "rows")]
+    for name, rep in rows:
         print(f"{name:52s} {ci(rep['apgr']):>26s} "
               f"{ci(rep['top_confidence_minus_always_big']):>26s}")
 

@@ -2,7 +2,7 @@
 
 A policy run needs a cluster config variant: the router's policy (and settings), and the
 engines' scheduler. ``ReplayCluster.prepare`` starts the engines of a variant (planned by
-``launcher.plan.make_plan``, run by a ``launcher.supervisor.Supervisor``), keeping the
+``launcher.planner.make_plan``, run by a ``launcher.supervisor.Supervisor``), keeping the
 running ones when the variant's engines are the same as the last one's; the router is
 started afresh for every run (its own supervisor and resolved config file), so each run
 begins with empty router state (after one warm-up call per model). Before each run every
