@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kernels_bench import profile_bench
-from router.config import load_cluster_config
+from router.config.cluster import load_cluster_config
 from router.predictors.artifact import METADATA_FILE, library_versions
 from router.predictors.kinds import kind, parse_settings
 from router.predictors.records import Split

@@ -52,7 +52,8 @@ from kernels_bench.replay.cluster import ClusterError, ReplayCluster
 from kernels_bench.replay.priors import trace_priors
 from kernels_bench.replay.spec import SpecError, parse_model_map, resolve_model_map
 from launcher import LaunchError
-from router.config import ClusterConfig, ConfigError, EngineInstance, load_cluster_config
+from router.config.cluster import ClusterConfig, ConfigError, load_cluster_config
+from router.config.engines import EngineInstance
 from router.trace_format import TraceFormatError, load_trace
 
 TOKEN_RANGE = (100, 3000)

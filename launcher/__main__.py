@@ -15,7 +15,9 @@ from launcher.plan import make_plan
 from launcher.run import launch
 from launcher.ray_backend import RayBackend
 from launcher.scale import ask_to_scale
-from router.config import MAX_REPLICAS, ClusterConfig, ConfigError, load_cluster_config
+from launcher.settings import LaunchConfig, load_launch_config
+from router.config.cluster import ConfigError
+from router.config.engines import MAX_REPLICAS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale and (args.demo or args.only or args.dry_run):
         build_parser().error("--scale talks to a running launcher: give it alone")
     try:
-        cfg = load_cluster_config(args.config)
+        cfg = load_launch_config(args.config)
         if args.scale:
             return _scale(cfg, args.run_dir, args.scale)
         run_dir = _run_dir(args.run_dir or cfg.launcher.run_dir)
@@ -76,7 +78,7 @@ def _scale_arg(text: str) -> tuple[str, int]:
     return name, int(n)
 
 
-def _scale(cfg: ClusterConfig, run_dir: Path | None, wanted: list[tuple[str, int]]) -> int:
+def _scale(cfg: LaunchConfig, run_dir: Path | None, wanted: list[tuple[str, int]]) -> int:
     """``--scale``: ask the running launcher; 0 if it took every change."""
     if cfg.cluster.backend != "ray":
         raise LaunchError('--scale needs [cluster] backend = "ray" (engines placed on a Ray '
@@ -93,7 +95,7 @@ def _scale(cfg: ClusterConfig, run_dir: Path | None, wanted: list[tuple[str, int
     return 0 if ok else 1
 
 
-def _on_ray(cfg: ClusterConfig, run_dir: Path, dry_run: bool, demo: bool) -> int:
+def _on_ray(cfg: LaunchConfig, run_dir: Path, dry_run: bool, demo: bool) -> int:
     """Plan and run the cluster with its engines on the Ray cluster ``[cluster]`` names."""
     backend = RayBackend(cfg.cluster, run_dir)
     try:

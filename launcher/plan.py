@@ -24,18 +24,11 @@ from launcher import LaunchError
 from launcher.devices import Devices, format_ids
 from launcher.ports import PortFree, free_port, port_is_free, take_port
 from launcher.ray_backend import NODE_HOST, NODE_PORT, RayPlacement, placement
+from launcher.settings import ENGINE_FLAGS, LaunchConfig, parse_launch_config
 from launcher.supervisor import ProcessSpec
 from router.auth import KeysError, engine_key
-from router.config import (
-    ENGINE_FLAGS,
-    ClusterConfig,
-    EngineConfig,
-    EngineInstance,
-    default_kv_cache_bytes,
-    http_url,
-    is_loopback,
-    parse_cluster_config,
-)
+from router.config.addresses import http_url, is_loopback
+from router.config.engines import EngineConfig, EngineInstance, default_kv_cache_bytes
 from router.dispatch.peers import sync_endpoints
 
 RESOLVED_NAME = "cluster.resolved.toml"
@@ -61,7 +54,7 @@ class ProcessPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    config: ClusterConfig
+    config: LaunchConfig
     """The resolved cluster file (what the router loads)."""
     run_dir: Path
     engines: list[ProcessPlan]
@@ -103,8 +96,8 @@ class Plan:
                         for name in (f"{e.name}-{r}" for r in range(e.replicas))
                         if name in where]
         draft = cfg.to_dict() | {"engines": entries}
-        return dataclasses.replace(self, config=parse_cluster_config(draft, cfg.source,
-                                                                     self.run_dir))
+        return dataclasses.replace(self, config=parse_launch_config(draft, cfg.source,
+                                                                    self.run_dir))
 
     def with_replicas(self, name: str, replicas: int,
                       port_free: PortFree | None = None) -> Plan:
@@ -158,7 +151,7 @@ class Plan:
         return "\n".join(lines)
 
 
-def make_plan(cfg: ClusterConfig, devices: Devices, run_dir: Path,
+def make_plan(cfg: LaunchConfig, devices: Devices, run_dir: Path,
               only: Sequence[str] = (), port_free: PortFree | None = None,
               python: str = sys.executable, ray_host: str | None = None) -> Plan:
     """Plan the cluster of ``cfg`` in ``run_dir`` (absolute); with ``only``, just those
@@ -219,7 +212,7 @@ def placed_entry(e: EngineConfig, name: str, where: RayPlacement, url: str,
     return {k: v for k, v in entry.items() if v is not None}
 
 
-def _ray_engines(cfg: ClusterConfig, run_dir: Path, python: str, host: str,
+def _ray_engines(cfg: LaunchConfig, run_dir: Path, python: str, host: str,
                  port_free: PortFree, warnings: list[str],
                  only: tuple[str, range] | None = None,
                  taken: set[int] | None = None) -> list[ProcessPlan]:
@@ -262,7 +255,7 @@ def _ray_engines(cfg: ClusterConfig, run_dir: Path, python: str, host: str,
     return out
 
 
-def _key_env(cfg: ClusterConfig, e: EngineConfig) -> dict[str, str]:
+def _key_env(cfg: LaunchConfig, e: EngineConfig) -> dict[str, str]:
     """The engine's API key (``VLLM_API_KEY``), if it has one."""
     if not e.api_key_env:
         return {}
@@ -272,7 +265,7 @@ def _key_env(cfg: ClusterConfig, e: EngineConfig) -> dict[str, str]:
         raise LaunchError(f"{cfg.source}: {exc}") from None
 
 
-def _routers(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
+def _routers(cfg: LaunchConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
     """The router process, or ``router.workers`` of them, each health-checked on its own
     port (the shared one answers from any of them)."""
     r = cfg.router
@@ -293,7 +286,7 @@ def _routers(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan
         for i, port in enumerate(r.worker_ports)]
 
 
-def engine_argv(python: str, cfg: ClusterConfig, e: EngineConfig, inst: EngineInstance,
+def engine_argv(python: str, cfg: LaunchConfig, e: EngineConfig, inst: EngineInstance,
                 gpu: bool) -> list[str]:
     """``python -m engine_ext.serve ...`` for one instance of ``e``."""
     argv = [python, "-m", "engine_ext.serve", "--model", e.model or "",
@@ -323,7 +316,7 @@ def engine_argv(python: str, cfg: ClusterConfig, e: EngineConfig, inst: EngineIn
 # ---------------------------------------------------------------- resolution
 
 
-def _select(cfg: ClusterConfig, only: Sequence[str]) -> ClusterConfig:
+def _select(cfg: LaunchConfig, only: Sequence[str]) -> LaunchConfig:
     if not only:
         return cfg
     names = [e.name for e in cfg.engines]
@@ -337,8 +330,8 @@ def _select(cfg: ClusterConfig, only: Sequence[str]) -> ClusterConfig:
     return dataclasses.replace(cfg, engines=[e for e in cfg.engines if e.name in only])
 
 
-def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
-             port_free: PortFree) -> ClusterConfig:
+def _resolve(cfg: LaunchConfig, run_dir: Path, start_router: bool,
+             port_free: PortFree) -> LaunchConfig:
     """``cfg`` with every port and endpoint of what it starts set, as the router loads it
     (still naming the user's file in errors)."""
     taken = cfg.claimed_ports()
@@ -388,7 +381,7 @@ def _resolve(cfg: ClusterConfig, run_dir: Path, start_router: bool,
                                            kv_events_endpoint=kv))
     launcher = dataclasses.replace(cfg.launcher, run_dir=str(run_dir))
     draft = dataclasses.replace(cfg, router=router, engines=engines, launcher=launcher)
-    return parse_cluster_config(draft.to_dict(), cfg.source, run_dir)
+    return parse_launch_config(draft.to_dict(), cfg.source, run_dir)
 
 
 def _ipc(run_dir: Path, instance: str, stream: str) -> str:
@@ -427,7 +420,7 @@ def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Pla
     draft = dataclasses.replace(cfg, engines=[
         dataclasses.replace(x, port=_one(ports)) if x.name == e.name else x
         for x in cfg.engines])
-    config = parse_cluster_config(draft.to_dict(), cfg.source, plan.run_dir)
+    config = parse_launch_config(draft.to_dict(), cfg.source, plan.run_dir)
     inst = next(x for x in config.instances() if x.name == name)
     argv = list(proc.spec.argv)
     argv[argv.index("--port") + 1] = str(port)
@@ -440,7 +433,7 @@ def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Pla
 # ---------------------------------------------------------------- placement
 
 
-def place_gpus(cfg: ClusterConfig, visible: list[int]) -> dict[str, list[int]]:
+def place_gpus(cfg: LaunchConfig, visible: list[int]) -> dict[str, list[int]]:
     """GPU ids of each local instance: pinned ones as given, the others (largest tensor
     parallel groups first) on the least-loaded GPUs with room for their memory share."""
     load = {g: 0.0 for g in visible}
@@ -476,7 +469,7 @@ def place_gpus(cfg: ClusterConfig, visible: list[int]) -> dict[str, list[int]]:
     return out
 
 
-def place_cpus(cfg: ClusterConfig, cores: list[int], warnings: list[str]
+def place_cpus(cfg: LaunchConfig, cores: list[int], warnings: list[str]
                ) -> dict[str, list[int]]:
     """CPU cores of each local instance: pinned ones as given, the others disjoint slices
     of the remaining cores (``num_cpus`` each, or an even share); if there are not

@@ -33,9 +33,10 @@ import psutil
 
 from launcher import LaunchError
 from launcher.ports import port_is_free, take_port
+from launcher.settings import EngineCluster
 from launcher.supervisor import (MARKER_ENV, ProcessSpec, alive, describe_exit, kill_procs,
                                  reap, spawn, tail_file)
-from router.config import BackendConfig, is_loopback
+from router.config.addresses import is_loopback
 
 NODE_HOST = "<node-address>"
 """Stands in the engine's command line for its node's address (set by the host)."""
@@ -232,7 +233,7 @@ class RayProcess:
 class RayBackend:
     """The launcher's connection to a Ray cluster: places replicas, removes them."""
 
-    def __init__(self, cfg: BackendConfig, run_dir: Path, timeout_s: float | None = None
+    def __init__(self, cfg: EngineCluster, run_dir: Path, timeout_s: float | None = None
                  ) -> None:
         """Connect to the cluster ``cfg`` names (LaunchError if there is none). A loopback
         address is a cluster of this machine: Ray is told to keep it on loopback."""

@@ -35,7 +35,7 @@ from launcher.ray_backend import RayBackend
 from launcher.scale import Scaler
 from launcher.supervisor import Managed, State, Supervisor
 from router.auth import load_keys
-from router.config import LOOPBACK, http_url
+from router.config.addresses import LOOPBACK, http_url
 
 DEMO_CLIENT = Path(__file__).resolve().parent.parent / "examples" / "demo_client.py"
 _TICK_S = 0.5

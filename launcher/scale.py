@@ -28,7 +28,7 @@ from launcher import LaunchError
 from launcher.console import Console
 from launcher.plan import Plan, placed_entry
 from launcher.supervisor import Managed, State, Supervisor
-from router.config import MAX_REPLICAS
+from router.config.engines import MAX_REPLICAS
 
 CONTROL_NAME = "launcher.ctl"
 REPLY_TIMEOUT_S = 600.0

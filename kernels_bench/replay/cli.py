@@ -21,7 +21,8 @@ from kernels_bench.replay.run import ReplayOptions, replay
 from kernels_bench.replay.spec import SpecError, parse_model_map, parse_policies
 from kernels_bench.replay.workload import PROBLEMS, WorkloadError, merge_traces
 from launcher import LaunchError
-from router.config import SCHED_POLICIES, ClusterConfig, ConfigError, load_cluster_config
+from router.config.cluster import ClusterConfig, ConfigError, load_cluster_config
+from router.config.engines import SCHED_POLICIES
 from router.policies import POLICIES
 from router.predictors.artifact import METADATA_FILE
 from router.predictors.kinds import KINDS

@@ -24,7 +24,8 @@ import psutil
 from launcher.devices import detect_devices
 from launcher.plan import Plan, make_plan
 from launcher.supervisor import Managed, State, Supervisor
-from router.config import ClusterConfig, EngineConfig, EngineInstance, RouterConfig
+from router.config.cluster import ClusterConfig, RouterConfig
+from router.config.engines import EngineConfig, EngineInstance
 
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 """Lets the replay reset an engine's prefix cache between runs (loopback endpoints)."""

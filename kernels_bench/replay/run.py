@@ -37,7 +37,8 @@ from kernels_bench.replay.output import write_run, write_summary
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
 from kernels_bench.replay.spec import STATIC, PolicySpec, resolve_model_map
 from kernels_bench.replay.workload import Job, select_runs
-from router.config import ClusterConfig, EngineConfig, RouterConfig, parse_cluster_config
+from router.config.cluster import ClusterConfig, RouterConfig, parse_cluster_config
+from router.config.engines import EngineConfig
 from router.policies.registry import POLICIES, build_policy
 from router.predictors.artifact import split_of
 from router.predictors.base import PredictorSet

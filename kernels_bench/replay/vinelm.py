@@ -48,7 +48,7 @@ from kernels_bench.replay.spec import SpecError, parse_model_map
 from kernels_bench.vinelm.executions import Execution, RecordedExecutor, read_executions
 from kernels_bench.vinelm.executors import Prices
 from kernels_bench.vinelm.experiment import slo_targets, static_assignments, static_path
-from router.config import ConfigError, load_cluster_config
+from router.config.cluster import ConfigError, load_cluster_config
 from router.vinelm.estimate import EstimationSettings, annotate
 from router.vinelm.objective import Objective
 from router.vinelm.profiling import Outcome, cascade_sample

@@ -8,7 +8,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from router.config import ConfigError
+from router.config.cluster import ConfigError
 from router.trace_format import TraceFormatError
 
 COMMANDS = {

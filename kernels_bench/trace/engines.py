@@ -25,7 +25,9 @@ import httpx
 from launcher.devices import detect_devices
 from launcher.plan import make_plan
 from launcher.supervisor import State, Supervisor
-from router.config import ClusterConfig, EngineConfig, http_url
+from router.config.addresses import http_url
+from router.config.cluster import ClusterConfig
+from router.config.engines import EngineConfig
 
 
 @dataclass(frozen=True)

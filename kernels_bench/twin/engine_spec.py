@@ -16,7 +16,8 @@ from typing import Any
 
 from engine_ext.serve import build_parser
 from kernels_bench.model_config import kv_bytes_per_token, model_config
-from router.config import ClusterConfig, EngineConfig, default_kv_cache_bytes
+from router.config.cluster import ClusterConfig
+from router.config.engines import EngineConfig, default_kv_cache_bytes
 
 CPU_BLOCK_SIZE = 128
 """vLLM's block size on CPU when none is given (``vllm/platforms/cpu.py``; 16 on CUDA)."""

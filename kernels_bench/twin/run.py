@@ -37,7 +37,8 @@ from kernels_bench.twin.loop import VirtualLoop
 from kernels_bench.twin.router import RouterCosts, TwinRouter
 from kernels_bench.twin.sim import Simulator
 from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
-from router.config import ClusterConfig, EngineConfig, RouterConfig
+from router.config.cluster import ClusterConfig, RouterConfig
+from router.config.engines import EngineConfig
 from router.predictors.base import PredictorSet
 from router.trace_format import Trace
 

@@ -35,7 +35,7 @@ from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
 from kernels_bench.trace.workflows import ROLE_PROMPTS
 from kernels_bench.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
                                       read_executions, succeeded_by)
-from router.config import load_cluster_config
+from router.config.cluster import load_cluster_config
 from router.trace_format import Trace, TraceWriter, load_trace
 from router.vinelm.template import Invocation, WorkflowTemplate
 from router.vinelm.trie import Path_

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from launcher.supervisor import MARKER_ENV
-from router.config import ClusterConfig, load_cluster_config
+from router.config.cluster import ClusterConfig, load_cluster_config
 
 pytestmark = pytest.mark.engine
 
