@@ -52,7 +52,8 @@ from kernels_bench.replay.cluster import ClusterError, ReplayCluster
 from kernels_bench.replay.priors import trace_priors
 from kernels_bench.replay.spec import SpecError, parse_model_map, resolve_model_map
 from launcher import LaunchError
-from router.config.cluster import ClusterConfig, ConfigError, load_cluster_config
+from launcher.settings import LaunchConfig, load_launch_config
+from router.config.cluster import ConfigError
 from router.config.engines import EngineInstance
 from router.trace_format import TraceFormatError, load_trace
 
@@ -233,7 +234,7 @@ def default_batches(max_num_seqs: int) -> list[int]:
     return out + [max_num_seqs]
 
 
-def _targets(cfg: ClusterConfig, names: list[str]) -> list[str]:
+def _targets(cfg: LaunchConfig, names: list[str]) -> list[str]:
     local = [e.name for e in cfg.engines if not e.remote]
     for n in names:
         if n not in local:
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.decode_tokens < 8 or a.reference_context < 1 or any(b < 1 for b in a.batch_sizes or []):
         p.error("--decode-tokens must be >= 8, batch sizes and --reference-context >= 1")
     try:
-        cfg = load_cluster_config(a.cluster)
+        cfg = load_launch_config(a.cluster)
         names = _targets(cfg, a.engines)
         means = None
         if a.trace is not None:
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {e}")
 
 
-def run(cfg: ClusterConfig, names: list[str], a: argparse.Namespace,
+def run(cfg: LaunchConfig, names: list[str], a: argparse.Namespace,
         means: dict[str, float] | None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     cluster = ReplayCluster(cfg, a.run_dir or a.out / "cluster", tqdm.write)
@@ -321,7 +322,7 @@ def run(cfg: ClusterConfig, names: list[str], a: argparse.Namespace,
     write_outputs(a.out, results)
 
 
-def summarize(cfg: ClusterConfig, inst: EngineInstance, got: dict[str, Any], kv: int,
+def summarize(cfg: LaunchConfig, inst: EngineInstance, got: dict[str, Any], kv: int,
               a: argparse.Namespace, means: dict[str, float] | None) -> dict[str, Any]:
     e = cfg.engine(inst.engine)
     assert e.max_num_seqs is not None

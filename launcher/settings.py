@@ -18,7 +18,7 @@ from pydantic.dataclasses import dataclass
 from router.config.addresses import LOOPBACK
 from router.config.cluster import (ClusterConfig, ConfigError, absolute, decode_tables,
                                    read_cluster_file)
-from router.config.engines import replica_chunks
+from router.config.engines import LocalEngine, replica_chunks
 from router.settings import (STRICT, Count, Name, Positive, PositiveInt, SettingsError, check,
                              decode, encode)
 
@@ -138,7 +138,7 @@ class LaunchConfig(ClusterConfig):
 
     def _verify_managed(self) -> None:
         for e in self.engines:
-            if e.remote:
+            if not isinstance(e, LocalEngine):
                 continue
             key = f"engines.{e.name}"
             for i, arg in enumerate(e.extra_args):
@@ -157,7 +157,7 @@ class LaunchConfig(ClusterConfig):
               '= "ray" one router process reads the engines\' telemetry (each engine sends to '
               "one socket of the router's host)")
         for e in self.engines:
-            if e.remote:
+            if not isinstance(e, LocalEngine):
                 continue
             key = f"engines.{e.name}"
             check(f"{key}.resources", ray or not e.resources,
@@ -175,7 +175,7 @@ class LaunchConfig(ClusterConfig):
         """Instances pinned to one GPU must fit in its memory together."""
         users: dict[int, list[tuple[str, float]]] = {}
         for e in self.engines:
-            if e.remote or e.gpus is None:
+            if not isinstance(e, LocalEngine) or e.gpus is None:
                 continue
             for r, chunk in enumerate(replica_chunks(e.gpus, e.replicas)):
                 for g in chunk:
@@ -189,7 +189,7 @@ class LaunchConfig(ClusterConfig):
     def _verify_cpu_overlap(self) -> None:
         owner: dict[int, str] = {}
         for e in self.engines:
-            for c in ([] if e.remote else e.cpus or []):
+            for c in (e.cpus or [] if isinstance(e, LocalEngine) else []):
                 check(f"engines.{e.name}.cpus", c not in owner,
                       f"core {c} is also given to engines.{owner.get(c)}")
                 owner[c] = e.name

@@ -23,6 +23,7 @@ import psutil
 
 from launcher.devices import detect_devices
 from launcher.plan import Plan, make_plan
+from launcher.settings import LaunchConfig
 from launcher.supervisor import Managed, State, Supervisor
 from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import EngineConfig, EngineInstance
@@ -57,7 +58,7 @@ def engine_variant(cfg: ClusterConfig, sched: str | None) -> list[EngineConfig]:
 class ReplayCluster:
     """Engines kept across runs, a fresh router per run."""
 
-    def __init__(self, base: ClusterConfig, run_root: Path, log: Callable[[str], None]) -> None:
+    def __init__(self, base: LaunchConfig, run_root: Path, log: Callable[[str], None]) -> None:
         self.base, self.run_root, self.log = base, run_root, log
         self.plan: Plan | None = None
         self.engines_sup: Supervisor | None = None

@@ -48,6 +48,7 @@ from kernels_bench.replay.spec import SpecError, parse_model_map
 from kernels_bench.vinelm.executions import Execution, RecordedExecutor, read_executions
 from kernels_bench.vinelm.executors import Prices
 from kernels_bench.vinelm.experiment import slo_targets, static_assignments, static_path
+from launcher.settings import load_launch_config
 from router.config.cluster import ConfigError, load_cluster_config
 from router.vinelm.estimate import EstimationSettings, annotate
 from router.vinelm.objective import Objective
@@ -231,7 +232,7 @@ def served_settings(vs: Mapping[str, Any], workflow: str, to_served: Mapping[str
 
 
 def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
-    cfg = load_cluster_config(args.cluster)
+    cfg = load_launch_config(args.cluster)
     header, table = read_executions(args.executions)
     qcfg = load_cluster_config(args.vinelm_config)
     vs = qcfg.router.policies.get("vinelm", {})

@@ -27,7 +27,7 @@ from pydantic.dataclasses import dataclass
 from engine_ext.telemetry import is_loopback_endpoint, publisher_binds, subscriber_binds
 from router.config.addresses import (LOOPBACK, http_url, is_loopback, loopback_tcp_port,
                                      loopback_url_port)
-from router.config.engines import EngineConfig, EngineInstance, decode_engine
+from router.config.engines import EngineConfig, EngineInstance, RemoteEngine, decode_engine
 from router.policies.registry import validate_settings
 from router.settings import (STRICT, Port, Positive, PositiveInt, SettingsError, Verified,
                              check, decode, encode)
@@ -177,7 +177,8 @@ class ClusterConfig:
                 out.append(EngineInstance(
                     name=e.name if e.remote else f"{e.name}-{i}", engine=e.name, replica=i,
                     model=e.model, served_model_name=e.served_model_name,
-                    url=e.url.rstrip("/") if e.remote else http_url(e.host, ports[i]),
+                    url=(e.url.rstrip("/") if isinstance(e, RemoteEngine)
+                         else http_url(e.host, ports[i])),
                     port=ports[i], telemetry_endpoint=tele[i], kv_events_endpoint=kv[i],
                     max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
                     remote=e.remote, api_key_env=e.api_key_env, node=e.node))
@@ -258,7 +259,7 @@ class ClusterConfig:
         endpoints: set[str] = set()
         for e in self.engines:
             key = f"engines.{e.name}"
-            if e.remote:
+            if isinstance(e, RemoteEngine):
                 if port := loopback_url_port(e.url):
                     claim(port, f"{key}.url")
             else:
