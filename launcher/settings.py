@@ -107,11 +107,11 @@ MANAGED_FLAGS: dict[str, str] = {
 }
 """Flags the launcher sets itself, with the key that sets them; not allowed in extra_args."""
 
-MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus", "VLLM_CPU_OMP_THREADS_BIND": "cpus",
-               "VLLM_API_KEY": "api_key_env"}
+_MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus", "VLLM_CPU_OMP_THREADS_BIND": "cpus",
+                "VLLM_API_KEY": "api_key_env"}
 """Environment variables the launcher sets itself, with the key that sets them."""
 
-RAY_PLACED = ("host", "port", "gpus", "cpus", "telemetry_endpoint", "kv_events_endpoint")
+_RAY_PLACED = ("host", "port", "gpus", "cpus", "telemetry_endpoint", "kv_events_endpoint")
 """Keys of an engine that the Ray backend sets itself (the replica's node decides)."""
 
 
@@ -145,7 +145,7 @@ class LaunchConfig(ClusterConfig):
                 flag = arg.split("=", 1)[0].replace("_", "-") if arg.startswith("-") else None
                 check(f"{key}.extra_args[{i}]", flag not in MANAGED_FLAGS, f"{arg!r} is set "
                       f"by the launcher; use the key `{MANAGED_FLAGS.get(flag or '')}`")
-            for var, k in MANAGED_ENV.items():
+            for var, k in _MANAGED_ENV.items():
                 check(f"{key}.env.{var}", var not in e.env, f"set by the launcher; use `{k}`")
 
     def _verify_backend(self) -> None:
@@ -164,7 +164,7 @@ class LaunchConfig(ClusterConfig):
                   'Ray resources need [cluster] backend = "ray"')
             if not ray:
                 continue
-            for k in RAY_PLACED:
+            for k in _RAY_PLACED:
                 value = getattr(e, k)
                 hint = {"gpus": "num_gpus", "cpus": "num_cpus"}.get(k)
                 check(f"{key}.{k}", value is None or (k == "host" and value == LOOPBACK),

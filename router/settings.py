@@ -49,6 +49,7 @@ def _name(value: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(_name)]
+"""A name (``NAME_PATTERN``): an engine's, a Ray namespace."""
 
 T = TypeVar("T")
 
