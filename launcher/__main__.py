@@ -15,7 +15,9 @@ from launcher.devices import detect_devices
 from launcher.planner import make_plan
 from launcher.run import launch
 from launcher.scale import ask_to_scale
-from router.config import MAX_REPLICAS, ClusterConfig, ConfigError, load_cluster_config
+from launcher.settings import LaunchConfig, load_launch_config
+from router.config.cluster import ConfigError
+from router.config.engines import MAX_REPLICAS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale and (args.demo or args.only or args.dry_run):
         build_parser().error("--scale talks to a running launcher: give it alone")
     try:
-        cfg = load_cluster_config(args.config)
+        cfg = load_launch_config(args.config)
         if args.scale:
             return _scale(cfg, args.run_dir, args.scale)
         run_dir = _run_dir(args.run_dir or cfg.launcher.run_dir)
@@ -70,7 +72,7 @@ def _scale_arg(text: str) -> tuple[str, int]:
     return name, int(n)
 
 
-def _scale(cfg: ClusterConfig, run_dir: Path | None, wanted: list[tuple[str, int]]) -> int:
+def _scale(cfg: LaunchConfig, run_dir: Path | None, wanted: list[tuple[str, int]]) -> int:
     """``--scale``: ask the running launcher; 0 if it took every change."""
     if not backend_class(cfg.cluster.backend).scales:
         raise LaunchError('--scale needs [cluster] backend = "ray" (engines placed on a Ray '
@@ -87,7 +89,7 @@ def _scale(cfg: ClusterConfig, run_dir: Path | None, wanted: list[tuple[str, int
     return 0 if ok else 1
 
 
-def _run(cfg: ClusterConfig, run_dir: Path, only: list[str], dry_run: bool,
+def _run(cfg: LaunchConfig, run_dir: Path, only: list[str], dry_run: bool,
          demo: bool) -> int:
     """Plan the cluster, its engines on the backend ``[cluster]`` names, and run it (or
     print the plan)."""

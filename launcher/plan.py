@@ -20,16 +20,11 @@ from pathlib import Path
 from launcher import LaunchError
 from launcher.ports import PortFree, take_port
 from launcher.process import ProcessSpec
+from launcher.settings import ENGINE_FLAGS, LaunchConfig
 from router.auth import KeysError, engine_key
-from router.config import (
-    ENGINE_FLAGS,
-    ClusterConfig,
-    EngineConfig,
-    EngineInstance,
-    RouterConfig,
-    default_kv_cache_bytes,
-    http_url,
-)
+from router.config.addresses import http_url
+from router.config.cluster import RouterConfig
+from router.config.engines import EngineConfig, EngineInstance, default_kv_cache_bytes
 from router.dispatch.peers import sync_endpoints
 
 RESOLVED_NAME = "cluster.resolved.toml"
@@ -60,7 +55,7 @@ class ProcessPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    config: ClusterConfig
+    config: LaunchConfig
     """The resolved cluster file (what the router loads)."""
     run_dir: Path
     engines: list[ProcessPlan]
@@ -115,7 +110,7 @@ class PortPlan:
     """The ports a plan hands out: the file's own, then free ones from
     ``launcher.base_port`` (errors name the user's file)."""
 
-    def __init__(self, cfg: ClusterConfig, port_free: PortFree) -> None:
+    def __init__(self, cfg: LaunchConfig, port_free: PortFree) -> None:
         self.cfg, self.port_free = cfg, port_free
         self.taken = cfg.claimed_ports()
         self._next = cfg.launcher.base_port
@@ -134,7 +129,7 @@ class PortPlan:
                               f"{host}")
 
 
-def engine_process(cfg: ClusterConfig, e: EngineConfig, inst: EngineInstance, run_dir: Path,
+def engine_process(cfg: LaunchConfig, e: EngineConfig, inst: EngineInstance, run_dir: Path,
                    python: str, *, gpu: bool, env: dict[str, str], health_url: str | None,
                    devices: str, placement: object = None) -> ProcessPlan:
     """The process of engine instance ``inst`` of ``e``: its command (``engine_argv``),
@@ -161,7 +156,7 @@ def placed_entry(e: EngineConfig, name: str, telemetry_endpoint: str,
     return {k: v for k, v in entry.items() if v is not None}
 
 
-def _key_env(cfg: ClusterConfig, e: EngineConfig) -> dict[str, str]:
+def _key_env(cfg: LaunchConfig, e: EngineConfig) -> dict[str, str]:
     """The engine's API key (``VLLM_API_KEY``), if it has one."""
     if not e.api_key_env:
         return {}
@@ -171,7 +166,7 @@ def _key_env(cfg: ClusterConfig, e: EngineConfig) -> dict[str, str]:
         raise LaunchError(f"{cfg.source}: {exc}") from None
 
 
-def router_processes(cfg: ClusterConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
+def router_processes(cfg: LaunchConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
     """The router process, or ``router.workers`` of them, each health-checked on its own
     port (the shared one answers from any of them)."""
     r = cfg.router
@@ -192,7 +187,7 @@ def router_processes(cfg: ClusterConfig, run_dir: Path, python: str) -> list[Pro
         for i, port in enumerate(r.worker_ports)]
 
 
-def engine_argv(python: str, cfg: ClusterConfig, e: EngineConfig, inst: EngineInstance,
+def engine_argv(python: str, cfg: LaunchConfig, e: EngineConfig, inst: EngineInstance,
                 gpu: bool) -> list[str]:
     """``python -m engine_ext.serve ...`` for one instance of ``e``."""
     argv = [python, "-m", "engine_ext.serve", "--model", e.model or "",
@@ -222,7 +217,7 @@ def engine_argv(python: str, cfg: ClusterConfig, e: EngineConfig, inst: EngineIn
 # ---------------------------------------------------------------- resolution
 
 
-def resolve_router(cfg: ClusterConfig, run_dir: Path, ports: PortPlan) -> RouterConfig:
+def resolve_router(cfg: LaunchConfig, run_dir: Path, ports: PortPlan) -> RouterConfig:
     """The router's table with its ports (and its workers' sync directory) set."""
     router = cfg.router
     if router.port is None:
@@ -243,7 +238,7 @@ def resolve_router(cfg: ClusterConfig, run_dir: Path, ports: PortPlan) -> Router
     return router
 
 
-def select(cfg: ClusterConfig, only: Sequence[str]) -> ClusterConfig:
+def select(cfg: LaunchConfig, only: Sequence[str]) -> LaunchConfig:
     """``cfg`` with only the engine entries ``only`` names (all if none)."""
     if not only:
         return cfg

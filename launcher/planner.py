@@ -18,10 +18,10 @@ from launcher.backends import backend_class
 from launcher.devices import Devices
 from launcher.plan import Plan, PortPlan, resolve_router, router_processes, select
 from launcher.ports import PortFree, port_is_free
-from router.config import ClusterConfig, parse_cluster_config
+from launcher.settings import LaunchConfig, parse_launch_config
 
 
-def make_plan(cfg: ClusterConfig, devices: Devices | None, run_dir: Path,
+def make_plan(cfg: LaunchConfig, devices: Devices | None, run_dir: Path,
               only: Sequence[str] = (), port_free: PortFree | None = None,
               python: str = sys.executable, ray_host: str | None = None) -> Plan:
     """Plan the cluster of ``cfg`` in ``run_dir`` (absolute); with ``only``, just those
@@ -37,7 +37,7 @@ def make_plan(cfg: ClusterConfig, devices: Devices | None, run_dir: Path,
     draft = dataclasses.replace(
         cfg, router=router, engines=backend.resolve_engines(cfg, run_dir, ports),
         launcher=dataclasses.replace(cfg.launcher, run_dir=str(run_dir)))
-    resolved = parse_cluster_config(draft.to_dict(), cfg.source, run_dir)
+    resolved = parse_launch_config(draft.to_dict(), cfg.source, run_dir)
     warnings: list[str] = []
     routers = [] if only else router_processes(resolved, run_dir, python)
     remote = dataclasses.replace(  # entries placed at start have no port yet

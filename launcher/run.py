@@ -37,7 +37,7 @@ from launcher.process import ProcessHandle
 from launcher.scale import Scaler
 from launcher.supervisor import Managed, State, Supervisor
 from router.auth import load_keys
-from router.config import LOOPBACK, http_url
+from router.config.addresses import LOOPBACK, http_url
 
 DEMO_CLIENT = Path(__file__).resolve().parent.parent / "examples" / "demo_client.py"
 _TICK_S = 0.5

@@ -29,7 +29,7 @@ from launcher.console import Console
 from launcher.backends.ray import RayProcess, with_replicas
 from launcher.plan import Plan, placed_entry
 from launcher.supervisor import Managed, State, Supervisor
-from router.config import MAX_REPLICAS
+from router.config.engines import MAX_REPLICAS
 
 CONTROL_NAME = "launcher.ctl"
 REPLY_TIMEOUT_S = 600.0

@@ -25,7 +25,7 @@ import uvloop
 from aiohttp import web
 
 from router.app import RUNNER_OPTIONS, create_app
-from router.config import ClusterConfig, ConfigError, load_cluster_config
+from router.config.cluster import ClusterConfig, ConfigError, load_cluster_config
 
 
 def _tcp_socket(host: str, port: int, shared: bool = False) -> socket.socket:

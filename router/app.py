@@ -31,7 +31,9 @@ import msgspec
 from aiohttp import web
 
 from router.auth import Keys, engine_key, load_keys
-from router.config import ClusterConfig, ConfigError, EngineInstance, is_loopback
+from router.config.addresses import is_loopback
+from router.config.cluster import ClusterConfig, ConfigError
+from router.config.engines import EngineInstance
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
 from router.predictors.base import PredictorSet

@@ -4,19 +4,22 @@ A settings class is a pydantic dataclass with ``config=STRICT``: values keep the
 type (no string for a number, no boolean for an integer; an integer is taken for a
 number), unknown keys are rejected, NaN and infinity are rejected, every string is at
 most ``MAX_TEXT`` characters, and bounds are declared on the fields (the aliases below,
-or ``Field(ge=...)``). Checks across fields stay in the class's ``__post_init__`` with
+or ``Field(ge=...)``). Checks across fields stay in the class: a policy's in
+``__post_init__``, a cluster-file table's in ``verify`` (a ``Verified`` class), both with
 ``check``. ``decode`` builds one from a table and turns the first problem into a
-``SettingsError`` whose message is ``<key path>: <what is wrong>``.
+``SettingsError`` whose message is ``<key path>: <what is wrong>``; ``encode`` is the way
+back.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import types
 from typing import (Annotated, Any, Collection, Literal, Mapping, TypeVar, Union, get_args,
                     get_origin)
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 MAX_TEXT = 4096
 """Longest string any setting takes (paths, URLs, names)."""
@@ -34,6 +37,20 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Niceness = Annotated[int, Field(ge=0, le=19)]
 
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+"""What a name (of an engine, a Ray namespace) may be."""
+
+
+def _name(value: str) -> str:
+    if NAME_PATTERN.match(value) is None:
+        raise ValueError(f"{value[:80]!r}: use letters, digits, '_', '.' and '-', starting "
+                         "with a letter or digit")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_name)]
+"""A name (``NAME_PATTERN``): an engine's, a Ray namespace."""
+
 T = TypeVar("T")
 
 
@@ -43,6 +60,15 @@ class SettingsError(ValueError):
     def __init__(self, key: str, problem: str) -> None:
         super().__init__(f"{key}: {problem}")
         self.key, self.problem = key, problem
+
+
+class Verified:
+    """Base of a settings class with rules across its fields, in ``verify``: ``decode``
+    calls it once every field is valid (``dataclasses.replace`` does not)."""
+
+    def verify(self) -> None:
+        """Raise ``SettingsError`` (``check``) on a broken rule, its key relative to the
+        table."""
 
 
 def check(key: str, ok: bool, problem: str) -> None:
@@ -57,11 +83,22 @@ def decode(cls: type[T], table: Any, path: str) -> T:
     if not isinstance(table, Mapping):
         raise SettingsError(path, f"expected a table, got {describe_value(table)}")
     try:
-        return cls(**table)
+        obj = cls(**table)
     except ValidationError as exc:
         raise _translate(cls, table, path, exc.errors()) from None
     except RecursionError:
         raise SettingsError(path, "nested too deeply") from None
+    if isinstance(obj, Verified):
+        try:
+            obj.verify()
+        except SettingsError as e:
+            raise SettingsError(_join(path, [e.key]), e.problem) from None
+    return obj
+
+
+def encode(obj: Any) -> dict[str, Any]:
+    """The table of settings ``obj``: its keys whose values differ from their defaults."""
+    return TypeAdapter(type(obj)).dump_python(obj, exclude_defaults=True)
 
 
 def suggest(word: str, choices: Collection[str], prefix: str = "") -> str:
@@ -128,12 +165,12 @@ def _translate(cls: type, table: Mapping[str, Any], path: str,
 
     e = min(errors, key=rank)
     kind, loc = e["type"], e["loc"]
-    if kind == "value_error":  # a check of __post_init__
+    fields = cls.__pydantic_fields__  # type: ignore[attr-defined]
+    if kind == "value_error":  # a check of __post_init__ or a constrained type's
         err = e.get("ctx", {}).get("error")
         if isinstance(err, SettingsError):
             return SettingsError(f"{path}.{err.key}", err.problem)
-        return SettingsError(path, str(err))
-    fields = cls.__pydantic_fields__  # type: ignore[attr-defined]
+        return SettingsError(_join(path, _locate(fields, loc)[0] if loc else []), str(err))
     if kind == "unexpected_keyword_argument":
         known = [f.alias or name for name, f in fields.items()]
         hint = suggest(str(loc[0]), known)

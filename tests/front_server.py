@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pathlib import Path
 
 from router.app import RUNNER_OPTIONS
-from router.config import ClusterConfig, load_cluster_config
+from router.config.cluster import ClusterConfig, load_cluster_config
 
 
 @contextlib.asynccontextmanager

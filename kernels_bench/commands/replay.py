@@ -21,7 +21,9 @@ from kernels_bench.replay.run import ReplayOptions, replay
 from kernels_bench.replay.spec import SpecError, parse_model_map, parse_policies
 from kernels_bench.replay.workload import PROBLEMS, WorkloadError, merge_traces
 from launcher import LaunchError
-from router.config import SCHED_POLICIES, ClusterConfig, ConfigError, load_cluster_config
+from launcher.settings import LaunchConfig, load_launch_config
+from router.config.cluster import ConfigError
+from router.config.engines import SCHED_POLICIES
 from router.policies import POLICIES
 from router.predictors.artifact import METADATA_FILE
 from router.predictors.kinds import KINDS
@@ -154,7 +156,7 @@ def replay_options(a: argparse.Namespace, out: Path) -> ReplayOptions:
         run_dir=getattr(a, "run_dir", None) or out / "cluster")
 
 
-Runner = Callable[[ClusterConfig, Trace, str, ReplayOptions, str], dict[str, Any]]
+Runner = Callable[[LaunchConfig, Trace, str, ReplayOptions, str], dict[str, Any]]
 """Runs a replay (live, or the twin's): cluster, merged trace, its name, options, the
 command line as the results show it; the summary."""
 
@@ -166,7 +168,7 @@ def run_replay(name: str, argv: list[str], a: argparse.Namespace, out: Path,
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         opts = replay_options(a, out)
-        cfg = load_cluster_config(a.cluster)
+        cfg = load_launch_config(a.cluster)
         trace = merge_traces([load_trace(t) for t in a.trace])
         command = f"python -m kernels_bench {name} " + shlex.join(map(portable, argv))
         summary = run(cfg, trace, "+".join(t.name for t in a.trace), opts, command)

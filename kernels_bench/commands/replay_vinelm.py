@@ -14,7 +14,7 @@ from kernels_bench.replay.cluster import ClusterError
 from kernels_bench.replay.spec import SpecError
 from kernels_bench.vinelm import replay
 from kernels_bench.vinelm.replay import VARIANTS, markdown, replay_vinelm
-from router.config import ConfigError
+from router.config.cluster import ConfigError
 
 
 def main(argv: list[str] | None = None) -> None:

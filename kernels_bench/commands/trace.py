@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from router.config import ConfigError
+from router.config.cluster import ConfigError
 from router.trace_format import TraceFormatError
 
 

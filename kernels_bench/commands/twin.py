@@ -17,7 +17,7 @@ from kernels_bench.replay.run import ReplayOptions
 from kernels_bench.twin.router import RouterCosts
 from kernels_bench.twin.run import TwinOptions, load_profiles, twin
 from kernels_bench.twin.step_time import MAX_SLOWDOWN
-from router.config import ClusterConfig
+from router.config.cluster import ClusterConfig
 from router.trace_format import Trace
 
 MAX_OVERHEAD_MS = 60_000.0

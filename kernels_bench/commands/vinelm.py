@@ -23,7 +23,7 @@ from kernels_bench.vinelm.executions import RecordedExecutor, read_executions
 from kernels_bench.vinelm.executors import EngineExecutor, Prices, trace_table
 from kernels_bench.vinelm.experiment import (frontier_experiment, profiling_experiment,
                                       recorded_experiment, slo_experiment, write)
-from router.config import ConfigError, load_cluster_config
+from router.config.cluster import ConfigError, load_cluster_config
 from router.policies.registry import validate_settings
 from router.policies.vinelm import VineLMSettings
 from router.vinelm.estimate import EstimationSettings, annotate

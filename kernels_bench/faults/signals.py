@@ -43,7 +43,7 @@ import aiohttp
 import httpx
 import psutil
 
-from router.config import ClusterConfig, load_cluster_config
+from router.config.cluster import ClusterConfig, load_cluster_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLUSTER = ROOT / "examples" / "faults.toml"

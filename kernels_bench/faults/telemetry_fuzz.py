@@ -57,7 +57,7 @@ import zmq
 from engine_ext.telemetry import (MAX_SEQ_JUMP, BlockRemoved, BlockStored, FinishedRequest,
                                   KVEvent, KVEventBatch, SchedulerSnapshot, StreamStats,
                                   encode_snapshot, publisher_binds)
-from router.config import ClusterConfig, parse_cluster_config
+from router.config.cluster import ClusterConfig, parse_cluster_config
 from router.dispatch.core import RouterCore
 from router.dispatch.subscriber import MAX_MESSAGE_BYTES
 from router.state.kv_hash import external_hash

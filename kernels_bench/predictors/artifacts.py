@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kernels_bench.predictors.profile import ERRORS, ProfileOptions, profile_cluster
-from router.config import load_cluster_config
+from launcher.settings import load_launch_config
 from router.predictors.artifact import METADATA_FILE, library_versions
 from router.predictors.kinds import kind, parse_settings
 from router.predictors.records import Split
@@ -89,7 +89,7 @@ def profile_key(cluster: Path, where: dict[str, Any]) -> str:
     """sha256 over what a profile of ``cluster`` measures: its engines, launcher and
     placement settings (not its router table), on the machine ``where``; ConfigError (a
     ValueError) on a bad or missing file."""
-    tables = {k: v for k, v in load_cluster_config(cluster).to_dict().items() if k != "router"}
+    tables = {k: v for k, v in load_launch_config(cluster).to_dict().items() if k != "router"}
     what = {"cluster": tables, "machine": where}
     return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True, default=str)
                                       .encode()).hexdigest()

@@ -50,7 +50,9 @@ from kernels_bench.replay.cluster import ClusterError, ReplayCluster
 from kernels_bench.replay.priors import trace_priors
 from kernels_bench.replay.spec import SpecError, parse_model_map, resolve_model_map
 from launcher import LaunchError
-from router.config import ClusterConfig, ConfigError, EngineInstance, load_cluster_config
+from launcher.settings import LaunchConfig, load_launch_config
+from router.config.cluster import ConfigError
+from router.config.engines import EngineInstance
 from router.trace_format import TraceFormatError, load_trace
 
 TOKEN_RANGE = (100, 3000)
@@ -230,7 +232,7 @@ def default_batches(max_num_seqs: int) -> list[int]:
     return out + [max_num_seqs]
 
 
-def _targets(cfg: ClusterConfig, names: list[str]) -> list[str]:
+def _targets(cfg: LaunchConfig, names: list[str]) -> list[str]:
     local = [e.name for e in cfg.engines if not e.remote]
     for n in names:
         if n not in local:
@@ -269,7 +271,7 @@ def profile_cluster(cluster: Path, engines: list[str], a: ProfileOptions,
                     trace: Path | None = None, model_map: list[str] | None = None) -> None:
     """Profile ``engines`` of the cluster file (default: every local one) into ``a.out``;
     ``trace`` fills ``mean_output_tokens`` (served models mapped by ``model_map``)."""
-    cfg = load_cluster_config(cluster)
+    cfg = load_launch_config(cluster)
     names = _targets(cfg, engines)
     means = None
     if trace is not None:
@@ -280,7 +282,7 @@ def profile_cluster(cluster: Path, engines: list[str], a: ProfileOptions,
     run(cfg, names, a, means)
 
 
-def run(cfg: ClusterConfig, names: list[str], a: ProfileOptions,
+def run(cfg: LaunchConfig, names: list[str], a: ProfileOptions,
         means: dict[str, float] | None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     cluster = ReplayCluster(cfg, a.run_dir or a.out / "cluster", tqdm.write)
@@ -317,7 +319,7 @@ def run(cfg: ClusterConfig, names: list[str], a: ProfileOptions,
     write_outputs(a.out, results)
 
 
-def summarize(cfg: ClusterConfig, inst: EngineInstance, got: dict[str, Any], kv: int,
+def summarize(cfg: LaunchConfig, inst: EngineInstance, got: dict[str, Any], kv: int,
               a: ProfileOptions, means: dict[str, float] | None) -> dict[str, Any]:
     e = cfg.engine(inst.engine)
     assert e.max_num_seqs is not None

@@ -24,8 +24,10 @@ import psutil
 from launcher.devices import detect_devices
 from launcher.plan import Plan
 from launcher.planner import make_plan
+from launcher.settings import LaunchConfig
 from launcher.supervisor import Managed, State, Supervisor
-from router.config import ClusterConfig, EngineConfig, EngineInstance, RouterConfig
+from router.config.cluster import ClusterConfig, RouterConfig
+from router.config.engines import EngineConfig, EngineInstance
 
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 """Lets the replay reset an engine's prefix cache between runs (loopback endpoints)."""
@@ -57,7 +59,7 @@ def engine_variant(cfg: ClusterConfig, sched: str | None) -> list[EngineConfig]:
 class ReplayCluster:
     """Engines kept across runs, a fresh router per run."""
 
-    def __init__(self, base: ClusterConfig, run_root: Path, log: Callable[[str], None]) -> None:
+    def __init__(self, base: LaunchConfig, run_root: Path, log: Callable[[str], None]) -> None:
         self.base, self.run_root, self.log = base, run_root, log
         self.plan: Plan | None = None
         self.engines_sup: Supervisor | None = None

@@ -37,7 +37,9 @@ from kernels_bench.replay.output import write_run, write_summary
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
 from kernels_bench.replay.spec import STATIC, PolicySpec, resolve_model_map
 from kernels_bench.replay.workload import Job, select_runs
-from router.config import ClusterConfig, EngineConfig, RouterConfig, parse_cluster_config
+from launcher.settings import LaunchConfig
+from router.config.cluster import ClusterConfig, RouterConfig, parse_cluster_config
+from router.config.engines import EngineConfig, LocalEngine, RemoteEngine
 from router.policies.registry import POLICIES, build_policy
 from router.predictors.artifact import split_of
 from router.predictors.base import PredictorSet
@@ -305,7 +307,7 @@ def check_folds(folds: Sequence[Fold], problems: str) -> None:
                          "its own problems (python -m kernels_bench artifacts --folds K)")
 
 
-def replay(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
+def replay(cfg: LaunchConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
            command: str) -> dict[str, Any]:
     """Run every policy at every rate; write outputs after each run; return the summary."""
     p = prepare(cfg, trace, trace_name, opts, command)
@@ -415,7 +417,8 @@ def run_meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOpti
         "suite": trace.header.suite,
         "model_map": model_map,
         "engines": [{"name": e.name, "model": _model_name(e), "served": e.served_model_name,
-                     "replicas": e.replicas, "sched_policy": e.sched_policy,
+                     "replicas": e.replicas,
+                     "sched_policy": e.sched_policy if isinstance(e, LocalEngine) else None,
                      "max_num_seqs": e.max_num_seqs, "max_model_len": e.max_model_len}
                     for e in cfg.engines],
         "policies": [dataclasses.asdict(s) for s in opts.policies],
@@ -433,5 +436,5 @@ def run_meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOpti
 def _model_name(e: EngineConfig) -> str:
     """The engine's model as results show it: a local folder by its name only."""
     if e.model is None:
-        return e.url or ""
+        return e.url if isinstance(e, RemoteEngine) else ""
     return Path(e.model).name if os.path.isabs(e.model) else e.model

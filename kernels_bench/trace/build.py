@@ -154,9 +154,9 @@ def open_trace(out: Path, header: Header) -> set[str]:
 def build(cluster: Path, s: Settings, out: Path, models: list[str] | None, workflows: list[str],
           command: str) -> None:
     from kernels_bench.trace.engines import describe_model, engine_session
-    from router.config import load_cluster_config
+    from launcher.settings import load_launch_config
 
-    cfg = load_cluster_config(cluster)
+    cfg = load_launch_config(cluster)
     names = models or [e.name for e in cfg.engines]
     unknown = sorted(set(names) - {e.name for e in cfg.engines})
     if unknown:

@@ -24,8 +24,10 @@ import httpx
 
 from launcher.devices import detect_devices
 from launcher.planner import make_plan
+from launcher.settings import LaunchConfig
 from launcher.supervisor import State, Supervisor
-from router.config import ClusterConfig, EngineConfig, http_url
+from router.config.addresses import http_url
+from router.config.engines import EngineConfig, RemoteEngine
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,9 @@ def describe_model(e: EngineConfig) -> dict[str, str]:
     this machine)."""
     out = {"name": e.served_model_name, "engine": e.name,
            "model": Path(e.model).name if e.model and not e.model.startswith("builtin:")
-           else str(e.model or e.url)}
+           else str(e.model or (e.url if isinstance(e, RemoteEngine) else None))}
     out.update({k: str(v) for k in ("dtype", "max_num_seqs", "max_model_len", "seed")
-                if (v := getattr(e, k)) is not None})
+                if (v := getattr(e, k, None)) is not None})
     source = Path(e.model or "") / "hetserve-source.json"
     if e.model and source.is_file():
         meta = json.loads(source.read_text())
@@ -52,11 +54,10 @@ def describe_model(e: EngineConfig) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def engine_session(cfg: ClusterConfig, name: str) -> Iterator[EngineHandle]:
+def engine_session(cfg: LaunchConfig, name: str) -> Iterator[EngineHandle]:
     """Start engine ``name`` of ``cfg`` (unless remote), yield it healthy, stop it."""
     e = cfg.engine(name)
-    if e.remote:
-        assert e.url is not None
+    if isinstance(e, RemoteEngine):
         yield EngineHandle(name, e.served_model_name, e.url.rstrip("/"))
         return
     if e.replicas != 1:

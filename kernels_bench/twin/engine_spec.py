@@ -16,7 +16,8 @@ from typing import Any
 
 from engine_ext.serve import build_parser
 from kernels_bench.lib.model_config import kv_bytes_per_token, model_config
-from router.config import ClusterConfig, EngineConfig, default_kv_cache_bytes
+from router.config.cluster import ClusterConfig
+from router.config.engines import LocalEngine, default_kv_cache_bytes
 
 CPU_BLOCK_SIZE = 128
 """vLLM's block size on CPU when none is given (``vllm/platforms/cpu.py``; 16 on CUDA)."""
@@ -59,13 +60,13 @@ def engine_specs(cfg: ClusterConfig) -> list[EngineSpec]:
     default_policy = build_parser().get_default("sched_policy")
     out = []
     for e in cfg.engines:
-        if e.remote or e.model is None:
+        if not isinstance(e, LocalEngine) or e.model is None:
             raise ValueError(f"engines.{e.name}: a remote engine has no model to twin")
         out += [_spec(e, i, base_dir, default_policy) for i in range(e.replicas)]
     return out
 
 
-def _spec(e: EngineConfig, replica: int, base_dir: Path, default_policy: str) -> EngineSpec:
+def _spec(e: LocalEngine, replica: int, base_dir: Path, default_policy: str) -> EngineSpec:
     assert e.model is not None
     config = model_config(e.model, base_dir)
     block_size = _block_size(e.extra_args)

@@ -37,7 +37,8 @@ from kernels_bench.twin.loop import VirtualLoop
 from kernels_bench.twin.router import RouterCosts, TwinRouter
 from kernels_bench.twin.sim import Simulator
 from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
-from router.config import ClusterConfig, EngineConfig, RouterConfig
+from router.config.cluster import ClusterConfig, RouterConfig
+from router.config.engines import EngineConfig, LocalEngine
 from router.predictors.base import PredictorSet
 from router.trace_format import Trace
 
@@ -85,7 +86,7 @@ def run_config(cfg: ClusterConfig, engines: list[EngineConfig],
     launcher would assign filled with addresses nothing opens), its router."""
     port, filled = FIRST_PORT, []
     for e in engines:
-        if e.url is None and e.port is None:
+        if isinstance(e, LocalEngine) and e.port is None:
             e = dataclasses.replace(e, port=port)
             port += e.replicas
         filled.append(dataclasses.replace(

@@ -16,7 +16,7 @@ from kernels_bench.twin.engine_spec import engine_specs
 from kernels_bench.twin.request import TwinRequest
 from kernels_bench.twin.sim import Simulator
 from kernels_bench.twin.step_time import StepTimeModel, load_profile
-from router.config import load_cluster_config
+from router.config.cluster import load_cluster_config
 
 
 def synthetic_workload(seed: int, n: int, engines: list[str],

@@ -35,7 +35,7 @@ from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
 from kernels_bench.trace.workflows import ROLE_PROMPTS
 from kernels_bench.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
                                       read_executions, succeeded_by)
-from router.config import load_cluster_config
+from launcher.settings import load_launch_config
 from router.trace_format import Trace, TraceWriter, load_trace
 from router.vinelm.template import Invocation, WorkflowTemplate
 from router.vinelm.trie import Path_
@@ -139,7 +139,7 @@ def collect(cluster: Path, template: WorkflowTemplate, settings: Settings, out: 
     if unknown:
         raise ValueError(f"stages {', '.join(unknown)} have no {settings.suite} role prompt; "
                          f"the trace builder's roles are {', '.join(ROLE_PROMPTS[settings.suite])}")
-    cfg = load_cluster_config(cluster)
+    cfg = load_launch_config(cluster)
     engine_of = {e.served_model_name: e.name for e in cfg.engines}
     missing = [m for m in template.models() if m not in engine_of]
     if missing:

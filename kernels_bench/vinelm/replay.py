@@ -45,7 +45,8 @@ from kernels_bench.replay.spec import SpecError, parse_model_map
 from kernels_bench.vinelm.executions import Execution, RecordedExecutor, read_executions
 from kernels_bench.vinelm.executors import Prices
 from kernels_bench.vinelm.experiment import slo_targets, static_assignments, static_path
-from router.config import load_cluster_config
+from launcher.settings import load_launch_config
+from router.config.cluster import load_cluster_config
 from router.vinelm.estimate import EstimationSettings, annotate
 from router.vinelm.objective import Objective
 from router.vinelm.profiling import Outcome, cascade_sample
@@ -228,7 +229,7 @@ def served_settings(vs: Mapping[str, Any], workflow: str, to_served: Mapping[str
 
 
 def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
-    cfg = load_cluster_config(args.cluster)
+    cfg = load_launch_config(args.cluster)
     header, table = read_executions(args.executions)
     qcfg = load_cluster_config(args.vinelm_config)
     vs = qcfg.router.policies.get("vinelm", {})

@@ -18,7 +18,8 @@ from launcher.devices import Devices
 from launcher.plan import Plan, PortPlan, ProcessPlan
 from launcher.ports import PortFree
 from launcher.process import ProcessHandle, ProcessSpec
-from router.config import BackendConfig, ClusterConfig, EngineConfig
+from launcher.settings import EngineCluster, LaunchConfig
+from router.config.engines import EngineConfig
 
 
 class Backend(abc.ABC):
@@ -36,14 +37,14 @@ class Backend(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def resolve_engines(cls, cfg: ClusterConfig, run_dir: Path, ports: PortPlan
+    def resolve_engines(cls, cfg: LaunchConfig, run_dir: Path, ports: PortPlan
                         ) -> list[EngineConfig]:
         """The engine entries with what the launcher sets before start (ports,
         endpoints)."""
 
     @classmethod
     @abc.abstractmethod
-    def plan_engines(cls, cfg: ClusterConfig, run_dir: Path, python: str,
+    def plan_engines(cls, cfg: LaunchConfig, run_dir: Path, python: str,
                      devices: Devices | None, telemetry_host: str | None,
                      port_free: PortFree, warnings: list[str]) -> list[ProcessPlan]:
         """One process per engine replica of the resolved ``cfg`` (remote entries
@@ -51,14 +52,14 @@ class Backend(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def describe(cls, cfg: ClusterConfig, devices: Devices | None) -> str:
+    def describe(cls, cfg: LaunchConfig, devices: Devices | None) -> str:
         """Where engines run, as ``--dry-run`` shows it."""
 
     # ---- running
 
     @classmethod
     @abc.abstractmethod
-    def connect(cls, cluster: BackendConfig, run_dir: Path) -> Backend:
+    def connect(cls, cluster: EngineCluster, run_dir: Path) -> Backend:
         """This backend for the cluster ``[cluster]`` names, its processes marked with
         ``run_dir`` (LaunchError: it cannot be reached)."""
 

@@ -23,7 +23,8 @@ from launcher.plan import Plan, PortPlan, ProcessPlan, engine_process, ipc_endpo
 from launcher.ports import PortFree, free_port, port_is_free
 from launcher.process import (MARKER_ENV, ProcessHandle, ProcessSpec, ProcessTree,
                               describe_exit, spawn, tail_file)
-from router.config import BackendConfig, ClusterConfig, EngineConfig, parse_cluster_config
+from launcher.settings import EngineCluster, LaunchConfig, parse_launch_config
+from router.config.engines import EngineConfig
 
 
 class LocalProcess:
@@ -74,11 +75,11 @@ class LocalBackend(Backend):
         self.run_dir = run_dir
 
     @classmethod
-    def connect(cls, cluster: BackendConfig, run_dir: Path) -> LocalBackend:
+    def connect(cls, cluster: EngineCluster, run_dir: Path) -> LocalBackend:
         return cls(run_dir)
 
     @classmethod
-    def resolve_engines(cls, cfg: ClusterConfig, run_dir: Path, ports: PortPlan
+    def resolve_engines(cls, cfg: LaunchConfig, run_dir: Path, ports: PortPlan
                         ) -> list[EngineConfig]:
         """Each local entry's ports (from ``launcher.base_port`` unless given) and ipc://
         telemetry sockets in ``run_dir`` (unless given)."""
@@ -103,7 +104,7 @@ class LocalBackend(Backend):
         return engines
 
     @classmethod
-    def plan_engines(cls, cfg: ClusterConfig, run_dir: Path, python: str,
+    def plan_engines(cls, cfg: LaunchConfig, run_dir: Path, python: str,
                      devices: Devices | None, telemetry_host: str | None,
                      port_free: PortFree, warnings: list[str]) -> list[ProcessPlan]:
         """Each local instance on its GPUs (``place_gpus``) or CPU cores
@@ -130,7 +131,7 @@ class LocalBackend(Backend):
         return engines
 
     @classmethod
-    def describe(cls, cfg: ClusterConfig, devices: Devices | None) -> str:
+    def describe(cls, cfg: LaunchConfig, devices: Devices | None) -> str:
         assert devices is not None
         return devices.describe()
 
@@ -177,7 +178,7 @@ def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Pla
     draft = dataclasses.replace(cfg, engines=[
         dataclasses.replace(x, port=one(ports)) if x.name == e.name else x
         for x in cfg.engines])
-    config = parse_cluster_config(draft.to_dict(), cfg.source, plan.run_dir)
+    config = parse_launch_config(draft.to_dict(), cfg.source, plan.run_dir)
     inst = next(x for x in config.instances() if x.name == name)
     argv = list(proc.spec.argv)
     argv[argv.index("--port") + 1] = str(port)
@@ -187,7 +188,7 @@ def move_engine(plan: Plan, name: str, port_free: PortFree | None = None) -> Pla
     return dataclasses.replace(plan, config=config, engines=engines)
 
 
-def place_gpus(cfg: ClusterConfig, visible: list[int]) -> dict[str, list[int]]:
+def place_gpus(cfg: LaunchConfig, visible: list[int]) -> dict[str, list[int]]:
     """GPU ids of each local instance: pinned ones as given, the others (largest tensor
     parallel groups first) on the least-loaded GPUs with room for their memory share."""
     load = {g: 0.0 for g in visible}
@@ -223,7 +224,7 @@ def place_gpus(cfg: ClusterConfig, visible: list[int]) -> dict[str, list[int]]:
     return out
 
 
-def place_cpus(cfg: ClusterConfig, cores: list[int], warnings: list[str]
+def place_cpus(cfg: LaunchConfig, cores: list[int], warnings: list[str]
                ) -> dict[str, list[int]]:
     """CPU cores of each local instance: pinned ones as given, the others disjoint slices
     of the remaining cores (``num_cpus`` each, or an even share); if there are not

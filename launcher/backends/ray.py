@@ -42,8 +42,9 @@ from launcher.plan import (NODE_HOST, NODE_PORT, Plan, PortPlan, ProcessPlan, en
 from launcher.ports import PortFree, port_is_free, take_port
 from launcher.process import (MARKER_ENV, ProcessHandle, ProcessSpec, ProcessTree,
                               describe_exit, spawn, tail_file)
-from router.config import (BackendConfig, ClusterConfig, EngineConfig, EngineInstance,
-                           is_loopback, parse_cluster_config)
+from launcher.settings import EngineCluster, LaunchConfig, parse_launch_config
+from router.config.addresses import is_loopback
+from router.config.engines import EngineConfig, EngineInstance
 CALL_TIMEOUT_S = 10.0
 """Longest wait for one answer of a host actor (a poll, a stop)."""
 _DROPPED_ENV = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
@@ -237,7 +238,7 @@ class RayBackend(Backend):
 
     scales = True
 
-    def __init__(self, cfg: BackendConfig, run_dir: Path, timeout_s: float | None = None
+    def __init__(self, cfg: EngineCluster, run_dir: Path, timeout_s: float | None = None
                  ) -> None:
         """Connect to the cluster ``cfg`` names (LaunchError if there is none). A loopback
         address is a cluster of this machine: Ray is told to keep it on loopback."""
@@ -265,7 +266,7 @@ class RayBackend(Backend):
         """This node's address, as Ray knows it."""
 
     @classmethod
-    def connect(cls, cluster: BackendConfig, run_dir: Path) -> RayBackend:
+    def connect(cls, cluster: EngineCluster, run_dir: Path) -> RayBackend:
         return cls(cluster, run_dir)
 
     @classmethod
@@ -276,14 +277,14 @@ class RayBackend(Backend):
                               "host")
 
     @classmethod
-    def resolve_engines(cls, cfg: ClusterConfig, run_dir: Path, ports: PortPlan
+    def resolve_engines(cls, cfg: LaunchConfig, run_dir: Path, ports: PortPlan
                         ) -> list[EngineConfig]:
         """As they are: a replica's port is found on its node, its telemetry endpoints
         when planned (``plan_engines``)."""
         return cfg.engines
 
     @classmethod
-    def plan_engines(cls, cfg: ClusterConfig, run_dir: Path, python: str,
+    def plan_engines(cls, cfg: LaunchConfig, run_dir: Path, python: str,
                      devices: Devices | None, telemetry_host: str | None,
                      port_free: PortFree, warnings: list[str]) -> list[ProcessPlan]:
         if telemetry_host is None:
@@ -291,7 +292,7 @@ class RayBackend(Backend):
         return ray_engines(cfg, run_dir, python, telemetry_host, port_free, warnings)
 
     @classmethod
-    def describe(cls, cfg: ClusterConfig, devices: Devices | None) -> str:
+    def describe(cls, cfg: LaunchConfig, devices: Devices | None) -> str:
         return f"Ray cluster {cfg.cluster.address}"
 
     @property
@@ -429,7 +430,7 @@ def _bundles(bundles: list[dict[str, float]]) -> str:
 # ---------------------------------------------------------------- planning
 
 
-def ray_engines(cfg: ClusterConfig, run_dir: Path, python: str, host: str,
+def ray_engines(cfg: LaunchConfig, run_dir: Path, python: str, host: str,
                 port_free: PortFree, warnings: list[str],
                 only: tuple[str, range] | None = None,
                 taken: set[int] | None = None) -> list[ProcessPlan]:
@@ -485,7 +486,7 @@ def placed(plan: Plan, where: Mapping[str, tuple[str, str]]) -> Plan:
                     for name in (f"{e.name}-{r}" for r in range(e.replicas))
                     if name in where]
     draft = cfg.to_dict() | {"engines": entries}
-    return dataclasses.replace(plan, config=parse_cluster_config(draft, cfg.source,
+    return dataclasses.replace(plan, config=parse_launch_config(draft, cfg.source,
                                                                  plan.run_dir))
 
 

@@ -4,9 +4,9 @@ It owns the engine table (telemetry), the KV prefix indices (KV events), the in-
 ledger and the program table, subscribes to every engine's streams, asks the policy for
 decisions and records them.
 
-Configuration read (duck-typed ``router.config.ClusterConfig``): ``config.instances()``
-(``name, served_model_name, url, telemetry_endpoint, kv_events_endpoint,
-max_model_len``) and ``config.router``: ``policy``, ``policies``,
+Configuration read (duck-typed ``router.config.cluster.ClusterConfig``):
+``config.instances()`` (``name, served_model_name, url, telemetry_endpoint,
+kv_events_endpoint, max_model_len``) and ``config.router``: ``policy``, ``policies``,
 ``heartbeat_timeout_s`` and, if present, ``program_ttl_s`` (default 600 s),
 ``kv_hash_algo`` (default ``sha256``) and ``kv_hash_seed`` (the engines'
 ``PYTHONHASHSEED`` if they set one).
@@ -31,7 +31,8 @@ from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_deco
                                   snapshot_decoder)
 from router.dispatch.collector import BatchCollector
 from router.dispatch.health_probe import HealthProber
-from router.config import MAX_NODE_CHARS, with_engine, without_engine
+from router.config.engines import MAX_NODE_CHARS
+from router.config.membership import with_engine, without_engine
 from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Completed, Marked,
                                    Moved, PeerEvent, Peers, Removed, Routed, sync_endpoints)
 from router.dispatch.subscriber import StreamSubscriber
@@ -370,8 +371,8 @@ class RouterCore:
 
     def admin_add(self, entry: dict[str, Any]) -> Any:
         """The launcher started one more replica of a served model: validate its
-        cluster-file ``entry`` (``router.config.with_engine``; ConfigError, a ValueError)
-        and route to it, here and in the other router workers; the new instance."""
+        cluster-file ``entry`` (``router.config.membership.with_engine``; ConfigError, a
+        ValueError) and route to it, here and in the other router workers; the new instance."""
         text = msgspec.json.encode(entry).decode()
         if len(text) > MAX_ENTRY_CHARS:  # the other workers could not take it
             raise ValueError(f"the entry is over {MAX_ENTRY_CHARS} characters as JSON")

@@ -32,7 +32,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from router.config import MAX_NODE_CHARS
+from router.config.engines import MAX_NODE_CHARS
 from router.request import MAX_LABEL_CHARS
 
 MAX_PEER_MESSAGE_BYTES = 64 << 10

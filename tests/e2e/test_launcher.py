@@ -24,7 +24,8 @@ import psutil
 import pytest
 
 from launcher.process import MARKER_ENV
-from router.config import ClusterConfig, load_cluster_config
+from launcher.settings import LaunchConfig, load_launch_config
+from router.config.cluster import load_cluster_config
 
 pytestmark = pytest.mark.engine
 
@@ -63,11 +64,11 @@ class Launcher:
             time.sleep(0.5)
         pytest.fail(f"timed out waiting for {what}:\n{self.output()}")
 
-    def wait_up(self) -> ClusterConfig:
+    def wait_up(self) -> LaunchConfig:
         """Wait for the launcher's table (everything it starts is healthy)."""
         self.wait_for("the cluster",
                       lambda: re.search(r"^ENGINE +MODEL", self.output(), re.M) is not None)
-        return load_cluster_config(self.run_dir / "cluster.resolved.toml")
+        return load_launch_config(self.run_dir / "cluster.resolved.toml")
 
     def engine_process(self, instance: str) -> psutil.Process | None:
         for child in psutil.Process(self.proc.pid).children():
@@ -139,7 +140,7 @@ def launcher_factory(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
         la.close()
 
 
-def kill_engine_and_wait_restart(la: Launcher, cfg: ClusterConfig, instance: str,
+def kill_engine_and_wait_restart(la: Launcher, cfg: LaunchConfig, instance: str,
                                  while_down: Callable[[], None] = lambda: None,
                                  take_port: bool = False) -> str:
     """SIGKILL an engine's server; it must be restarted and healthy again. With
@@ -179,7 +180,7 @@ def kill_engine_and_wait_restart(la: Launcher, cfg: ClusterConfig, instance: str
     return url
 
 
-def sigterm_leaves_nothing(la: Launcher, cfg: ClusterConfig) -> None:
+def sigterm_leaves_nothing(la: Launcher, cfg: LaunchConfig) -> None:
     """SIGTERM to the launcher: every process of the cluster is gone within the grace
     period (plus a little for SIGKILL and reaping), and the launcher exits 0."""
     procs = la.cluster()
@@ -228,7 +229,7 @@ def metric(url: str, name: str) -> float:
     return float(found.group(1))
 
 
-def telemetry_only_with_keys(cfg: ClusterConfig) -> None:
+def telemetry_only_with_keys(cfg: LaunchConfig) -> None:
     """CURVE (``telemetry_keys_dir``): every router worker hears every engine's snapshots;
     a subscriber without the keys hears nothing on the same endpoint."""
     import zmq
@@ -261,7 +262,7 @@ def telemetry_only_with_keys(cfg: ClusterConfig) -> None:
         ctx.term()
 
 
-def programs_follow_across_workers(cfg: ClusterConfig) -> None:
+def programs_follow_across_workers(cfg: LaunchConfig) -> None:
     """A program's first stage through worker 0's own port, the next through worker 1's:
     worker 1 has the program in its table before the call (sent by worker 0) and routes
     the stage to the model the first one got; the final stage clears both tables."""

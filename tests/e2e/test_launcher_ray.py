@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from launcher.process import MARKER_ENV
-from router.config import load_cluster_config
+from router.config.cluster import load_cluster_config
 from tests.e2e.test_launcher import START_TIMEOUT_S, Launcher
 
 ray = pytest.importorskip("ray", reason="the Ray extra (pip install -e '.[ray]')")

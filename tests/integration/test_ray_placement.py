@@ -14,7 +14,7 @@ from launcher import LaunchError
 from launcher.backends.ray import RayBackend, placement
 from launcher.plan import NODE_HOST, NODE_PORT
 from launcher.process import ProcessSpec
-from router.config import BackendConfig
+from launcher.settings import EngineCluster
 
 ray = pytest.importorskip("ray", reason="the Ray extra (pip install -e '.[ray]')")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -44,7 +44,7 @@ def spec(tmp_path: Path, name: str, gpus: int) -> ProcessSpec:
 
 def test_a_tensor_parallel_replica_sees_all_its_gpus(cluster: Cluster, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = RayBackend(BackendConfig(backend="ray", address=cluster.address,
+    backend = RayBackend(EngineCluster(backend="ray", address=cluster.address,
                                        placement_timeout_s=5), tmp_path)
     try:
         first = backend.start(spec(tmp_path, "tp-0", gpus=2))

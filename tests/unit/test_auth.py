@@ -11,7 +11,7 @@ import pytest
 
 from router.app import create_app
 from router.auth import Keys, KeysError, bearer, load_keys
-from router.config import ConfigError, load_cluster_config
+from router.config.cluster import ConfigError, load_cluster_config
 from tests.front_server import served
 
 ENGINE = ('[[engines]]\nname = "a"\nmodel = "builtin:tiny-a"\nport = 9301\n'

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import pytest
 
-from router.config import load_cluster_config
+from launcher.settings import load_launch_config
+from router.config.engines import LocalEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -140,9 +141,9 @@ def test_toml_block(block: Block, tmp_path: Path, vllm_flags: frozenset[str]) ->
         return
     path = tmp_path / "cluster.toml"
     path.write_text(block.text, encoding="utf-8")
-    cfg = load_cluster_config(path)
-    unknown = {f.split("=")[0] for e in cfg.engines for f in e.extra_args
-               if f.startswith("--")} - vllm_flags
+    cfg = load_launch_config(path)
+    unknown = {f.split("=")[0] for e in cfg.engines if isinstance(e, LocalEngine)
+               for f in e.extra_args if f.startswith("--")} - vllm_flags
     assert not unknown, f"{block.where}: extra_args {sorted(unknown)} are not vLLM flags"
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from router.app import FRONT, create_app
-from router.config import load_cluster_config
+from router.config.cluster import load_cluster_config
 from tests.front_server import served
 
 ANSWER = {"id": "x", "object": "chat.completion", "model": "tiny-a", "choices": [

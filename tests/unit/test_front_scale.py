@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from router.app import create_app
-from router.config import load_cluster_config
+from router.config.cluster import load_cluster_config
 from tests.front_server import served
 from tests.unit.test_front_redispatch import ANSWER, good
 from tests.unit.test_state_engines import snap_frames

@@ -12,8 +12,8 @@ from launcher.__main__ import main
 from launcher.devices import Devices, format_ids
 from launcher.plan import Plan
 from launcher.planner import make_plan
-from router import config as cc
-from router.config import load_cluster_config
+from launcher.settings import load_launch_config
+from router.config import cluster as cc
 
 ROUTER = '[router]\npolicy = "chimera"\n'
 DEMO = Path(__file__).parents[2] / "examples" / "demo.toml"
@@ -34,7 +34,7 @@ def plan_of(tmp_path: Path, text: str, devices: Devices = CPU2, only: Sequence[s
             port_free: Callable[[str, int], bool] = all_free) -> Plan:
     path = tmp_path / "cluster.toml"
     path.write_text(text)
-    return make_plan(load_cluster_config(path), devices, tmp_path / "run", only=only,
+    return make_plan(load_launch_config(path), devices, tmp_path / "run", only=only,
                      port_free=port_free, python="python")
 
 
@@ -192,7 +192,7 @@ def test_resolved_file_is_what_the_router_loads(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, DEMO.read_text())
     plan.run_dir.mkdir()
     plan.config_path.write_text(plan.config.to_toml())
-    loaded = load_cluster_config(plan.config_path)
+    loaded = load_launch_config(plan.config_path)
     assert loaded.instances() == plan.config.instances()
     assert loaded.router == plan.config.router and loaded.router.port == plan.router.port
     assert loaded.launcher.run_dir == str(plan.run_dir)
@@ -267,7 +267,7 @@ def test_ipc_path_too_long(tmp_path: Path) -> None:
     path = tmp_path / "cluster.toml"
     path.write_text(DEMO.read_text())
     with pytest.raises(LaunchError, match="too deep for an ipc:// socket"):
-        make_plan(load_cluster_config(path), CPU2, tmp_path / ("x" * 120), port_free=all_free)
+        make_plan(load_launch_config(path), CPU2, tmp_path / ("x" * 120), port_free=all_free)
 
 
 # ---------------------------------------------------------------- command line

@@ -13,8 +13,9 @@ from launcher.backends import ray as ray_backend
 from launcher.backends.ray import RayPlacement
 from launcher.plan import NODE_HOST, NODE_PORT, Plan
 from launcher.planner import make_plan
-from router import config as cc
-from router.config import ConfigError, load_cluster_config
+from launcher.settings import LaunchConfig, load_launch_config
+from router.config import cluster as cc
+from router.config.cluster import ConfigError, load_cluster_config
 
 ROUTER = '[router]\npolicy = "round_robin"\n'
 RAY = '[cluster]\nbackend = "ray"\naddress = "127.0.0.1:6379"\n'
@@ -25,10 +26,10 @@ def no_policy_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cc, "_policy_validator", lambda: None)
 
 
-def load(tmp_path: Path, text: str) -> cc.ClusterConfig:
+def load(tmp_path: Path, text: str) -> LaunchConfig:
     path = tmp_path / "cluster.toml"
     path.write_text(text)
-    return load_cluster_config(path)
+    return load_launch_config(path)
 
 
 def plan_of(tmp_path: Path, text: str) -> Plan:

@@ -15,8 +15,8 @@ from launcher.console import Console
 from launcher.planner import make_plan
 from launcher.scale import CONTROL_NAME, Scaler, ScaleReply, ask_to_scale, control_endpoint
 from launcher.supervisor import Supervisor
-from router import config as cc
-from router.config import load_cluster_config
+from launcher.settings import load_launch_config
+from router.config import cluster as cc
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,7 @@ def scaler(tmp_path: Path) -> Scaler:
         '[[engines]]\nname = "b"\nmodel = "builtin:tiny-b"\n')
     run = tmp_path / "run"
     run.mkdir()
-    plan = make_plan(load_cluster_config(tmp_path / "c.toml"), None,  # type: ignore[arg-type]
+    plan = make_plan(load_launch_config(tmp_path / "c.toml"), None,  # type: ignore[arg-type]
                      run, port_free=lambda h, p: True, ray_host="127.0.0.1")
     sup = Supervisor(run, health_timeout_s=5, max_restarts=0, backoff_s=1, backoff_max_s=1)
     return Scaler(plan, sup, Console(), lambda *a: 0, lambda name: 0, 1.0, 1.0,

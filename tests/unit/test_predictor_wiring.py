@@ -16,7 +16,7 @@ import pytest
 from kernels_bench.commands import router as router_command
 from kernels_bench.overhead import router as router_bench
 from router.app import load_configured_predictors
-from router.config import ClusterConfig, load_cluster_config
+from router.config.cluster import ClusterConfig, load_cluster_config
 from router.dispatch.core import RouterCore
 from router.predictors.artifact import ArtifactError
 from router.predictors.capability import CapabilityModel, CapabilitySettings

@@ -76,7 +76,7 @@ def test_profiles_file_is_what_the_router_loads(tmp_path: Path) -> None:
 
 
 def test_router_loads_the_profiles_named_in_the_cluster_file(tmp_path: Path) -> None:
-    from router.config import load_cluster_config
+    from router.config.cluster import load_cluster_config
     from router.dispatch.core import RouterCore
     from router.predictors.loader import load_cluster_predictors
 

@@ -50,7 +50,7 @@ def test_bad_per_model_rejected(per_model: Any, param: str) -> None:
 
 
 def front_config(tmp_path: Path) -> Any:
-    from router.config import load_cluster_config
+    from router.config.cluster import load_cluster_config
 
     engines = "".join(
         f'[[engines]]\nname = "{m}"\nmodel = "builtin:{m}"\nport = {port}\n'

@@ -11,7 +11,8 @@ from kernels_bench.replay.cluster import ClusterError, engine_variant
 from kernels_bench.replay.run import (check_variant, grouped, router_variant, schedule,
                                       spec_inputs)
 from kernels_bench.replay.spec import parse_policies
-from router.config import SCHED_POLICIES, ClusterConfig, load_cluster_config
+from router.config.cluster import ClusterConfig, load_cluster_config
+from router.config.engines import SCHED_POLICIES
 from router.policies import POLICIES
 from router.predictors.records import Split
 

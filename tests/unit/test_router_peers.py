@@ -13,7 +13,7 @@ import zmq.asyncio
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from router.config import parse_cluster_config
+from router.config.cluster import parse_cluster_config
 from router.dispatch.core import RouterCore
 from router.dispatch.peers import (Completed, Marked, Moved, PeerEvent, Peers, Routed,
                                    sync_endpoints)

@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 
 from tests.unit.twin_helpers import REPLAY_TOML, replay_records
 from kernels_bench.twin.engine_spec import engine_specs
-from router.config import load_cluster_config
+from router.config.cluster import load_cluster_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

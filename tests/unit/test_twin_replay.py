@@ -24,7 +24,7 @@ from kernels_bench.twin.router import RouterCosts, TwinRouter
 from kernels_bench.twin.run import TwinOptions, load_profiles, run_config, twin
 from kernels_bench.twin.sim import Simulator
 from kernels_bench.twin.step_time import StepTimeModel, load_profile
-from router.config import load_cluster_config
+from router.config.cluster import load_cluster_config
 from router.trace_format import Trace
 from tests.replay_fixture import tiny_trace, write_trace
 from tests.unit.twin_helpers import REPLAY_PROFILES, REPLAY_TOML, write_profile

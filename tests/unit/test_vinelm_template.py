@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from router.config import ConfigError, parse_cluster_config
+from router.config.cluster import ConfigError, parse_cluster_config
 from router.policies.registry import validate_settings
 from router.vinelm.template import parse_template
 

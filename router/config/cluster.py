@@ -1,0 +1,375 @@
+"""The cluster file as the router reads it: ``[router]``, ``[[engines]]``, the rules
+across them, and the loader.
+
+``[launcher]`` and ``[cluster]`` are the launcher's (``launcher.settings`` decodes them
+and checks the placement); here they only have to be tables. Relative paths in the file
+are relative to the file's folder. Ports and telemetry endpoints may be left out: the
+launcher assigns them and writes a *resolved* file (``to_toml``) in which every one is set;
+``instances()`` needs that resolved form. Every default address is loopback
+(``127.0.0.1``) or ``ipc://``. A bad file raises ``ConfigError``, whose message is
+``<file>: <key path>: <what is wrong>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import field
+from pathlib import Path
+from typing import Annotated, Any
+
+import tomli_w
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from engine_ext.telemetry import is_loopback_endpoint, publisher_binds, subscriber_binds
+from router.config.addresses import (LOOPBACK, http_url, is_loopback, loopback_tcp_port,
+                                     loopback_url_port)
+from router.config.engines import EngineConfig, EngineInstance, RemoteEngine, decode_engine
+from router.policies.registry import validate_settings
+from router.settings import (STRICT, Port, Positive, PositiveInt, SettingsError, Verified,
+                             check, decode, encode)
+
+MAX_WORKERS = 256
+"""Most router processes one ``[router]`` may ask for."""
+
+
+class ConfigError(ValueError):
+    """An invalid cluster file; ``str()`` is ``<file>: <key path>: <what is wrong>``."""
+
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        super().__init__(f"{source}: {key}: {problem}")
+        self.source = source
+        self.key = key
+        self.problem = problem
+
+
+@dataclass(frozen=True, config=STRICT)
+class RouterConfig(Verified):
+    """``[router]``: the router process."""
+
+    policy: str
+    """Routing policy name (``router.policies``' registry), e.g. ``chimera``."""
+    host: str = LOOPBACK
+    port: Port | None = None
+    """TCP port; assigned by the launcher when left out."""
+    uds: str | None = None
+    """Also listen on this unix socket path."""
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 1
+    """Router processes serving ``port`` together, one per core: the kernel spreads the
+    clients' connections over them (``SO_REUSEPORT``). Each reads the engines' telemetry
+    itself; they share the program table and the launcher's and operators' engine marks
+    (``router.dispatch.peers``). The launcher starts them all; by hand, run
+    ``python -m router --worker I`` for I in 0..workers-1."""
+    worker_ports: list[Port] | None = None
+    """Each worker's own port on ``host`` (its ``/health``, ``/metrics`` and admin, one
+    process each); assigned by the launcher when left out."""
+    sync_dir: str | None = None
+    """Directory of the workers' ipc sockets (the shared program table); the launcher sets
+    its run directory."""
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The raw ``[router.policies.<name>]`` tables, validated by ``router.policies``."""
+    predictors: dict[str, str] = field(default_factory=dict)
+    """Predictor artifact paths by predictor name."""
+    heartbeat_timeout_s: Positive = 2.0
+    """An engine with no telemetry for this long is marked down."""
+    scheduler_stall_timeout_s: Positive = 30.0
+    """An engine whose telemetry (sent by a thread apart from its scheduler) shows the same
+    scheduler step for this long while requests run or wait is down until the step moves
+    (a stalled scheduler; ``router.state.engines``)."""
+    allow_client_priority: bool = False
+    """Whether a client may set the engine priority itself."""
+    telemetry_interval_ms: Positive = 20.0
+    """Engines' minimum time between two scheduler snapshots while busy."""
+    request_timeout_s: Positive = 600.0
+    """Longest silence from an engine on any request (a non-streamed one sends nothing
+    until its generation ends)."""
+    stream_first_byte_timeout_s: Positive = 300.0
+    """Longest wait for a streamed response's first event (the engine's queueing and
+    prefill included); beyond it the stream ends with an error event and the engine is
+    marked down until its health probe answers."""
+    stream_stall_timeout_s: Positive = 60.0
+    """Longest silence between two events of a streamed response that has started (a
+    hung or stopped engine); beyond it, as for the first byte."""
+    breaker_backoff_s: Positive = 1.0
+    """An engine marked down by a failed call is probed (``GET /health``) after this long,
+    doubling with every further trip before it completes a request
+    (``router.dispatch.health_probe.backoff``)."""
+    breaker_backoff_max_s: Positive = 30.0
+    """The longest such backoff."""
+    max_inflight: PositiveInt = 4096
+    """Generation requests the router handles at once (also its connections to engines);
+    one more is answered 503 with ``retry-after`` at once instead of queueing."""
+    program_ttl_s: Positive = 600.0
+    """A workflow program with no request for this long leaves the program table."""
+    api_keys_file: str | None = None
+    """API keys of the OpenAI endpoints, one per line (``router.auth``); none: open."""
+    api_keys_env: str | None = None
+    """An environment variable holding API keys, comma-separated."""
+    admin_keys_file: str | None = None
+    """Keys of the admin endpoints; none: loopback and unix-socket callers only."""
+    admin_keys_env: str | None = None
+    trusted_keys_file: str | None = None
+    """API keys whose callers are trusted with priority: their workflow position
+    (``workflow``, ``stage``, ``stage_index``, ``num_stages``, ``final``) and, with
+    ``allow_client_priority``, their ``priority`` are used; other keys' are ignored and the
+    router ranks those calls on its own predictions (``router.request.RANKING_FIELDS``).
+    Trusted keys are API keys too. With no key configured at all, every caller is trusted."""
+    trusted_keys_env: str | None = None
+    """An environment variable holding trusted API keys, comma-separated."""
+    telemetry_keys_dir: str | None = None
+    """CURVE keys of the telemetry plane (``python -m engine_ext.curve DIR``): every
+    engine's snapshots and KV events are encrypted and authenticated both ways
+    (``engine_ext.curve``). Required for a telemetry endpoint beyond loopback."""
+    insecure: bool = False
+    """Allow a listener beyond loopback without API keys, and telemetry endpoints beyond
+    loopback without ``telemetry_keys_dir`` (cleartext, anyone who reaches them can
+    read and inject frames)."""
+
+    def verify(self) -> None:
+        """A named policy; API keys for a listener beyond loopback; several workers: one
+        port each, no unix socket, no per-process plans (vinelm)."""
+        check("policy", bool(self.policy.strip()), "must not be empty")
+        check("host", is_loopback(self.host) or self.insecure or any((
+            self.api_keys_file, self.api_keys_env, self.trusted_keys_file,
+            self.trusted_keys_env)), f"{self.host!r} listens beyond loopback without API "
+              "keys: set api_keys_file or api_keys_env, or insecure = true")
+        if self.worker_ports is not None:
+            check("worker_ports", len(self.worker_ports) == self.workers,
+                  f"gives {len(self.worker_ports)} ports for {self.workers} workers")
+        if self.workers > 1:
+            check("uds", not self.uds, "a unix socket is served by one process; leave it "
+                  "out with workers > 1")
+            check("workers", self.policy != "vinelm", "vinelm keeps each program's plan in "
+                  "its router process; run one worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """A validated cluster file, as the router reads it."""
+
+    source: str
+    """The file it was loaded from (names it in errors)."""
+    router: RouterConfig
+    engines: list[EngineConfig]
+
+    def engine(self, name: str) -> EngineConfig:
+        for e in self.engines:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    def instances(self) -> list[EngineInstance]:
+        """One ``EngineInstance`` per replica; needs every port and endpoint set."""
+        out = []
+        for e in self.engines:
+            ports, tele, kv = e.ports, e.telemetry_endpoints, e.kv_events_endpoints
+            for k, values in (("port", ports), ("telemetry_endpoint", tele),
+                              ("kv_events_endpoint", kv)):
+                if values is None:
+                    raise ConfigError(self.source, f"engines.{e.name}.{k}", "not set; the "
+                                      "launcher assigns it (run the cluster with `python -m "
+                                      "launcher`)")
+            assert ports is not None and tele is not None and kv is not None
+            for i in range(e.replicas):
+                out.append(EngineInstance(
+                    name=e.name if e.remote else f"{e.name}-{i}", engine=e.name, replica=i,
+                    model=e.model, served_model_name=e.served_model_name,
+                    url=(e.url.rstrip("/") if isinstance(e, RemoteEngine)
+                         else http_url(e.host, ports[i])),
+                    port=ports[i], telemetry_endpoint=tele[i], kv_events_endpoint=kv[i],
+                    max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
+                    remote=e.remote, api_key_env=e.api_key_env, node=e.node))
+        return out
+
+    def claimed_ports(self) -> set[int]:
+        """Ports of this machine the file gives (listeners and loopback TCP endpoints)."""
+        return set(self._port_owners())
+
+    def router_url(self) -> str:
+        if self.router.port is None:
+            raise ConfigError(self.source, "router.port", "not set; the launcher assigns it")
+        return http_url(self.router.host, self.router.port)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's tables, with the values that differ from the defaults."""
+        return {"router": encode(self.router), "engines": [encode(e) for e in self.engines]}
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    def verify(self) -> None:
+        """The rules across tables (SettingsError naming the key): ``verify_engines``, and
+        every policy table valid for ``router.policies``' registry."""
+        self.verify_engines()
+        validate = _policy_validator()
+        if validate is None:
+            return
+        tables = {self.router.policy: {}, **self.router.policies}
+        for name, table in tables.items():
+            try:
+                validate(name, table)
+            except SettingsError as e:
+                named = e.key == f"router.policies.{name}" and name not in self.router.policies
+                raise SettingsError("router.policy" if named else e.key, e.problem) from None
+
+    def verify_engines(self) -> None:
+        """The rules of the engine set (also as it changes at run time): endpoints several
+        router workers can share, distinct names, one model per served name, no port or
+        endpoint given twice, telemetry beyond loopback only with CURVE keys."""
+        r = self.router
+        if r.workers > 1:
+            for e in self.engines:
+                for k, _, ep in e.endpoints():
+                    check(f"engines.{e.name}.{k}", not subscriber_binds(ep),
+                          f"{ep!r} is bound by the router, which {r.workers} workers cannot "
+                          "share: use ipc://, or tcp://*:PORT bound by the engine")
+        self._verify_names()
+        self._port_owners()
+        self._verify_endpoints()
+
+    def _verify_names(self) -> None:
+        seen: set[str] = set()
+        models: dict[str, EngineConfig] = {}
+        for i, e in enumerate(self.engines):
+            check(f"engines[{i}].name", e.name not in seen,
+                  f"{e.name!r} is already the name of another engine")
+            seen.add(e.name)
+            other = models.setdefault(e.served_model_name, e)
+            check(f"engines.{e.name}.served_model_name", other is e
+                  or None in (other.model, e.model) or other.model == e.model,
+                  f"{e.served_model_name!r} is also served by engines.{other.name} with "
+                  f"another model ({other.model!r} vs {e.model!r})")
+
+    def _port_owners(self) -> dict[int, str]:
+        """The given ports of this machine with the key of each; raise if two share one."""
+        owners: dict[int, str] = {}
+
+        def claim(port: int, key: str) -> None:
+            check(key, port not in owners, f"port clash: {port} is also used by "
+                  f"{owners.get(port)}")
+            owners[port] = key
+
+        if self.router.port is not None:
+            claim(self.router.port, "router.port")
+        for i, port in enumerate(self.router.worker_ports or []):
+            claim(port, f"router.worker_ports[{i}]")
+        endpoints: set[str] = set()
+        for e in self.engines:
+            key = f"engines.{e.name}"
+            if isinstance(e, RemoteEngine):
+                if port := loopback_url_port(e.url):
+                    claim(port, f"{key}.url")
+            else:
+                for i, port in enumerate(e.ports or []):
+                    claim(port, f"{key}.port" + (f" (replica {i})" if e.replicas > 1 else ""))
+            for k, _, ep in e.endpoints():
+                tcp_port = loopback_tcp_port(ep)
+                if tcp_port is not None and ep not in endpoints:
+                    endpoints.add(ep)
+                    claim(tcp_port, f"{key}.{k}")
+        return owners
+
+    def _verify_endpoints(self) -> None:
+        """An endpoint an engine binds belongs to one engine and one stream; one the
+        router binds (tcp to a host) may be shared by engines of one stream only. One
+        beyond loopback needs CURVE keys (``telemetry_keys_dir``) unless ``insecure``."""
+        streams: dict[str, tuple[str, str]] = {}
+        r = self.router
+        for e in self.engines:
+            for k, owner, ep in e.endpoints():
+                check(owner, is_loopback_endpoint(ep) or bool(r.telemetry_keys_dir)
+                      or r.insecure, f"{ep!r} is beyond loopback: anyone who reaches it "
+                      "could read or inject telemetry; set [router] telemetry_keys_dir "
+                      "(keys from python -m engine_ext.curve DIR), or insecure = true")
+                if ep in streams:
+                    prev_owner, prev_kind = streams[ep]
+                    check(owner, not publisher_binds(ep) and prev_kind == k,
+                          f"endpoint clash: {ep!r} is also {prev_owner}")
+                streams.setdefault(ep, (owner, k))
+
+
+@dataclass(frozen=True, config=STRICT)
+class _File:
+    """The file's top level: its tables, each decoded on its own."""
+
+    router: dict[str, Any]
+    engines: Annotated[list[Any], Field(min_length=1)]
+    launcher: dict[str, Any] = field(default_factory=dict)
+    """The launcher's (``launcher.settings``)."""
+    cluster: dict[str, Any] = field(default_factory=dict)
+    """The launcher's (``launcher.settings``)."""
+
+
+def read_cluster_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The tables of the TOML file ``path`` (ConfigError if it cannot be read)."""
+    source = str(path)
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(source, "(file)", f"cannot read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(source, "(syntax)", str(e)) from None
+    except (RecursionError, MemoryError, ValueError) as e:  # ValueError: an int too long
+        raise ConfigError(source, "(syntax)", f"nested too deeply or too large "
+                          f"({type(e).__name__}: {str(e)[:100]})") from None
+
+
+def load_cluster_config(path: str | os.PathLike[str]) -> ClusterConfig:
+    """Read and validate a cluster file; raise ``ConfigError`` naming file and key."""
+    return parse_cluster_config(read_cluster_file(path), str(path),
+                                Path(path).resolve().parent)
+
+
+def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> ClusterConfig:
+    """Validate the tables of a cluster file read from ``source`` (paths relative to
+    ``base_dir``)."""
+    try:
+        cfg = ClusterConfig(source, *decode_tables(data, base_dir))
+        cfg.verify()
+    except SettingsError as e:
+        raise ConfigError(source, e.key, e.problem) from None
+    return cfg
+
+
+def decode_tables(data: dict[str, Any],
+                  base_dir: Path) -> tuple[RouterConfig, list[EngineConfig]]:
+    """``[router]`` and ``[[engines]]`` of a file's ``data``, each valid on its own, paths
+    made absolute against ``base_dir`` (SettingsError)."""
+    top = decode(_File, data, "")
+    router = decode(RouterConfig, top.router, "router")
+    engines = [decode_engine(raw, i, base_dir) for i, raw in enumerate(top.engines)]
+    router = dataclasses.replace(
+        router,
+        uds=absolute(router.uds, base_dir),
+        sync_dir=absolute(router.sync_dir, base_dir),
+        api_keys_file=absolute(router.api_keys_file, base_dir),
+        admin_keys_file=absolute(router.admin_keys_file, base_dir),
+        trusted_keys_file=absolute(router.trusted_keys_file, base_dir),
+        telemetry_keys_dir=absolute(router.telemetry_keys_dir, base_dir),
+        predictors={k: os.path.normpath(base_dir / Path(v).expanduser())
+                    for k, v in router.predictors.items()},
+        policies={name: _absolute_paths(table, base_dir)
+                  for name, table in router.policies.items()},
+    )
+    return router, engines
+
+
+def absolute(path: str | None, base_dir: Path) -> str | None:
+    """``path`` of the file (``~`` expanded) made absolute against ``base_dir``."""
+    if path is None:
+        return None
+    return os.path.normpath(base_dir / Path(path).expanduser())
+
+
+def _absolute_paths(table: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A policy table with its non-empty ``*_path`` strings made absolute."""
+    return {k: absolute(v, base_dir) if k.endswith("_path") and isinstance(v, str) and v
+            else v for k, v in table.items()}
+
+
+def _policy_validator() -> Callable[[str, Mapping[str, Any]], Any] | None:
+    """The policy registry's validator (a hook: tests of the file alone set it to None)."""
+    return validate_settings

@@ -1,0 +1,327 @@
+"""``[[engines]]``: one entry per model deployment, local (``LocalEngine``, started by the
+launcher) or remote (``RemoteEngine``, one with a ``url``: only routed to); and
+``EngineInstance``, one engine process as the router sees it.
+
+The rules within one entry are its class's ``verify``; the rules across entries are the
+file's (``router.config.cluster``). ``decode_engine`` picks the class by ``url``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+from collections.abc import Collection
+from dataclasses import field
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from pydantic import AfterValidator, Field
+from pydantic.dataclasses import dataclass
+
+from engine_ext.telemetry import publisher_binds
+from router.config.addresses import LOOPBACK, HttpUrl, url_port
+from router.settings import (NAME_PATTERN, STRICT, Count, Name, Niceness, Port, PositiveInt,
+                             SettingsError, Verified, check, decode, suggest)
+
+SchedPolicy = Literal["stjf", "fcfs", "priority", "mlfq"]
+SCHED_POLICIES = get_args(SchedPolicy)
+"""Engine scheduler policies (``engine_ext.serve --sched-policy``)."""
+MAX_REPLICAS = 4096
+"""Most replicas one ``[[engines]]`` entry may ask for."""
+RESERVED_MODEL_NAMES = ("auto",)
+"""Served model names the router keeps for itself."""
+MAX_NODE_CHARS = 1024
+"""Longest ``node`` of an engine (where it runs: an address and a Ray node id)."""
+BUILTIN_PREFIX = "builtin:"
+TINY_KV_CACHE_BYTES = 64 * 2**20
+"""Default CPU KV cache of a built-in tiny model (``builtin:tiny-*``)."""
+CPU_KV_CACHE_BYTES = 2**30
+"""Default CPU KV cache of any other model."""
+
+
+def _endpoint(value: str) -> str:
+    if not value.startswith(("ipc://", "tcp://")):
+        raise ValueError(f"{value!r}: expected ipc://PATH or tcp://HOST:PORT")
+    return value
+
+
+Endpoint = Annotated[str, AfterValidator(_endpoint)]
+"""A ZeroMQ endpoint: ``ipc://PATH`` or ``tcp://HOST:PORT``."""
+_ENDPOINT_KEYS = ("telemetry_endpoint", "kv_events_endpoint")
+
+
+@dataclass(frozen=True, config=STRICT, kw_only=True)
+class _Engine(Verified):
+    """The keys of every entry."""
+
+    name: Name
+    served_model_name: str
+    """Model name clients use; defaults to ``name``."""
+    model: str | None = None
+    """``builtin:<name>``, a local path (``/``, ``./``, ``../``, ``~``) or a hub id."""
+    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
+    telemetry_endpoint: Endpoint | list[Endpoint] | None = None
+    """Where the engine publishes scheduler snapshots: one, or one per replica."""
+    kv_events_endpoint: Endpoint | list[Endpoint] | None = None
+    """Where the engine publishes KV cache events: one, or one per replica."""
+    max_model_len: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    """An environment variable holding the API key the engine requires (vLLM's own
+    ``--api-key``): the launcher gives it to the engine (as ``VLLM_API_KEY``, never on a
+    command line), the router sends it (``Authorization: Bearer``) on every call. The
+    variable must be set where the launcher and the router run."""
+    node: Annotated[str, Field(max_length=MAX_NODE_CHARS)] | None = None
+    """Where a remote engine runs (informational: shown by ``/health`` and ``/metrics``);
+    the launcher sets it for engines it placed on a Ray cluster."""
+
+    remote: ClassVar[bool]
+    """Whether another host runs it (an entry with ``url``)."""
+
+    @property
+    def telemetry_endpoints(self) -> list[str] | None:
+        """One telemetry endpoint per replica."""
+        return _per_replica(self.telemetry_endpoint, self.replicas)
+
+    @property
+    def kv_events_endpoints(self) -> list[str] | None:
+        """One KV-event endpoint per replica."""
+        return _per_replica(self.kv_events_endpoint, self.replicas)
+
+    def endpoints(self) -> list[tuple[str, str, str]]:
+        """Each replica's telemetry and KV-event endpoint: (key, owner, endpoint), the
+        owner naming the replica when there are several."""
+        out = []
+        for k, values in (("telemetry_endpoint", self.telemetry_endpoints),
+                          ("kv_events_endpoint", self.kv_events_endpoints)):
+            for i, ep in enumerate(values or []):
+                out.append((k, f"engines.{self.name}.{k}"
+                            + (f" (replica {i})" if len(values or []) > 1 else ""), ep))
+        return out
+
+    def verify(self) -> None:
+        check("served_model_name", self.served_model_name not in RESERVED_MODEL_NAMES,
+              f"{self.served_model_name!r} is reserved by the router")
+        for k in _ENDPOINT_KEYS:
+            given = getattr(self, k)
+            check(k, not isinstance(given, list) or len(given) == self.replicas,
+                  f"gives {len(given or [])} endpoints for {self.replicas} replicas")
+            for ep in ([] if isinstance(given, list) or given is None else [given]):
+                check(k, self.replicas == 1 or not publisher_binds(ep),
+                      f"{ep!r} is bound by each engine, so the {self.replicas} replicas "
+                      "need one each: give a list")
+
+
+@dataclass(frozen=True, config=STRICT, kw_only=True)
+class LocalEngine(_Engine):
+    """An entry the launcher starts: ``replicas`` engine instances of ``model``.
+    ``port`` takes one port (consecutive ones for the replicas) or one per replica."""
+
+    host: str = LOOPBACK
+    port: Port | list[Port] | None = None
+    gpus: list[Count] | None = None
+    """GPU ids, ``tensor_parallel_size`` per replica, in replica order."""
+    num_gpus: PositiveInt | None = None
+    """GPUs per replica, auto-packed onto the visible GPUs (sets the TP size)."""
+    tensor_parallel_size: PositiveInt = 1
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """Share of each of its GPUs' memory an instance may take (vLLM's setting)."""
+    cpus: list[Count] | None = None
+    """CPU cores (no GPU visible), split evenly over the replicas."""
+    num_cpus: PositiveInt | None = None
+    """CPU cores per replica (no GPU visible); default: an even share of the free cores."""
+    nice: Niceness = 0
+    """CPU scheduling niceness (Linux ``nice``, 0-19) of the engine's processes. Where the
+    router and its predictors share the engines' CPU cores (a CPU-only machine), a positive
+    value keeps routing decisions from waiting behind the engines' compute."""
+    kv_cache_bytes: PositiveInt | None = None
+    """KV cache size; default on CPU: 64 MiB for ``builtin:tiny-*``, else 1 GiB."""
+    sched_policy: SchedPolicy | None = None
+    starvation_threshold: PositiveInt | None = None
+    quantum: PositiveInt | None = None
+    max_promotions: Count | None = None
+    mlfq_levels: PositiveInt | None = None
+    mlfq_base_quantum: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    dtype: str | None = None
+    enforce_eager: bool = False
+    load_format: str | None = None
+    seed: Count | None = None
+    extra_args: list[str] = field(default_factory=list)
+    """Any other ``vllm serve`` arguments, passed unchanged."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables of the engine process."""
+    resources: dict[Annotated[str, Field(min_length=1, max_length=128)],
+                    Annotated[float, Field(gt=0, le=1e6)]] = field(default_factory=dict)
+    """Ray custom resources each replica needs (``[cluster] backend = "ray"``), e.g.
+    ``{ "gpu-h100" = 1 }``: the replica goes only to a node that offers them."""
+
+    remote: ClassVar[bool] = False
+
+    @property
+    def ports(self) -> list[int] | None:
+        """One port per replica: the list given, or consecutive ports from the one given."""
+        if self.port is None or isinstance(self.port, list):
+            return self.port
+        return [self.port + i for i in range(self.replicas)]
+
+    def verify(self) -> None:
+        check("model", self.model is not None, "missing: give a model (or `url` for an "
+              "engine another host runs)")
+        super().verify()
+        if isinstance(self.port, list):
+            check("port", len(self.port) == self.replicas,
+                  f"gives {len(self.port)} ports for {self.replicas} replicas")
+        else:
+            check("port", self.port is None or self.port + self.replicas - 1 <= 65535,
+                  f"{self.port} + {self.replicas} replicas goes beyond TCP port 65535")
+        self._verify_gpus()
+        self._verify_cpus()
+
+    def _verify_gpus(self) -> None:
+        tp, gpus = self.tensor_parallel_size, self.gpus
+        check("num_gpus", gpus is None or self.num_gpus is None,
+              "give either gpus or num_gpus, not both")
+        if self.num_gpus is not None:
+            check("tensor_parallel_size", self.num_gpus == tp,
+                  f"tensor_parallel_size {tp} is larger than the {self.num_gpus} GPUs given"
+                  if tp > self.num_gpus else
+                  f"{self.num_gpus} GPUs per replica but tensor_parallel_size is {tp}")
+        if gpus is None:
+            return
+        check("tensor_parallel_size", len(gpus) >= tp, f"tensor_parallel_size {tp} is "
+              f"larger than the {len(gpus)} GPUs given in gpus")
+        check("gpus", len(gpus) == tp * self.replicas, f"gives {len(gpus)} GPUs; "
+              f"{self.replicas} replicas x tensor_parallel_size {tp} need {tp * self.replicas}")
+        for r, chunk in enumerate(replica_chunks(gpus, self.replicas)):
+            check("gpus", len(set(chunk)) == len(chunk),
+                  f"replica {r} is given the same GPU twice: {chunk}")
+
+    def _verify_cpus(self) -> None:
+        if self.cpus is None:
+            return
+        check("num_cpus", self.num_cpus is None, "give either cpus or num_cpus, not both")
+        check("cpus", bool(self.cpus) and len(self.cpus) % self.replicas == 0,
+              f"gives {len(self.cpus)} cores, not a positive multiple of the "
+              f"{self.replicas} replicas")
+        check("cpus", len(set(self.cpus)) == len(self.cpus), "cores must be distinct")
+
+
+@dataclass(frozen=True, config=STRICT, kw_only=True)
+class RemoteEngine(_Engine):
+    """An engine another host runs (for example with ``python -m launcher FILE --only
+    NAME``): not started, only routed to; its name is that engine's id (``NAME-0`` for the
+    first replica of ``NAME``). Its endpoints are the ones its engine publishes to."""
+
+    url: HttpUrl
+    """Base URL of the engine (``http://host:port``)."""
+
+    remote: ClassVar[bool] = True
+
+    @property
+    def ports(self) -> list[int]:
+        """The port of its URL."""
+        return [url_port(self.url)]
+
+    def verify(self) -> None:
+        for k in _ENDPOINT_KEYS:
+            check(k, getattr(self, k) is not None, "required for a remote engine (one with "
+                  "`url`): the endpoint its engine publishes to")
+        check("replicas", self.replicas == 1, "a remote engine is one instance; give each "
+              "remote replica its own [[engines]] entry")
+        super().verify()
+
+
+EngineConfig = LocalEngine | RemoteEngine
+"""One ``[[engines]]`` entry."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineInstance:
+    """One engine process (a replica of an entry), as the router sees it."""
+
+    name: str
+    """The engine id in telemetry and KV events: ``<engine>-<replica>`` (e.g. ``big-0``);
+    a remote engine's entry name is its engine id."""
+    engine: str
+    replica: int
+    model: str | None
+    served_model_name: str
+    url: str
+    """Base URL the router sends requests to."""
+    port: int
+    telemetry_endpoint: str
+    kv_events_endpoint: str
+    max_model_len: int | None
+    max_num_seqs: int | None
+    remote: bool
+    api_key_env: str | None = None
+    node: str | None = None
+
+
+def decode_engine(raw: Any, index: int, base_dir: Path) -> EngineConfig:
+    """Entry ``index`` of ``[[engines]]`` (a local model path made absolute against
+    ``base_dir``); its keys are named ``engines.<name>`` once the name is valid,
+    ``engines[<index>]`` before (SettingsError)."""
+    name = raw.get("name") if isinstance(raw, dict) else None
+    path = (f"engines.{name}" if isinstance(name, str) and NAME_PATTERN.match(name)
+            else f"engines[{index}]")
+    if not isinstance(raw, dict):
+        return decode(LocalEngine, raw, path)
+    table = {"served_model_name": name, **raw}
+    if "url" in table:
+        for k in table:
+            if k not in RemoteEngine.__pydantic_fields__ and k in LocalEngine.__pydantic_fields__:
+                raise SettingsError(f"{path}.{k}", "not allowed for a remote engine (one with "
+                                    "`url`): its own host sets it")
+        return decode(RemoteEngine, table, path)
+    if "num_gpus" in table and "tensor_parallel_size" not in table:
+        table["tensor_parallel_size"] = table["num_gpus"]
+    e = decode(LocalEngine, table, path)
+    assert e.model is not None
+    return dataclasses.replace(e, model=_resolve_model(f"{path}.model", e.model, base_dir))
+
+
+def default_kv_cache_bytes(model: str | None) -> int:
+    """CPU KV cache size for an engine that does not set ``kv_cache_bytes``."""
+    if model is not None and model.startswith(BUILTIN_PREFIX + "tiny-"):
+        return TINY_KV_CACHE_BYTES
+    return CPU_KV_CACHE_BYTES
+
+
+def replica_chunks(items: list[int], n: int) -> list[list[int]]:
+    """``items`` (GPUs or cores) split evenly over ``n`` replicas, in order."""
+    size = len(items) // n
+    return [items[i * size:(i + 1) * size] for i in range(n)]
+
+
+def _per_replica(value: str | list[str] | None, replicas: int) -> list[str] | None:
+    return value if value is None or isinstance(value, list) else [value] * replicas
+
+
+def _resolve_model(key: str, spec: str, base_dir: Path) -> str:
+    """The model spec, with a local path made absolute; raise if it cannot exist."""
+    if spec.startswith(BUILTIN_PREFIX):
+        known = _builtin_models()
+        name = spec[len(BUILTIN_PREFIX):]
+        if known is not None and name not in known:
+            raise SettingsError(key, f"unknown built-in model {spec!r}"
+                                f"{suggest(name, known, BUILTIN_PREFIX)}; available: "
+                                + ", ".join(BUILTIN_PREFIX + n for n in known))
+        return spec
+    path = base_dir / Path(spec).expanduser()
+    if spec.startswith(("/", "./", "../", "~")) or spec in (".", "..") or path.exists():
+        if not path.exists():
+            raise SettingsError(key, f"local model path {spec!r} does not exist "
+                                f"(looked for {os.path.normpath(path)})")
+        return os.path.normpath(path)
+    return spec
+
+
+def _builtin_models() -> Collection[str] | None:
+    if importlib.util.find_spec("engine_ext.builtin_models") is None:
+        return None
+    return getattr(importlib.import_module("engine_ext.builtin_models"), "BUILTIN_MODELS",
+                   None)
