@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kernels_bench.replay import results
-from kernels_bench.replay.output import PLOTS, RESULTS_ROOT, load_summary, read_jsonl
+from kernels_bench.replay.output import RESULTS_ROOT, load_summary, plots_of, read_jsonl
 from kernels_bench.replay.results import NOTES, excluded_section, latest_run, problem_list, render
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {e}")
     images = a.out.parent / a.out.stem
     images.mkdir(parents=True, exist_ok=True)
-    for name in PLOTS:
+    for name in plots_of(summary):
         if (run / name).exists():
             shutil.copyfile(run / name, images / name)
     notes = (run / NOTES).read_text(encoding="utf-8") if (run / NOTES).exists() else None

@@ -6,7 +6,9 @@
   intervals and comparisons over repeats and workflows (``intervals``);
 - ``summary.csv``, ``summary.md``: the summary table, with ratios against the baseline;
 - ``frontier.png``, ``cdf.png``, ``traffic.png``: the plots (``write_plots``):
-  latency-versus-score frontier, latency CDFs, traffic share.
+  latency-versus-score frontier, latency CDFs, traffic share; ``mix.png`` when
+  ``random_mix`` ran: score against the share of calls on its big model, the random
+  mixes as a curve, every other policy as a point.
 """
 
 from __future__ import annotations
@@ -33,6 +35,21 @@ TWIN_ROOT = Path("bench_results/twin")
 """Where a twin replay writes its run folders by default."""
 SUMMARY = "summary.json"
 PLOTS = ("frontier.png", "cdf.png", "traffic.png")
+MIX_PLOT = "mix.png"
+RANDOM_MIX = "random_mix"
+
+
+def plots_of(summary: Mapping[str, Any]) -> list[str]:
+    """The plots ``write_plots`` makes for ``summary``."""
+    return [*PLOTS, *([MIX_PLOT] if big_model_of(summary) else [])]
+
+
+def big_model_of(summary: Mapping[str, Any]) -> str | None:
+    """The big model of the summary's ``random_mix`` specs (their ``big_model``), if any."""
+    for p in summary["meta"]["policies"]:
+        if p["router"] == RANDOM_MIX:
+            return str(dict(p.get("overrides", [])).get("big_model", "")) or None
+    return None
 
 
 def _rows(records: Sequence[Any], run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -204,6 +221,46 @@ def traffic(path: Path, summary: Mapping[str, Any]) -> None:
     plt.close(fig)
 
 
+def mix(path: Path, summary: Mapping[str, Any], big: str) -> None:
+    """Score against the share of calls on ``big`` (mean over repeats), one panel per
+    rate: the ``random_mix`` specs joined in order of share (the random router's curve),
+    every other policy a point; 95% intervals of the score. Above the curve: better than
+    a random choice sending as many calls to the big model."""
+    rates = summary["meta"]["rates"]
+    values = summary.get("intervals", {}).get("values", [])
+    fig, axes = plt.subplots(1, len(rates), figsize=(5.5 * len(rates), 4.2), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        curve = []
+        for i, p in enumerate(summary["meta"]["policies"]):
+            label = p["label"]
+            shares = [r["summary"]["traffic"].get(big, {}).get("calls", 0.0)
+                      for r in summary["runs"] if r["policy"] == label and r["rate"] == rate]
+            score = next((v["score"] for v in values if v["policy"] == label
+                          and v["rate"] == rate and v["score"]), None)
+            if not shares or score is None:
+                continue
+            x, y = float(np.mean(shares)), score
+            err = [[y["value"] - y["low"]], [y["high"] - y["value"]]]
+            if p["router"] == RANDOM_MIX:
+                curve.append((x, y["value"], err))
+                continue
+            ax.errorbar([x], [y["value"]], yerr=err, marker="os^"[i // 10 % 3], capsize=3,
+                        label=label, linestyle="none", color=_style(i)["color"])
+        if curve:
+            curve.sort()
+            ax.errorbar([c[0] for c in curve], [c[1] for c in curve],
+                        yerr=np.hstack([c[2] for c in curve]), color="grey", marker=".",
+                        capsize=2, label="random_mix (random choice at a share)")
+        ax.set_title(f"{rate:g} workflows/s")
+        ax.set_xlabel(f"share of calls on {big}")
+        ax.set_ylabel("task score (points)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_plots(folder: Path, summary: Mapping[str, Any],
               workflows: Sequence[Mapping[str, Any]]) -> None:
     if not summary["runs"]:
@@ -211,3 +268,6 @@ def write_plots(folder: Path, summary: Mapping[str, Any],
     frontier(folder / PLOTS[0], summary)
     cdf(folder / PLOTS[1], summary, workflows)
     traffic(folder / PLOTS[2], summary)
+    big = big_model_of(summary)
+    if big:
+        mix(folder / MIX_PLOT, summary, big)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.output import PLOTS, SUMMARY, summary_intervals
+from kernels_bench.replay.output import SUMMARY, plots_of, summary_intervals
 from kernels_bench.replay.report import interval_tables, markdown_tables, observations
 
 NOTES = "notes.md"
@@ -123,5 +123,5 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
     if notes:
         parts += ["## Discussion", "", notes.strip(), ""]
     parts += ["## Plots", ""]
-    parts += [f"![{p}]({images}/{p})" for p in PLOTS]
+    parts += [f"![{p}]({images}/{p})" for p in plots_of(summary)]
     return "\n".join(parts) + "\n"
