@@ -43,6 +43,7 @@ import msgspec
 
 from engine_ext.telemetry import (BlockStored, KVEvent, KVEventBatch, SchedulerSnapshot,
                                   encode_snapshot)
+from router.config import ClusterConfig, EngineConfig, RouterConfig
 from router.dispatch.core import RouterCore
 from router.policies import POLICIES
 from router.predictors.artifact import read_metadata
@@ -160,15 +161,17 @@ def make_core(policy: str, cluster: Cluster, batch: int) -> RouterCore:
     settings = renamed(dict(STATIC.get(policy, {})), cluster.models)
     if policy == "routebalance":
         settings["max_batch"] = batch
-    router = SimpleNamespace(policy=policy, policies={policy: settings},
-                             heartbeat_timeout_s=1e9)
-    core = RouterCore(SimpleNamespace(router=router, instances=lambda: cluster.instances),
-                      cluster.predictors)
+    engines = [EngineConfig(name=i.name, served_model_name=i.served_model_name, url=i.url,
+                            telemetry_endpoint="", kv_events_endpoint="",
+                            max_model_len=i.max_model_len) for i in cluster.instances]
+    config = ClusterConfig(source="router_bench", engines=engines, router=RouterConfig(
+        policy=policy, policies={policy: settings}, heartbeat_timeout_s=1e9))
+    core = RouterCore(config, cluster.predictors)
     core.build_policy()
     for frames in cluster.snapshot_frames:
-        core.snapshots.feed(frames)
+        core.membership.snapshots.feed(frames)
     for frames in cluster.kv_frames:
-        core.kv_events.feed(frames)
+        core.membership.kv_events.feed(frames)
     return core
 
 
@@ -196,7 +199,7 @@ async def run_batch(core: RouterCore, reqs: list[RoutingRequest]) -> tuple[list[
     """Route ``reqs`` as one burst: each request's latency from the burst's arrival to its
     decision (seconds), and the CPU seconds the burst cost; then release the decisions."""
     async def one(req: RoutingRequest) -> tuple[float, Any]:
-        decision = await core.route(req)
+        decision = await core.routing.route(req)
         return time.perf_counter() - t0, decision
 
     cpu0 = time.process_time()
@@ -204,7 +207,7 @@ async def run_batch(core: RouterCore, reqs: list[RoutingRequest]) -> tuple[list[
     results = await asyncio.gather(*(one(r) for r in reqs))
     cpu = time.process_time() - cpu0
     for _, decision in results:
-        core.on_complete(decision, 100, None)
+        core.routing.on_complete(decision, 100, None)
     return [lat for lat, _ in results], cpu
 
 
