@@ -2,7 +2,7 @@
 
 The front counts what only it sees (HTTP requests, upstream errors, tokenization time).
 Everything the core keeps (engine table, in-flight accounting, telemetry counters,
-decisions and their latencies, ``RouterCore.stats``) is read at scrape time by a
+decisions and their latencies, ``Membership.stats``) is read at scrape time by a
 collector, so there is one source of truth for each number.
 """
 

@@ -84,8 +84,9 @@ class ParsedRequest:
     model_priority: dict[str, int] = field(default_factory=dict)
     """``per_model.priority`` when the config allows client priorities, else empty."""
     workflow: dict[str, Any] = field(default_factory=dict)
-    """Validated workflow fields that were given (keys of ``WORKFLOW_FIELDS``)."""
+    """Validated workflow fields that were given (``router.admission.workflow``)."""
     body_bytes: int = 0
     """Size of the raw body: bounds the work of rendering and tokenizing it."""
     ignored: tuple[str, ...] = ()
-    """Ranking fields an untrusted caller gave, dropped (``RANKING_FIELDS``, priorities)."""
+    """Ranking fields an untrusted caller gave, dropped
+    (``router.admission.workflow.RANKING_FIELDS``, priorities)."""

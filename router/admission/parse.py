@@ -107,7 +107,8 @@ def _prompt(value: Any) -> str | list[int]:
         if isinstance(value, list) and value and isinstance(value[0], (str, list)):
             raise bad("'prompt' must be a string or an array of token ids", "prompt",
                       "invalid_type")
-    return convert(value, Prompt, lambda p: dotted(["prompt", *p]), FIELDS)  # type: ignore[arg-type]
+    return convert(value, Prompt,  # type: ignore[arg-type]
+                   lambda p: dotted(["prompt", *p]), FIELDS)
 
 
 def parse_request(

@@ -47,8 +47,9 @@ def core_for(policy: str, settings: dict[str, Any] | None = None,
 
 
 def window(core: RouterCore) -> AdaptiveWindow:
-    assert core.routing.policy is not None and isinstance(core.routing.policy.window, AdaptiveWindow)
-    return core.routing.policy.window
+    policy = core.routing.policy
+    assert policy is not None and isinstance(policy.window, AdaptiveWindow)
+    return policy.window
 
 
 def rr(rid: str, **wf: Any) -> RoutingRequest:
@@ -112,7 +113,8 @@ def test_a_bad_request_in_a_batch_fails_alone() -> None:
 
     async def scenario() -> list[Any]:
         ids = [f"r{i}" for i in range(10)] + ["boom", "bad"] + [f"s{i}" for i in range(10)]
-        return await asyncio.gather(*(core.routing.route(rr(i)) for i in ids), return_exceptions=True)
+        return await asyncio.gather(*(core.routing.route(rr(i)) for i in ids),
+                                    return_exceptions=True)
 
     results = asyncio.run(scenario())
     assert est.calls[0] == 22  # one batch, then one request at a time

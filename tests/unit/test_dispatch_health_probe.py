@@ -50,7 +50,8 @@ def test_failed_call_mark_is_lifted_by_the_health_probe() -> None:
             await asyncio.sleep(0.3)
             launcher_mark_kept = not core.membership.engines()[0].up
             core.membership.mark_engine("e0", True, "launcher: restarted")
-            return down_while_unhealthy, up_after, launcher_mark_kept, core.membership.engines()[0].up
+            return (down_while_unhealthy, up_after, launcher_mark_kept,
+                    core.membership.engines()[0].up)
         finally:
             await core.stop()
 

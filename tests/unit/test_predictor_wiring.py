@@ -134,7 +134,8 @@ def test_router_bench_routes_on_the_artifacts(artifacts: Path, tmp_path: Path) -
         cluster.predictors, cluster.prompts = pset, prompts
         for policy, source in (("chimera", "confidence"), ("routebalance", "quality_length")):
             core = router_bench.make_core(policy, cluster, 1)
-            assert core.routing.policy is not None and core.routing.policy.sources[source] == "predictor"
+            policy = core.routing.policy
+            assert policy is not None and policy.sources[source] == "predictor"
     finally:
         close_predictors(pset)
     out = tmp_path / "bench"

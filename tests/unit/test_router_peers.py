@@ -84,7 +84,8 @@ def test_any_message_is_applied_or_counted(message: bytes) -> None:
     core = RouterCore(_CONFIG, worker=0)
     assert core.membership.peers is not None
     core.membership.peers.feed(message)
-    assert core.membership.peers.applied + core.membership.peers.malformed + core.membership.peers.rejected == 1
+    peers = core.membership.peers
+    assert peers.applied + peers.malformed + peers.rejected == 1
 
 
 def test_bounds_and_unknown_names_are_dropped(tmp_path: Path) -> None:
@@ -96,7 +97,8 @@ def test_bounds_and_unknown_names_are_dropped(tmp_path: Path) -> None:
     feed(encode(Routed("p", "no-such-model")))
     feed(encode(Marked("no-such-engine", False, "gone")))
     feed(b"\x91" * 100_000)  # deeply nested
-    assert (core.membership.peers.malformed, core.membership.peers.rejected, core.membership.peers.applied) == (2, 2, 0)
+    peers = core.membership.peers
+    assert (peers.malformed, peers.rejected, peers.applied) == (2, 2, 0)
     assert len(core.state.programs) == 0
     feed(encode(Routed("p", "b")))
     assert core.state.programs.model("p") == "b"

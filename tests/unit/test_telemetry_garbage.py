@@ -196,26 +196,29 @@ def test_sender_restart_resyncs_and_the_engine_keeps_reporting() -> None:
     for seq in (0, 1, 2):
         core.membership.snapshots.feed(snap_frames("e0", seq, batch_size=1))
     core.membership.snapshots.feed(snap_frames("e0", 0, batch_size=4))  # a new process
-    assert view(core, "e0").batch_size == 4 and core.membership.stats.engines["e0"].snapshot_resyncs == 1
+    stats = core.membership.stats
+    assert view(core, "e0").batch_size == 4 and stats.engines["e0"].snapshot_resyncs == 1
     core.membership.snapshots.feed(snap_frames("e0", 1, batch_size=5))
-    assert view(core, "e0").batch_size == 5 and core.membership.stats.engines["e0"].snapshot_gaps == 0
+    assert view(core, "e0").batch_size == 5 and stats.engines["e0"].snapshot_gaps == 0
 
 
 def test_kv_rule_a_stale_batch_is_dropped_a_step_back_for_good_clears() -> None:
     core, _ = make_core()
     for seq, h in ((10, 1), (11, 2)):
         core.membership.kv_events.feed(kv_frames("e0", seq, [h]))
-    core.membership.kv_events.feed(kv_frames("e0", 4, [3]))   # stale or duplicate: dropped, index kept
+    events = core.membership.kv_events
+    events.feed(kv_frames("e0", 4, [3]))   # stale or duplicate: dropped, index kept
     core.membership.kv_events.feed(kv_frames("e0", 12, [4]))
     kv = core.state.table["e0"].kv
     assert (1 in kv, 2 in kv, 3 in kv, 4 in kv) == (True, True, False, True)
-    core.membership.kv_events.feed(kv_frames("e0", 2, [5]))   # a restart whose frames 0, 1 were lost:
+    events.feed(kv_frames("e0", 2, [5]))   # a restart whose frames 0, 1 were lost:
     core.membership.kv_events.feed(kv_frames("e0", 3, [6]))   # confirmed by the next batch
     assert (1 in kv, 4 in kv, 5 in kv, 6 in kv) == (False, False, False, True)
     core.membership.kv_events.feed(kv_frames("e0", 4 + MAX_SEQ_JUMP, [7]))  # a far jump forward,
     core.membership.kv_events.feed(kv_frames("e0", 5 + MAX_SEQ_JUMP, [8]))  # confirmed: index kept
     assert (6 in kv, 7 in kv, 8 in kv) == (True, False, True)
-    assert core.membership.stats.engines["e0"].kv_resyncs == 2 and core.membership.stats.out_of_order_kv_frames == 3
+    stats = core.membership.stats
+    assert stats.engines["e0"].kv_resyncs == 2 and stats.out_of_order_kv_frames == 3
 
 
 # ---- the subscriber: guarded updates, rate-limited logs, metrics ----
