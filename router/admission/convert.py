@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, TypeVar
 import msgspec
 
 from router.request import RequestError
+from router.vinelm.objective import MAX_NUMBER
 
 T = TypeVar("T")
 
@@ -29,6 +30,7 @@ _TYPE = re.compile(r"^Expected `(?P<expected>[^`]*)`, got `(?P<got>[^`]*)`$")
 _BOUND = re.compile(r"^Expected `(?P<type>int|float)` (?P<op>[<>]=?) (?P<bound>\S+)$")
 _LENGTH = re.compile(r"^Expected `(?P<type>str|array)` of length (?P<op>[<>]=?) (?P<n>\d+)$")
 _MISSING = re.compile(r"^Object missing required field `(?P<name>.*)`$", re.S)
+_NAME = re.compile(r"(?:^|\.)([A-Za-z_][\w-]*)$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>.*)`$", re.S)
 
 
@@ -85,16 +87,16 @@ def error(text: str, value: Any, param: Callable[[list[str | int]], str],
 
 def _message(what: str, parts: list[str | int], value: Any,
              param: Callable[[list[str | int]], str], fields: Fields) -> RequestError:
-    name = parts[-1] if parts and isinstance(parts[-1], str) else ""
     if (m := _MISSING.match(what)) is not None:
         p = param([*parts, m.group("name")])
         text = fields.required.get(m.group("name"), f"'{p}' is required")
         return bad(text, p, "missing_field")
     if (m := _UNKNOWN.match(what)) is not None:
         p = param([*parts, m.group("name")])
-        unknown = fields.unknown.get(name)
+        unknown = fields.unknown.get(parts[-1] if parts and isinstance(parts[-1], str) else "")
         return unknown(p) if unknown is not None else bad(f"unknown field '{p}'", p)
     p = param(parts)
+    name = m.group(1) if (m := _NAME.search(p)) is not None else ""
     if (m := _TYPE.match(what)) is not None:
         expected = fields.expected.get(f"{name}:{m.group('expected')}") or \
             fields.expected.get(name) or " or ".join(
@@ -108,6 +110,8 @@ def _message(what: str, parts: list[str | int], value: Any,
             if fields.expected.get(name) == "a non-empty array":
                 return bad(f"'{p}' must be a non-empty array, got an empty array", p)
             return bad(f"'{p}' must not be empty", p)
+        if m.group("type") == "str" and name in fields.expected:
+            return bad(f"'{p}' must be {fields.expected[name]}, got string", p, "invalid_type")
         n = len(value) if isinstance(value, (str, list)) else "more"
         return bad(f"'{p}' must be at most {m.group('n')} characters, got {n}", p)
     return bad(f"'{p}' is not valid: {what[:200]}", p or None)
@@ -115,10 +119,10 @@ def _message(what: str, parts: list[str | int], value: Any,
 
 def _bound(p: str, m: re.Match[str] | None, value: Any) -> RequestError:
     """A number out of its bounds (``Number out of range``: beyond a double's)."""
-    if m is None:
+    if m is None:  # every number field takes 0.0 to MAX_NUMBER
         low = isinstance(value, (int, float)) and value < 0
-        return bad(f"'{p}' must be a finite number {'>=' if low else '<='} the bound, got "
-                   f"{shown(value)}", p)
+        return bad(f"'{p}' must be a finite number {'>= 0.0' if low else f'<= {MAX_NUMBER:g}'}"
+                   f", got {shown(value)}", p)
     bound: Any = m.group("bound")
     if m.group("type") == "float":
         bound = float(bound)
