@@ -100,8 +100,8 @@ def test_cluster_file_makes_policies_use_the_artifacts(artifacts: Path) -> None:
             assert set(policy.sources.values()) == {"predictor"}, (p, policy.sources)
 
         async def predictions() -> dict[str, list[Any]]:
-            return {p: list(await c.policy.predict(reqs)) for p, c in cores.items()
-                    if c.policy is not None}
+            return {p: list(await c.routing.policy.predict(reqs)) for p, c in cores.items()
+                    if c.routing.policy is not None}
 
         got = asyncio.run(predictions())
         feats = [from_record(r) for r in test[:12]]
