@@ -2,7 +2,7 @@
 
 The front counts what only it sees (HTTP requests, upstream errors, tokenization time).
 Everything the core keeps (engine table, in-flight accounting, telemetry counters,
-decisions and their latencies, ``RouterCore.stats``) is read at scrape time by a
+decisions and their latencies, ``Membership.stats``) is read at scrape time by a
 collector, so there is one source of truth for each number.
 """
 
@@ -53,7 +53,7 @@ class _CoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._engines()
         yield from self._telemetry()
-        stats = self._core.stats
+        stats = self._core.membership.stats
         decisions = CounterMetricFamily("hetserve_decisions", "routing decisions by policy "
                                         "and model", labels=["policy", "model"])
         for (policy, model), n in sorted(stats.decisions.items()):
@@ -70,8 +70,8 @@ class _CoreCollector(Collector):
                                   "after the TTL", value=stats.programs_expired)
         yield GaugeMetricFamily("hetserve_programs", "workflow programs in the program "
                                 "table (running, or waiting for their next stage)",
-                                value=len(self._core.programs))
-        peers = self._core.peers
+                                value=len(self._core.state.programs))
+        peers = self._core.membership.peers
         if peers is not None:
             events = CounterMetricFamily("hetserve_peer_events", "program-table and engine-"
                                          "mark changes among router workers (sent; applied, "
@@ -91,10 +91,10 @@ class _CoreCollector(Collector):
         info = GaugeMetricFamily("hetserve_engine_info", "1 per engine: where it runs (its "
                                  "URL; its Ray node when the launcher placed it on one)",
                                  labels=["engine", "model", "url", "node"])
-        for view in self._core.engines():
+        for view in self._core.membership.engines():
             values = [view.name, view.model]
-            info.add_metric([*values, self._core.table[view.name].url,
-                             self._core.nodes.get(view.name) or ""], 1.0)
+            info.add_metric([*values, self._core.state.table[view.name].url,
+                             self._core.membership.nodes.get(view.name) or ""], 1.0)
             for name, family in families.items():
                 family.add_metric(values, float(getattr(view, name)))
             if view.last_seen_age_s is not None:
@@ -104,7 +104,7 @@ class _CoreCollector(Collector):
         yield info
 
     def _telemetry(self) -> Iterator[Metric]:
-        stats = self._core.stats
+        stats = self._core.membership.stats
         frames = CounterMetricFamily("hetserve_telemetry_frames", "telemetry frames received",
                                      labels=["engine", "stream"])
         lost = CounterMetricFamily("hetserve_telemetry_lost_frames", "frames lost in transit "

@@ -32,8 +32,9 @@ INLINE_BYTES = 8192
 """Requests whose body is at most this many bytes are rendered and tokenized on the event
 loop (tens of microseconds: a thread hop would cost more), larger ones in a worker thread
 (a long prompt would otherwise stall every stream for milliseconds). The body bounds the
-work: clients cannot send a template of their own (``router.request.TEMPLATE_KWARGS``),
-so the model's template renders only what the body holds."""
+work: clients cannot send a template of their own
+(``router.admission.bodies.TEMPLATE_KWARGS``), so the model's template renders only what the
+body holds."""
 
 
 _PROBES = (" Hello world", "<|im_start|>user\nhi<|im_end|>\n", "a  b\t\n  c", "héllo 你好")

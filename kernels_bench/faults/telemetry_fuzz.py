@@ -317,11 +317,12 @@ class Fuzzer:
     # ---- the router's side ----
 
     def stats(self, lane: Lane) -> StreamStats:
-        sub = self.core.snapshots if lane.stream == "snapshot" else self.core.kv_events
+        membership = self.core.membership
+        sub = membership.snapshots if lane.stream == "snapshot" else membership.kv_events
         return sub.decoder.stats.get(lane.engine) or StreamStats()
 
     def dropped(self) -> int:
-        s = self.core.stats
+        s = self.core.membership.stats
         return (s.malformed_snapshot_frames + s.malformed_kv_frames + s.unknown_topic_frames
                 + s.out_of_order_snapshot_frames + s.out_of_order_kv_frames)
 
@@ -349,16 +350,18 @@ class Fuzzer:
 
     def check_state(self, phase: Phase) -> None:
         core = self.core
-        loops = [t for sub in (core.snapshots, core.kv_events) for t in sub.tasks]
+        membership = core.membership
+        loops = [t for sub in (membership.snapshots, membership.kv_events) for t in sub.tasks]
         dead = [f"{t.get_name()}: {None if t.cancelled() else t.exception()!r}"
                 for t in loops if t.done()]
         phase.check("receive loops alive", len(loops) == len(self.lanes) and not dead,
                     "; ".join(dead))
         phase.check("no escaped exception", not self.escaped, "; ".join(self.escaped[:3]))
-        errors = core.stats.failed_snapshot_frames + core.stats.failed_kv_frames
+        stats = core.membership.stats
+        errors = stats.failed_snapshot_frames + stats.failed_kv_frames
         phase.check("no failed state update", errors == 0, f"{errors} failed")
         for lane in self.lanes:
-            e = core.table[lane.engine]
+            e = core.state.table[lane.engine]
             if lane.stream == "snapshot":
                 phase.check("table = last valid snapshot", e.snapshot == lane.last, lane.name)
                 phase.check("engines up", e.down_reason is None,
@@ -373,7 +376,7 @@ class Fuzzer:
                              prompt_token_ids=list(range(4 * BLOCK)),
                              num_prompt_tokens=4 * BLOCK, max_tokens=8)
         try:
-            self.core.on_complete(await self.core.route(req), 8, None)
+            self.core.routing.on_complete(await self.core.routing.route(req), 8, None)
             phase.check("route() works", True)
         except Exception as exc:
             phase.check("route() works", False, repr(exc))
@@ -577,7 +580,7 @@ async def fuzz_router(frames: int, seed: int) -> dict[str, Any]:
 
 def report(frames: int, seed: int, fuzzer: Fuzzer, phases: list[Phase],
            fuzz_counts: dict[str, Any], warning_lines: int) -> dict[str, Any]:
-    s = fuzzer.core.stats
+    s = fuzzer.core.membership.stats
     seconds = next(p.seconds for p in phases if p.name == "fuzz")
     return {
         "meta": {"frames": frames, "seed": seed, "python": platform.python_version(),

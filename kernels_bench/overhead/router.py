@@ -39,6 +39,8 @@ import msgspec
 
 from engine_ext.telemetry import (BlockStored, KVEvent, KVEventBatch, SchedulerSnapshot,
                                   encode_snapshot)
+from router.config.cluster import ClusterConfig, RouterConfig
+from router.config.engines import RemoteEngine
 from router.dispatch.core import RouterCore
 from router.predictors.artifact import read_metadata
 from router.predictors.base import PredictorSet
@@ -155,15 +157,18 @@ def make_core(policy: str, cluster: Cluster, batch: int) -> RouterCore:
     settings = renamed(dict(STATIC.get(policy, {})), cluster.models)
     if policy == "routebalance":
         settings["max_batch"] = batch
-    router = SimpleNamespace(policy=policy, policies={policy: settings},
-                             heartbeat_timeout_s=1e9)
-    core = RouterCore(SimpleNamespace(router=router, instances=lambda: cluster.instances),
-                      cluster.predictors)
+    engines = [RemoteEngine(name=i.name, served_model_name=i.served_model_name, url=i.url,
+                            telemetry_endpoint=f"ipc:///nonexistent/{i.name}.telemetry",
+                            kv_events_endpoint=f"ipc:///nonexistent/{i.name}.kv",
+                            max_model_len=i.max_model_len) for i in cluster.instances]
+    config = ClusterConfig(source="router_bench", engines=engines, router=RouterConfig(
+        policy=policy, policies={policy: settings}, heartbeat_timeout_s=1e9))
+    core = RouterCore(config, cluster.predictors)
     core.build_policy()
     for frames in cluster.snapshot_frames:
-        core.snapshots.feed(frames)
+        core.membership.snapshots.feed(frames)
     for frames in cluster.kv_frames:
-        core.kv_events.feed(frames)
+        core.membership.kv_events.feed(frames)
     return core
 
 
@@ -191,7 +196,7 @@ async def run_batch(core: RouterCore, reqs: list[RoutingRequest]) -> tuple[list[
     """Route ``reqs`` as one burst: each request's latency from the burst's arrival to its
     decision (seconds), and the CPU seconds the burst cost; then release the decisions."""
     async def one(req: RoutingRequest) -> tuple[float, Any]:
-        decision = await core.route(req)
+        decision = await core.routing.route(req)
         return time.perf_counter() - t0, decision
 
     cpu0 = time.process_time()
@@ -199,7 +204,7 @@ async def run_batch(core: RouterCore, reqs: list[RoutingRequest]) -> tuple[list[
     results = await asyncio.gather(*(one(r) for r in reqs))
     cpu = time.process_time() - cpu0
     for _, decision in results:
-        core.on_complete(decision, 100, None)
+        core.routing.on_complete(decision, 100, None)
     return [lat for lat, _ in results], cpu
 
 

@@ -1,11 +1,11 @@
 """The twin's router: the real front and core on the virtual clock, fed by engine twins.
 
 ``TwinRouter`` holds a ``router.app.Front`` whose ``RouterCore`` runs on the simulator's
-clock, and takes the place of the HTTP handler and the upstream: a chat body goes through
-the front's ``admit`` (validation, tokenization) and ``route`` (policy, predictors, router
-state), then to the chosen engine twin with the priority and length
-``router.app.engine_settings`` gives it; the core hears of the call's end through
-``on_complete``, as after a real stream. The frames the engine twins make go through the
+clock, and takes the place of the HTTP route and the upstream: a chat body goes through
+the front's ``admission.admit`` (validation, tokenization) and ``proxy.route`` (policy,
+predictors, router state), then to the chosen engine twin with the priority and length
+``router.proxy.engine_settings`` gives it; the core hears of the call's end through
+``routing.on_complete``, as after a real stream. The frames the engine twins make go through the
 core's own subscribers (``StreamSubscriber.feed``: decoders, sequence checks, state
 updates); idle engines send heartbeats as the engines' publisher does.
 
@@ -32,9 +32,10 @@ from kernels_bench.twin.engine import EngineTwin
 from kernels_bench.twin.loop import VirtualLoop
 from kernels_bench.twin.request import RequestRecord, TwinRequest
 from kernels_bench.twin.telemetry import Frame
-from router.app import Front, engine_settings
+from router.app import Front
 from router.dispatch.core import RouterCore
 from router.predictors.base import PredictorSet
+from router.proxy import engine_settings
 from router.request import ParsedRequest, RequestError
 from router.types import RoutingRequest
 from scheduler_patches.contract import NO_PRIORITY
@@ -62,7 +63,7 @@ class TwinRouter:
         core = RouterCore(config, predictors, clock=self.sim.now, wall_clock=self.sim.now)
         self.front = Front(config, core)
         ids = itertools.count(1)
-        self.front.new_request_id = lambda: f"t{next(ids)}"
+        self.front.admission.new_request_id = lambda: f"t{next(ids)}"
         self.front.prepare()
         self.core = core
         self.costs = costs or RouterCosts()
@@ -88,9 +89,9 @@ class TwinRouter:
 
     def _telemetry(self, twin: EngineTwin, snaps: list[Frame], kv: list[Frame]) -> None:
         for f in snaps:
-            self.core.snapshots.feed(list(f))
+            self.core.membership.snapshots.feed(list(f))
         for f in kv:
-            self.core.kv_events.feed(list(f))
+            self.core.membership.kv_events.feed(list(f))
 
     def _finished(self, record: RequestRecord) -> None:
         future = self._waiting.pop(record.request_id, None)
@@ -103,8 +104,8 @@ class TwinRouter:
         wall0, engine0 = time.perf_counter(), self.loop.engine_wall_s
         try:
             raw = msgspec.json.encode(body)
-            parsed, routing = await self.front.admit("chat", {}, lambda: _given(raw))
-            decision = await self.front.route(routing)
+            parsed, routing = await self.front.admission.admit("chat", {}, lambda: _given(raw))
+            decision = await self.front.proxy.route(routing)
         except RequestError as exc:
             res.error = f"HTTP {exc.status}: {exc.message}"
             res.end_s = self.sim.now()
@@ -127,13 +128,13 @@ class TwinRouter:
         try:
             self.sim.receive(decision.instance, request)
         except ValueError as exc:
-            self.core.on_complete(decision, 0, str(exc))
+            self.core.routing.on_complete(decision, 0, str(exc))
             res.error = f"engine {decision.instance} refused the call: {exc}"
             res.end_s = self.sim.now()
             return res
         self._waiting[routing.request_id] = future
         record = await future
-        self.core.on_complete(decision, record.generated, None)
+        self.core.routing.on_complete(decision, record.generated, None)
         res.output_tokens, res.prompt_tokens = record.generated, record.prompt_tokens
         res.first_token_s, res.end_s = record.first_token, self.sim.now()
         return res
@@ -150,5 +151,5 @@ class TwinRouter:
 
 
 async def _given(raw: bytes) -> bytes:
-    """A body already in hand, as ``Front.admit`` reads one."""
+    """A body already in hand, as ``Admission.admit`` reads one."""
     return raw

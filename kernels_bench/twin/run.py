@@ -152,7 +152,7 @@ def simulate(task: RunTask) -> dict[str, Any]:
         loop.close()
     engines = list(sim.engines.values())
     summary = summarize(client.requests, client.workflows, engine_counters(engines))
-    summary["engine_down_events"] = router.core.stats.engine_down_events
+    summary["engine_down_events"] = router.core.membership.stats.engine_down_events
     spent = router.decision_s
     summary["router"] = {"cpu_s": sum(spent),
                          "decision_s_mean": sum(spent) / len(spent) if spent else None}

@@ -115,7 +115,7 @@ class RouterConfig(Verified):
     """API keys whose callers are trusted with priority: their workflow position
     (``workflow``, ``stage``, ``stage_index``, ``num_stages``, ``final``) and, with
     ``allow_client_priority``, their ``priority`` are used; other keys' are ignored and the
-    router ranks those calls on its own predictions (``router.request.RANKING_FIELDS``).
+    router ranks those calls on its own predictions (``router.admission.workflow.RANKING_FIELDS``).
     Trusted keys are API keys too. With no key configured at all, every caller is trusted."""
     trusted_keys_env: str | None = None
     """An environment variable holding trusted API keys, comma-separated."""

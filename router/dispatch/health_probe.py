@@ -1,7 +1,7 @@
 """Brings back engines that were marked down after a failed HTTP call: a circuit breaker.
 
 A failed call (connection refused or broken, an engine silent past a timeout) marks an
-engine down at once (``RouterCore.mark_engine(..., probe=True)``): the breaker opens.
+engine down at once (``Membership.mark_engine(..., probe=True)``): the breaker opens.
 Without a launcher to say it is back, such an engine would stay down forever; this prober
 asks its ``GET /health`` once the backoff has passed and marks it up on a 200 (half-open:
 requests go to it again). The backoff after the k-th trip since the engine last completed

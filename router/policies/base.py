@@ -55,7 +55,7 @@ class Policy(ABC, Generic[S]):
     """Whether the policy reads the request's prompt (``prompt_text``, ``system_text``,
     ``user_text``, ``prompt_token_ids``, ``num_prompt_tokens``), directly or through its
     predictors, the ``StateView`` (prefix matches) or a policy it builds. False lets the
-    router skip tokenizing when a bound shows the prompt fits (``router.app``); set it
+    router skip tokenizing when a bound shows the prompt fits (``router.admission``); set it
     only where tests/unit/test_policies_prompt.py shows no such read."""
     window: BatchWindow | None = None
     """Set by batched policies: they implement ``decide_batch`` and a collector feeds

@@ -10,7 +10,6 @@ import asyncio
 import json
 import random
 import threading
-from types import SimpleNamespace
 from typing import Any, Iterator
 
 import httpx
@@ -19,10 +18,11 @@ import zmq
 
 from engine_ext.telemetry import BlockStored, kv_event_decoder
 from router.dispatch.core import RouterCore
-from router.request import parse_request
+from router.admission.parse import parse_request
 from router.tokenize import Tokenizers
 from router.types import Decision, RoutingRequest
 from tests.engine_proc import EngineProc, start_engine
+from tests.remote_cluster import remote_cluster
 
 pytestmark = pytest.mark.engine
 
@@ -68,12 +68,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
 
 
 def make_core(engine: EngineProc) -> RouterCore:
-    inst = SimpleNamespace(name=engine.engine_id, served_model_name=MODEL, url=engine.url,
-                           telemetry_endpoint=engine.telemetry_endpoint,
-                           kv_events_endpoint=engine.kv_events_endpoint, max_model_len=1024)
-    cfg = SimpleNamespace(router=SimpleNamespace(policy="lmetric", heartbeat_timeout_s=5.0),
-                          instances=lambda: [inst])
-    return RouterCore(cfg)
+    return RouterCore(remote_cluster(
+        "lmetric", {engine.engine_id: MODEL}, max_model_len=1024, url=engine.url,
+        endpoints=(engine.telemetry_endpoint, engine.kv_events_endpoint),
+        heartbeat_timeout_s=5.0))
 
 
 class Harness:
@@ -86,14 +84,14 @@ class Harness:
                    ) -> tuple[Decision, int]:
         """Route ``req``, send ``body`` to the engine, return (decision, engine-reported
         cached tokens), and wait until the engine's KV events for it have arrived."""
-        decision = await self.core.route(req)
+        decision = await self.core.routing.route(req)
         resp = await self.http.post(self.engine.url + path, json=body,
                                     headers={"x-request-id": req.request_id})
         resp.raise_for_status()
-        self.core.on_complete(decision, None, None)
+        self.core.routing.on_complete(decision, None, None)
         details = resp.json()["usage"].get("prompt_tokens_details") or {}
-        kv = self.core.table[decision.instance].kv
-        stored = self.core.hasher.block_hashes(req.prompt_token_ids or [], BLOCK)
+        kv = self.core.state.table[decision.instance].kv
+        stored = self.core.state.hasher.block_hashes(req.prompt_token_ids or [], BLOCK)
         for _ in range(200):  # until the engine's events for the prompt's blocks arrived
             if kv.match(stored) == len(stored):
                 break
@@ -139,14 +137,14 @@ def test_block_stored_hashes_equal_the_routers(run: Any) -> None:
     async def scenario(h: Harness) -> None:
         decision, cached = await h.completion(ids)
         assert (decision.cached_tokens, cached) == (0, 0)
-        ours = h.core.hasher.block_hashes(ids, BLOCK)
-        assert len(ours) == 2 and h.core.table["e0"].kv.block_size == BLOCK
+        ours = h.core.state.hasher.block_hashes(ids, BLOCK)
+        assert len(ours) == 2 and h.core.state.table["e0"].kv.block_size == BLOCK
         for _ in range(100):
             if h.events.hashes[-2:] == ours:
                 break
             await asyncio.sleep(0.05)
         assert h.events.hashes[-2:] == ours
-        assert h.core.table["e0"].kv.match(ours) == 2
+        assert h.core.state.table["e0"].kv.match(ours) == 2
     run(scenario)
 
 

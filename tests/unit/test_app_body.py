@@ -1,5 +1,5 @@
-"""Reading a request body in the router's front (``router.app.read_body``) from an aiohttp
-stream reader fed as the server's protocol feeds it."""
+"""Reading a request body in the router's front (``router.routes.http.read_body``) from an
+aiohttp stream reader fed as the server's protocol feeds it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp.base_protocol import BaseProtocol
 
-from router.app import MAX_BODY_BYTES, ClientDisconnected, read_body
+from router.routes.http import MAX_BODY_BYTES, ClientDisconnected, read_body
 from router.request import RequestError
 
 

@@ -4,7 +4,6 @@ Chimera stickiness through the program table, decision statistics."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any, Sequence
 
 import msgspec
@@ -16,6 +15,7 @@ from router.dispatch.core import RouterCore
 from router.policies.routebalance import AdaptiveWindow
 from router.predictors.base import PredictorSet, QualityLength
 from router.types import NoEngineAvailable, RoutingRequest, WorkflowMeta
+from tests.remote_cluster import remote_cluster
 from tests.unit.test_state_engines import snap_frames
 
 RB: dict[str, Any] = {"static_prior": True, "w_quality": 0.0, "w_cost": 0.0,
@@ -40,20 +40,16 @@ class Estimator:
 
 def core_for(policy: str, settings: dict[str, Any] | None = None,
              predictors: PredictorSet | None = None, engines: int = 2,
-             endpoints: tuple[str | None, str | None] = (None, None)) -> RouterCore:
-    instances = [SimpleNamespace(name=f"e{i}", served_model_name="a", url=f"http://e{i}",
-                                 telemetry_endpoint=endpoints[0],
-                                 kv_events_endpoint=endpoints[1], max_model_len=None)
-                 for i in range(engines)]
-    cfg = SimpleNamespace(router=SimpleNamespace(
-        policy=policy, policies={policy: settings or {}}, heartbeat_timeout_s=2.0),
-        instances=lambda: instances)
+             endpoints: tuple[str, str] | None = None) -> RouterCore:
+    cfg = remote_cluster(policy, {f"e{i}": "a" for i in range(engines)}, endpoints=endpoints,
+                         policies={policy: settings or {}}, heartbeat_timeout_s=2.0)
     return RouterCore(cfg, predictors)
 
 
 def window(core: RouterCore) -> AdaptiveWindow:
-    assert core.policy is not None and isinstance(core.policy.window, AdaptiveWindow)
-    return core.policy.window
+    policy = core.routing.policy
+    assert policy is not None and isinstance(policy.window, AdaptiveWindow)
+    return policy.window
 
 
 def rr(rid: str, **wf: Any) -> RoutingRequest:
@@ -62,13 +58,13 @@ def rr(rid: str, **wf: Any) -> RoutingRequest:
 
 
 async def _gather(core: RouterCore, n: int) -> list[Any]:
-    return await asyncio.gather(*(core.route(rr(f"r{i}")) for i in range(n)),
+    return await asyncio.gather(*(core.routing.route(rr(f"r{i}")) for i in range(n)),
                                 return_exceptions=True)
 
 
 def test_route_before_start_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="start"):
-        asyncio.run(core_for("round_robin").route(rr("x")))
+        asyncio.run(core_for("round_robin").routing.route(rr("x")))
 
 
 def test_concurrent_requests_form_one_batch() -> None:
@@ -78,9 +74,9 @@ def test_concurrent_requests_form_one_batch() -> None:
     decisions = asyncio.run(_gather(core, 4))
     assert est.calls == [4]
     assert sorted(d.instance for d in decisions) == ["e0", "e0", "e1", "e1"]
-    assert core.stats.decisions[("routebalance", "a")] == 4
-    assert core.stats.decision_latency_s.count == 4
-    assert len(core.ledger) == 4
+    assert core.membership.stats.decisions[("routebalance", "a")] == 4
+    assert core.membership.stats.decision_latency_s.count == 4
+    assert len(core.state.ledger) == 4
 
 
 def test_batches_are_capped_at_max_batch() -> None:
@@ -95,7 +91,7 @@ def test_a_predictor_failure_reaches_every_request_of_the_batch() -> None:
     core = core_for("routebalance", RB, PredictorSet(knn=Estimator(fail=True)))
     core.build_policy()
     results = asyncio.run(_gather(core, 3))
-    assert all(isinstance(r, RuntimeError) for r in results) and len(core.ledger) == 0
+    assert all(isinstance(r, RuntimeError) for r in results) and len(core.state.ledger) == 0
 
 
 class Picky(Estimator):
@@ -117,14 +113,15 @@ def test_a_bad_request_in_a_batch_fails_alone() -> None:
 
     async def scenario() -> list[Any]:
         ids = [f"r{i}" for i in range(10)] + ["boom", "bad"] + [f"s{i}" for i in range(10)]
-        return await asyncio.gather(*(core.route(rr(i)) for i in ids), return_exceptions=True)
+        return await asyncio.gather(*(core.routing.route(rr(i)) for i in ids),
+                                    return_exceptions=True)
 
     results = asyncio.run(scenario())
     assert est.calls[0] == 22  # one batch, then one request at a time
     assert isinstance(results[10], RuntimeError) and isinstance(results[11], KeyError)
     good = results[:10] + results[12:]
     assert all(not isinstance(r, BaseException) for r in good), good
-    assert len(core.ledger) == 20
+    assert len(core.state.ledger) == 20
 
 
 def test_a_caller_that_leaves_during_the_window_is_not_accounted() -> None:
@@ -134,14 +131,14 @@ def test_a_caller_that_leaves_during_the_window_is_not_accounted() -> None:
     window(core).gap_s = 0.001  # busy: the next batch waits for more arrivals
 
     async def scenario() -> None:
-        leaving = asyncio.ensure_future(core.route(rr("gone")))
+        leaving = asyncio.ensure_future(core.routing.route(rr("gone")))
         await asyncio.sleep(0)
-        staying = asyncio.ensure_future(core.route(rr("kept")))
+        staying = asyncio.ensure_future(core.routing.route(rr("kept")))
         await asyncio.sleep(0)
         leaving.cancel()
         await staying
     asyncio.run(scenario())
-    assert est.calls == [1] and set(core.ledger._records) == {"kept"}
+    assert est.calls == [1] and set(core.state.ledger._records) == {"kept"}
 
 
 def test_stop_fails_waiting_requests() -> None:
@@ -151,7 +148,7 @@ def test_stop_fails_waiting_requests() -> None:
     window(core).gap_s = 0.01  # window: 63 gaps = 0.63 s
 
     async def scenario() -> Any:
-        waiting = asyncio.ensure_future(core.route(rr("w")))
+        waiting = asyncio.ensure_future(core.routing.route(rr("w")))
         await asyncio.sleep(0.01)
         await core.stop()
         return await asyncio.gather(waiting, return_exceptions=True)
@@ -165,16 +162,16 @@ def test_chimera_program_sticks_through_the_core() -> None:
                 "max_batch_size": {"a": 8}}
     core = core_for("chimera", settings)
     core.build_policy()
-    d0 = asyncio.run(core.route(rr("s0", program_id="p", stage_index=0, num_stages=2)))
-    assert core.programs.model("p") == "a" and d0.priority == 200
-    assert core.engines()[0].inflight_predicted_tokens + \
-        core.engines()[1].inflight_predicted_tokens == 200
-    core.on_complete(d0, 90, None)
-    d1 = asyncio.run(core.route(rr("s1", program_id="p", stage_index=1, num_stages=2)))
+    d0 = asyncio.run(core.routing.route(rr("s0", program_id="p", stage_index=0, num_stages=2)))
+    assert core.state.programs.model("p") == "a" and d0.priority == 200
+    assert core.membership.engines()[0].inflight_predicted_tokens + \
+        core.membership.engines()[1].inflight_predicted_tokens == 200
+    core.routing.on_complete(d0, 90, None)
+    d1 = asyncio.run(core.routing.route(rr("s1", program_id="p", stage_index=1, num_stages=2)))
     assert d1.info["sticky"] and d1.priority == 100 and d1.final
-    core.on_complete(d1, 90, None)
-    assert "p" not in core.programs and len(core.ledger) == 0
-    assert core.stats.policy_sources == {"confidence": "static_prior",
+    core.routing.on_complete(d1, 90, None)
+    assert "p" not in core.state.programs and len(core.state.ledger) == 0
+    assert core.membership.stats.policy_sources == {"confidence": "static_prior",
                                          "remaining_tokens": "static_prior",
                                          "profile": "static_prior"}
 
@@ -199,7 +196,7 @@ def test_start_subscribes_tcp_by_binding_and_ipc_by_connecting(tmp_path: Any) ->
                 pub_k.send_multipart([b"e0", seq.to_bytes(8, "big"),
                                       msgspec.msgpack.encode(batch)])
                 await asyncio.sleep(0.01)
-                counters = core.stats.engines["e0"]
+                counters = core.membership.stats.engines["e0"]
                 if counters.snapshot_frames and counters.kv_frames:
                     break
         finally:
@@ -208,22 +205,22 @@ def test_start_subscribes_tcp_by_binding_and_ipc_by_connecting(tmp_path: Any) ->
             ctx.term()
             await core.stop()
     asyncio.run(scenario())
-    assert core.engines()[0].batch_size == 2 and 7 in core.table["e0"].kv
+    assert core.membership.engines()[0].batch_size == 2 and 7 in core.state.table["e0"].kv
 
 
 def test_only_an_engine_placed_on_a_ray_node_may_move_to_another_host() -> None:
     """The launcher re-places a Ray engine on any node; a local one keeps its host."""
     core = core_for("round_robin")
-    core.nodes["e1"] = "10.0.0.5 (abcdef12)"
+    core.membership.nodes["e1"] = "10.0.0.5 (abcdef12)"
     with pytest.raises(ValueError, match="only its port may change"):
-        core.move_engine("e0", "http://10.0.0.9:8000")
-    core.move_engine("e0", "http://e0:8001")
-    core.move_engine("e1", "http://10.0.0.9:8000")
-    assert core.table["e1"].url == "http://10.0.0.9:8000"
+        core.membership.move_engine("e0", "http://10.0.0.9:8000")
+    core.membership.move_engine("e0", "http://e0:8001")
+    core.membership.move_engine("e1", "http://10.0.0.9:8000")
+    assert core.state.table["e1"].url == "http://10.0.0.9:8000"
     for bad in ("http://10.0.0.9:8000/v1", "ftp://10.0.0.9:8000", "http://:8000"):
         with pytest.raises(ValueError, match="http://HOST:PORT"):
-            core.move_engine("e1", bad)
+            core.membership.move_engine("e1", bad)
     for url, node in (("http://" + "h" * 1100 + ":1", None), ("http://h:1", "n" * 1025)):
         with pytest.raises(ValueError, match="too long"):  # more than a peer could take
-            core.move_engine("e1", url, node)
-    assert core.table["e1"].url == "http://10.0.0.9:8000"
+            core.membership.move_engine("e1", url, node)
+    assert core.state.table["e1"].url == "http://10.0.0.9:8000"

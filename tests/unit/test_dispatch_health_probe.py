@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import http.server
 import threading
-from types import SimpleNamespace
 
 from router.dispatch.core import RouterCore
 from router.dispatch.health_probe import HealthProber, backoff
+from tests.remote_cluster import remote_cluster
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -24,13 +24,9 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 
 def make_core(url: str) -> RouterCore:
-    inst = SimpleNamespace(name="e0", served_model_name="a", url=url, telemetry_endpoint=None,
-                           kv_events_endpoint=None, max_model_len=None)
-    cfg = SimpleNamespace(router=SimpleNamespace(policy="round_robin",
-                                                 policies={}, heartbeat_timeout_s=2.0),
-                          instances=lambda: [inst])
-    core = RouterCore(cfg)
-    core.prober.interval_s = core.prober.backoff_s = 0.05
+    core = RouterCore(remote_cluster("round_robin", {"e0": "a"}, url=url,
+                                     heartbeat_timeout_s=2.0))
+    core.membership.prober.interval_s = core.membership.prober.backoff_s = 0.05
     return core
 
 
@@ -44,17 +40,18 @@ def test_failed_call_mark_is_lifted_by_the_health_probe() -> None:
         await core.start()
         try:
             Health.status = 503
-            core.mark_engine("e0", False, "connect refused", probe=True)
+            core.membership.mark_engine("e0", False, "connect refused", probe=True)
             await asyncio.sleep(0.3)
-            down_while_unhealthy = not core.engines()[0].up
+            down_while_unhealthy = not core.membership.engines()[0].up
             Health.status = 200
             await asyncio.sleep(0.5)
-            up_after = core.engines()[0].up
-            core.mark_engine("e0", False, "launcher: process exited")  # not probed
+            up_after = core.membership.engines()[0].up
+            core.membership.mark_engine("e0", False, "launcher: process exited")  # not probed
             await asyncio.sleep(0.3)
-            launcher_mark_kept = not core.engines()[0].up
-            core.mark_engine("e0", True, "launcher: restarted")
-            return down_while_unhealthy, up_after, launcher_mark_kept, core.engines()[0].up
+            launcher_mark_kept = not core.membership.engines()[0].up
+            core.membership.mark_engine("e0", True, "launcher: restarted")
+            return (down_while_unhealthy, up_after, launcher_mark_kept,
+                    core.membership.engines()[0].up)
         finally:
             await core.stop()
 
@@ -88,18 +85,18 @@ def test_a_flapping_engine_is_probed_ever_more_rarely() -> None:
 
     async def run() -> list[bool]:
         core = make_core(url)
-        core.prober.backoff_s, core.prober.backoff_max_s = 0.2, 10.0
+        core.membership.prober.backoff_s, core.membership.prober.backoff_max_s = 0.2, 10.0
         await core.start()
         try:
             Health.status = 200  # answers /health, but its calls fail
             seen = []
             for _ in range(3):  # trips 1..3: probed after 0.2, 0.4, 0.8 s
-                core.mark_engine("e0", False, "broken call", probe=True)
-                due = core.prober.pending["e0"]
+                core.membership.mark_engine("e0", False, "broken call", probe=True)
+                due = core.membership.prober.pending["e0"]
                 await asyncio.sleep(0.1)
-                seen.append(core.engines()[0].up)  # before its backoff: still down
-                await asyncio.sleep(due - core.prober.clock() + 0.3)
-                seen.append(core.engines()[0].up)  # probed: half-open
+                seen.append(core.membership.engines()[0].up)  # before its backoff: still down
+                await asyncio.sleep(due - core.membership.prober.clock() + 0.3)
+                seen.append(core.membership.engines()[0].up)  # probed: half-open
             return seen
         finally:
             await core.stop()

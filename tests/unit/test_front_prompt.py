@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_ext.builtin_models import resolve_model
 from router.app import create_app
 from router.config.cluster import load_cluster_config
-from router.request import parse_request
+from router.admission.parse import parse_request
 from router.tokenize import ModelTokenizer
 from tests.front_server import served
 

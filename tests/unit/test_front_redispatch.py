@@ -79,7 +79,7 @@ def test_a_hang_up_before_answering_goes_to_the_other_engine(tmp_path: Path,
                 metrics = await (await client.get("/metrics")).text()
             assert 'hetserve_upstream_errors_total{engine="a",kind="protocol"} 1.0' in metrics
             assert "hetserve_redispatched_total 1.0" in metrics
-            assert app[FRONT].core.table["a"].down_reason is not None
+            assert app[FRONT].core.state.table["a"].down_reason is not None
     asyncio.run(go())
 
 

@@ -49,7 +49,7 @@ def test_a_stalled_stream_ends_with_an_error_and_the_engine_goes_down(tmp_path: 
                 err = json.loads(error.removeprefix(b"data: "))["error"]
                 assert err["code"] == "upstream_timeout"
                 assert "router.stream_stall_timeout_s" in err["message"]
-                engine_state = app[FRONT].core.table.engines["a"]
+                engine_state = app[FRONT].core.state.table.engines["a"]
                 assert engine_state.down_reason and "sent nothing" in engine_state.down_reason
                 async with client.post("/v1/chat/completions", json=body) as again:
                     assert again.status == 503  # nothing up until the probe succeeds

@@ -101,8 +101,8 @@ def test_cluster_file_makes_policies_use_the_artifacts(artifacts: Path) -> None:
             assert set(policy.sources.values()) == {"predictor"}, (p, policy.sources)
 
         async def predictions() -> dict[str, list[Any]]:
-            return {p: list(await c.policy.predict(reqs)) for p, c in cores.items()
-                    if c.policy is not None}
+            return {p: list(await c.routing.policy.predict(reqs)) for p, c in cores.items()
+                    if c.routing.policy is not None}
 
         got = asyncio.run(predictions())
         feats = [from_record(r) for r in test[:12]]
@@ -135,7 +135,8 @@ def test_router_bench_routes_on_the_artifacts(artifacts: Path, tmp_path: Path) -
         cluster.predictors, cluster.prompts = pset, prompts
         for policy, source in (("chimera", "confidence"), ("routebalance", "quality_length")):
             core = router_bench.make_core(policy, cluster, 1)
-            assert core.policy is not None and core.policy.sources[source] == "predictor"
+            policy = core.routing.policy
+            assert policy is not None and policy.sources[source] == "predictor"
     finally:
         close_predictors(pset)
     out = tmp_path / "bench"

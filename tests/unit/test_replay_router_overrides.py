@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from router.request import RequestError, parse_request, upstream_body
+from router.admission.parse import parse_request
+from router.proxy import upstream_body
+from router.request import RequestError
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
         "per_model": {"max_tokens": {"a": 12, "b": 40}, "priority": {"a": 30, "b": 90}}}

@@ -82,37 +82,39 @@ _LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text()
 @example(msgspec.msgpack.encode(["added", "5"]))
 def test_any_message_is_applied_or_counted(message: bytes) -> None:
     core = RouterCore(_CONFIG, worker=0)
-    assert core.peers is not None
-    core.peers.feed(message)
-    assert core.peers.applied + core.peers.malformed + core.peers.rejected == 1
+    assert core.membership.peers is not None
+    core.membership.peers.feed(message)
+    peers = core.membership.peers
+    assert peers.applied + peers.malformed + peers.rejected == 1
 
 
 def test_bounds_and_unknown_names_are_dropped(tmp_path: Path) -> None:
     core = RouterCore(_config(tmp_path), worker=0)
-    assert core.peers is not None
-    feed = core.peers.feed
+    assert core.membership.peers is not None
+    feed = core.membership.peers.feed
     encode = msgspec.msgpack.encode
     feed(encode(Routed("x" * (MAX_LABEL_CHARS + 1), "a")))  # over the id bound
     feed(encode(Routed("p", "no-such-model")))
     feed(encode(Marked("no-such-engine", False, "gone")))
     feed(b"\x91" * 100_000)  # deeply nested
-    assert (core.peers.malformed, core.peers.rejected, core.peers.applied) == (2, 2, 0)
-    assert len(core.programs) == 0
+    peers = core.membership.peers
+    assert (peers.malformed, peers.rejected, peers.applied) == (2, 2, 0)
+    assert len(core.state.programs) == 0
     feed(encode(Routed("p", "b")))
-    assert core.programs.model("p") == "b"
+    assert core.state.programs.model("p") == "b"
     feed(encode(Completed("p", True, False)))
-    assert "p" not in core.programs
+    assert "p" not in core.state.programs
     feed(encode(Marked("b", False, "launcher: exited")))
-    assert core.table["b"].down_reason == "marked down: launcher: exited"
-    host = core.table["b"].url.rsplit(":", 1)[0]
+    assert core.state.table["b"].down_reason == "marked down: launcher: exited"
+    host = core.state.table["b"].url.rsplit(":", 1)[0]
     feed(encode(Moved("b", "http://10.9.9.9:9999")))  # another host: refused
     feed(encode(Moved("b", f"{host}:9999/x")))  # a path: refused
     feed(encode(Moved("b", f"{host}:9999")))
-    assert core.table["b"].url == core.prober.urls["b"] == f"{host}:9999"
-    assert (core.peers.rejected, core.peers.applied) == (4, 4)
+    assert core.state.table["b"].url == core.membership.prober.urls["b"] == f"{host}:9999"
+    assert (core.membership.peers.rejected, core.membership.peers.applied) == (4, 4)
 
 
 def test_a_worker_needs_its_index(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--worker I"):
         RouterCore(_config(tmp_path))
-    assert RouterCore(_config(tmp_path, workers=1)).peers is None
+    assert RouterCore(_config(tmp_path, workers=1)).membership.peers is None

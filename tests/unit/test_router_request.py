@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.request import (WORKFLOW_FIELDS, ParsedRequest, RequestError, context_error,
-                            header_name, parse_request, parse_workflow, upstream_body)
+from router.admission.parse import context_error, parse_request
+from router.admission.workflow import WORKFLOW_FIELDS, header_name, parse_workflow
+from router.proxy import upstream_body
+from router.request import ParsedRequest, RequestError
 from router.upstream import StreamResult, completion_tokens, relay_events
 
 CHAT = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}

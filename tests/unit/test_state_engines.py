@@ -4,7 +4,6 @@ explicit marks, and the router's own in-flight accounting."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -14,6 +13,7 @@ from engine_ext.telemetry import (BlockStored, FinishedRequest, KVEventBatch,
                                   SchedulerSnapshot, encode_snapshot)
 from router.dispatch.core import RouterCore
 from router.types import NoEngineAvailable, RoutingRequest
+from tests.remote_cluster import remote_cluster
 
 
 class Clock:
@@ -26,13 +26,8 @@ class Clock:
 
 def make_core(policy: str = "round_robin", engines: dict[str, str] | None = None,
               **router: Any) -> tuple[RouterCore, Clock]:
-    engines = engines or {"e0": "a", "e1": "a"}
-    instances = [SimpleNamespace(name=n, served_model_name=m, url=f"http://{n}",
-                                 telemetry_endpoint=None, kv_events_endpoint=None,
-                                 max_model_len=1024) for n, m in engines.items()]
-    cfg = SimpleNamespace(router=SimpleNamespace(policy=policy, heartbeat_timeout_s=2.0,
-                                                 **router),
-                          instances=lambda: instances)
+    cfg = remote_cluster(policy, engines or {"e0": "a", "e1": "a"}, max_model_len=1024,
+                         heartbeat_timeout_s=2.0, **router)
     clock = Clock()
     core = RouterCore(cfg, clock=clock, wall_clock=clock)
     core.build_policy()
@@ -57,65 +52,65 @@ def kv_frames(engine: str, seq: int, hashes: list[int]) -> list[bytes]:
 
 
 def route(core: RouterCore, rid: str = "r", model: str | None = None, **kw: Any) -> Any:
-    return asyncio.run(core.route(RoutingRequest(request_id=rid, requested_model=model,
+    return asyncio.run(core.routing.route(RoutingRequest(request_id=rid, requested_model=model,
                                                  num_prompt_tokens=10, **kw)))
 
 
 def view(core: RouterCore, name: str) -> Any:
-    return next(v for v in core.engines() if v.name == name)
+    return next(v for v in core.membership.engines() if v.name == name)
 
 
 def test_snapshot_fills_the_table() -> None:
     core, clock = make_core()
-    core.snapshots.feed(snap_frames("e0", 0, batch_size=3, pending_decode_tokens=40))
+    core.membership.snapshots.feed(snap_frames("e0", 0, batch_size=3, pending_decode_tokens=40))
     clock.t += 0.5
     v = view(core, "e0")
     assert (v.up, v.batch_size, v.pending_decode_tokens, v.last_seen_age_s) == (True, 3, 40, 0.5)
     assert view(core, "e1").last_seen_age_s is None  # never seen: up, no telemetry yet
-    assert core.stats.engines["e0"].snapshot_frames == 1
+    assert core.membership.stats.engines["e0"].snapshot_frames == 1
 
 
 def test_stale_engine_goes_down_receives_nothing_and_comes_back() -> None:
     core, clock = make_core()
-    core.snapshots.feed(snap_frames("e0", 0))
-    core.snapshots.feed(snap_frames("e1", 0))
+    core.membership.snapshots.feed(snap_frames("e0", 0))
+    core.membership.snapshots.feed(snap_frames("e1", 0))
     clock.t += 2.0
     assert view(core, "e0").up  # exactly the timeout: still up
     clock.t += 0.01
-    core.snapshots.feed(snap_frames("e1", 1))
+    core.membership.snapshots.feed(snap_frames("e1", 1))
     assert not view(core, "e0").up and "no telemetry for 2.0 s" in view(core, "e0").down_reason
     assert {route(core, f"r{i}").instance for i in range(4)} == {"e1"}
-    core.snapshots.feed(snap_frames("e0", 1))
+    core.membership.snapshots.feed(snap_frames("e0", 1))
     assert view(core, "e0").up
-    assert core.stats.engine_down_events == 1
+    assert core.membership.stats.engine_down_events == 1
 
 
 def test_a_stalled_scheduler_is_down_until_its_step_moves() -> None:
     core, clock = make_core(scheduler_stall_timeout_s=5.0)
-    core.snapshots.feed(snap_frames("e0", 0, step=7, batch_size=2))
+    core.membership.snapshots.feed(snap_frames("e0", 0, step=7, batch_size=2))
     for seq in range(1, 6):  # heartbeats from the sender thread: same step, work running
         clock.t += 1.0
-        core.snapshots.feed(snap_frames("e0", seq, step=7, batch_size=2, heartbeat=True))
+        core.membership.snapshots.feed(snap_frames("e0", seq, step=7, batch_size=2, heartbeat=True))
     assert view(core, "e0").up  # exactly the timeout
     clock.t += 1.0
-    core.snapshots.feed(snap_frames("e0", 6, step=7, batch_size=2, heartbeat=True))
+    core.membership.snapshots.feed(snap_frames("e0", 6, step=7, batch_size=2, heartbeat=True))
     e0 = view(core, "e0")
     assert not e0.up and "scheduler stalled: step 7 for 6.0 s with 2 running" in e0.down_reason
-    assert core.stats.engine_down_events == 1
+    assert core.membership.stats.engine_down_events == 1
     assert {route(core, f"r{i}").instance for i in range(4)} == {"e1"}
-    core.snapshots.feed(snap_frames("e0", 7, step=8, batch_size=2))
+    core.membership.snapshots.feed(snap_frames("e0", 7, step=8, batch_size=2))
     assert view(core, "e0").up  # the step moved
     clock.t += 60.0  # an idle engine's step stays put: not a stall
-    core.snapshots.feed(snap_frames("e1", 0, step=3))
+    core.membership.snapshots.feed(snap_frames("e1", 0, step=3))
     clock.t += 60.0
-    core.snapshots.feed(snap_frames("e1", 1, step=3, heartbeat=True))
+    core.membership.snapshots.feed(snap_frames("e1", 1, step=3, heartbeat=True))
     assert view(core, "e1").up
 
 
 def test_all_engines_down_is_no_engine_available() -> None:
     core, clock = make_core()
-    core.mark_engine("e0", False, "connection refused")
-    core.mark_engine("e1", False, "timeout")
+    core.membership.mark_engine("e0", False, "connection refused")
+    core.membership.mark_engine("e1", False, "timeout")
     with pytest.raises(NoEngineAvailable, match="e0: marked down: connection refused"):
         route(core)
 
@@ -123,10 +118,10 @@ def test_all_engines_down_is_no_engine_available() -> None:
 def test_sequence_gaps_are_counted() -> None:
     core, _ = make_core()
     for seq in (0, 1, 4, 5, 9):
-        core.snapshots.feed(snap_frames("e0", seq))
-    core.kv_events.feed(kv_frames("e0", 0, [1]))
-    core.kv_events.feed(kv_frames("e0", 3, [2]))
-    c = core.stats.engines["e0"]
+        core.membership.snapshots.feed(snap_frames("e0", seq))
+    core.membership.kv_events.feed(kv_frames("e0", 0, [1]))
+    core.membership.kv_events.feed(kv_frames("e0", 3, [2]))
+    c = core.membership.stats.engines["e0"]
     assert (c.snapshot_frames, c.snapshot_gaps, c.kv_frames, c.kv_gaps) == (5, 5, 2, 2)
 
 
@@ -139,57 +134,57 @@ def test_sequence_gaps_are_counted() -> None:
 ])
 def test_malformed_frames_are_dropped_and_counted(frames: list[bytes]) -> None:
     core, _ = make_core()
-    core.snapshots.feed(frames)
-    core.kv_events.feed(frames)
-    assert core.stats.malformed_snapshot_frames == 1
-    assert core.stats.malformed_kv_frames == 1
+    core.membership.snapshots.feed(frames)
+    core.membership.kv_events.feed(frames)
+    assert core.membership.stats.malformed_snapshot_frames == 1
+    assert core.membership.stats.malformed_kv_frames == 1
     assert view(core, "e0").last_seen_age_s is None
 
 
 def test_unknown_topics_are_counted_not_applied() -> None:
     core, _ = make_core()
-    core.snapshots.feed(snap_frames("zz", 0))
-    core.snapshots.feed(snap_frames("e0", 0, engine_id="e1"))  # topic and id disagree
-    core.kv_events.feed(kv_frames("zz", 0, [1]))
-    assert core.stats.unknown_topic_frames == 3
+    core.membership.snapshots.feed(snap_frames("zz", 0))
+    core.membership.snapshots.feed(snap_frames("e0", 0, engine_id="e1"))  # topic and id disagree
+    core.membership.kv_events.feed(kv_frames("zz", 0, [1]))
+    assert core.membership.stats.unknown_topic_frames == 3
     assert view(core, "e0").last_seen_age_s is None and view(core, "e1").last_seen_age_s is None
 
 
 def test_mark_down_is_sticky_until_marked_up() -> None:
     core, _ = make_core()
-    core.mark_engine("e0", False, "HTTP 502")
-    core.snapshots.feed(snap_frames("e0", 0))  # telemetry alone does not clear a mark
+    core.membership.mark_engine("e0", False, "HTTP 502")
+    core.membership.snapshots.feed(snap_frames("e0", 0))  # telemetry alone does not clear a mark
     assert not view(core, "e0").up
-    core.mark_engine("e0", True, "launcher: restarted")
+    core.membership.mark_engine("e0", True, "launcher: restarted")
     assert view(core, "e0").up and view(core, "e0").last_seen_age_s is None
     with pytest.raises(ValueError, match="unknown instance 'nope'"):
-        core.mark_engine("nope", False, "x")
+        core.membership.mark_engine("nope", False, "x")
 
 
 def test_engine_down_releases_inflight_and_clears_its_kv_index() -> None:
     core, _ = make_core()
-    core.kv_events.feed(kv_frames("e0", 0, [1, 2]))
+    core.membership.kv_events.feed(kv_frames("e0", 0, [1, 2]))
     d = route(core, "r1", max_tokens=20)
     assert d.instance == "e0" and view(core, "e0").inflight_requests == 1
-    core.mark_engine("e0", False, "killed")
+    core.membership.mark_engine("e0", False, "killed")
     v = view(core, "e0")
-    assert (v.inflight_requests, v.unreported_requests, len(core.table["e0"].kv)) == (0, 0, 0)
-    core.on_complete(d, None, "upstream error")  # the later error is a no-op for accounting
-    assert len(core.ledger) == 0
+    assert (v.inflight_requests, v.unreported_requests, len(core.state.table["e0"].kv)) == (0, 0, 0)
+    core.routing.on_complete(d, None, "upstream error")  # the later error is a no-op for accounting
+    assert len(core.state.ledger) == 0
 
 
 def test_unreported_requests_count_until_a_later_snapshot() -> None:
     core, clock = make_core()
-    core.snapshots.feed(snap_frames("e0", 0, ts=clock.t, batch_size=1))
-    core.snapshots.feed(snap_frames("e1", 0, ts=clock.t, batch_size=5))
+    core.membership.snapshots.feed(snap_frames("e0", 0, ts=clock.t, batch_size=1))
+    core.membership.snapshots.feed(snap_frames("e1", 0, ts=clock.t, batch_size=5))
     clock.t += 0.01
     d = route(core, "r1", max_tokens=20)
     v = view(core, "e0")
     assert (v.unreported_requests, v.unreported_prefill_tokens, v.unreported_decode_tokens,
             v.waiting, v.requests) == (1, 10, 20, 1, 2)
-    core.snapshots.feed(snap_frames("e0", 1, ts=clock.t - 0.005, batch_size=1))  # older
+    core.membership.snapshots.feed(snap_frames("e0", 1, ts=clock.t - 0.005, batch_size=1))  # older
     assert view(core, "e0").unreported_requests == 1
-    core.snapshots.feed(snap_frames("e0", 2, ts=clock.t + 0.001, batch_size=2))
+    core.membership.snapshots.feed(snap_frames("e0", 2, ts=clock.t + 0.001, batch_size=2))
     v = view(core, "e0")
     assert (v.unreported_requests, v.inflight_requests, v.requests) == (0, 1, 2)
     assert d.instance == "e0"
@@ -199,8 +194,8 @@ def test_engine_reported_finish_releases_inflight() -> None:
     core, clock = make_core()
     d = route(core, "abc", max_tokens=5)
     finished = [FinishedRequest("chatcmpl-abc-0123abcd", 5, "stop")]
-    core.snapshots.feed(snap_frames(d.instance, 0, ts=clock.t, finished=finished))
-    assert view(core, d.instance).inflight_requests == 0 and len(core.ledger) == 0
+    core.membership.snapshots.feed(snap_frames(d.instance, 0, ts=clock.t, finished=finished))
+    assert view(core, d.instance).inflight_requests == 0 and len(core.state.ledger) == 0
 
 
 def test_requests_no_engine_can_take_are_value_errors() -> None:
@@ -214,7 +209,7 @@ def test_requests_no_engine_can_take_are_value_errors() -> None:
 
 def test_restarted_kv_publisher_clears_the_index() -> None:
     core, _ = make_core()
-    core.kv_events.feed(kv_frames("e0", 7, [1]))
-    core.kv_events.feed(kv_frames("e0", 0, [2]))  # sequence went back: a new process
-    kv = core.table["e0"].kv
+    core.membership.kv_events.feed(kv_frames("e0", 7, [1]))
+    core.membership.kv_events.feed(kv_frames("e0", 0, [2]))  # sequence went back: a new process
+    kv = core.state.table["e0"].kv
     assert 1 not in kv and 2 in kv

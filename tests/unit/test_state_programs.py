@@ -14,7 +14,7 @@ from tests.unit.test_state_engines import make_core, view
 
 def stage(core: RouterCore, rid: str, index: int, stages: int = 3,
           program: str = "p") -> Decision:
-    return asyncio.run(core.route(RoutingRequest(
+    return asyncio.run(core.routing.route(RoutingRequest(
         request_id=rid, requested_model=None, num_prompt_tokens=10, max_tokens=10,
         workflow=WorkflowMeta(program_id=program, stage_index=index, num_stages=stages))))
 
@@ -37,24 +37,24 @@ def test_table_assign_complete_expire() -> None:
 def test_core_keeps_program_until_final_stage_completes() -> None:
     core, _ = make_core()
     d0 = stage(core, "s0", 0)
-    assert core.programs.model("p") == "a" and not d0.final
-    core.on_complete(d0, 12, None)
-    assert "p" in core.programs and len(core.ledger) == 0
+    assert core.state.programs.model("p") == "a" and not d0.final
+    core.routing.on_complete(d0, 12, None)
+    assert "p" in core.state.programs and len(core.state.ledger) == 0
     d2 = stage(core, "s2", 2)
     assert d2.final
-    core.on_complete(d2, 7, None)
-    assert "p" not in core.programs
+    core.routing.on_complete(d2, 7, None)
+    assert "p" not in core.state.programs
 
 
 def test_error_releases_inflight_but_keeps_program_until_ttl() -> None:
     core, clock = make_core(program_ttl_s=30.0)
     d = stage(core, "s2", 2)
     assert view(core, d.instance).inflight_requests == 1
-    core.on_complete(d, None, "client disconnected")
-    assert view(core, d.instance).inflight_requests == 0 and "p" in core.programs
+    core.routing.on_complete(d, None, "client disconnected")
+    assert view(core, d.instance).inflight_requests == 0 and "p" in core.state.programs
     clock.t += 30.5
-    core.engines()  # maintenance runs on the request and metrics paths
-    assert "p" not in core.programs and core.stats.programs_expired == 1
+    core.membership.engines()  # maintenance runs on the request and metrics paths
+    assert "p" not in core.state.programs and core.membership.stats.programs_expired == 1
 
 
 def test_activity_keeps_a_program_alive() -> None:
@@ -63,5 +63,5 @@ def test_activity_keeps_a_program_alive() -> None:
     clock.t += 20
     stage(core, "s1", 1)
     clock.t += 20
-    core.engines()
-    assert "p" in core.programs
+    core.membership.engines()
+    assert "p" in core.state.programs

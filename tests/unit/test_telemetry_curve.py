@@ -9,7 +9,6 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -19,6 +18,7 @@ from engine_ext.curve import CurveKeyError, EngineCurve, create, engine_curve, m
 from engine_ext.telemetry import SchedulerSnapshot, TelemetryPublisher
 from router.dispatch.core import RouterCore
 from tests.engine_proc import free_port
+from tests.remote_cluster import remote_cluster
 
 
 def _snapshot(engine: str, seq: int, batch: int) -> SchedulerSnapshot:
@@ -45,13 +45,9 @@ def test_keys_are_made_once_and_private(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def _core(keys: Path, telemetry: str, kv: str) -> RouterCore:
-    inst = SimpleNamespace(name="e-0", served_model_name="m", url="http://127.0.0.1:9",
-                           telemetry_endpoint=telemetry, kv_events_endpoint=kv,
-                           max_model_len=1024)
-    cfg = SimpleNamespace(router=SimpleNamespace(policy="round_robin", heartbeat_timeout_s=60,
-                                                 telemetry_keys_dir=str(keys)),
-                          instances=lambda: [inst])
-    return RouterCore(cfg)
+    return RouterCore(remote_cluster("round_robin", {"e-0": "m"}, max_model_len=1024,
+                                     url="http://127.0.0.1:9", endpoints=(telemetry, kv),
+                                     heartbeat_timeout_s=60, telemetry_keys_dir=str(keys)))
 
 
 async def _until(check: object, timeout_s: float = 10.0) -> bool:
@@ -97,15 +93,15 @@ def test_only_keyed_publishers_reach_the_router(tmp_path: Path) -> None:
                     block_hashes=[1234], parent_block_hash=None, token_ids=list(range(16)),
                     block_size=16, lora_id=None, medium="GPU", lora_name=None)]))
                 await asyncio.sleep(0.05)
-            state = core.table["e-0"]
+            state = core.state.table["e-0"]
             assert await _until(lambda: state.snapshot is not None)
             assert await _until(lambda: state.kv.match([1234]) == 1)
-            seen = core.stats.engines["e-0"]
+            seen = core.membership.stats.engines["e-0"]
             assert state.snapshot is not None and state.snapshot.batch_size == 3
-            assert seen.snapshot_frames > 0 and core.stats.malformed_snapshot_frames == 0
+            assert seen.snapshot_frames > 0 and core.membership.stats.malformed_snapshot_frames == 0
             # Every frame applied came from the keyed publisher: its own sequence, no
             # out-of-order frames from the others' interleaved numbers.
-            assert core.stats.out_of_order_snapshot_frames == 0
+            assert core.membership.stats.out_of_order_snapshot_frames == 0
         finally:
             kv_pub.shutdown()
             for p in pubs:

@@ -83,9 +83,9 @@ FEED_CORE = make_core()[0]
 @given(st.one_of(WELL_FRAMED, mutated(VALID_SNAPSHOT), mutated(VALID_KV)))
 def test_garbage_never_fails_a_state_update(frames: list[bytes]) -> None:
     """Whatever a frame that decodes holds, applying it to router state does not raise."""
-    FEED_CORE.snapshots.feed(frames)
-    FEED_CORE.kv_events.feed(frames)
-    stats = FEED_CORE.stats
+    FEED_CORE.membership.snapshots.feed(frames)
+    FEED_CORE.membership.kv_events.feed(frames)
+    stats = FEED_CORE.membership.stats
     assert stats.failed_snapshot_frames == stats.failed_kv_frames == 0
 
 
@@ -179,43 +179,46 @@ def test_a_spoofed_frame_never_locks_out_the_real_stream(real: int, spoofs: list
 
 def test_spoofed_huge_snapshot_seq_does_not_take_the_engine() -> None:
     core, clock = make_core()
-    core.snapshots.feed(snap_frames("e0", 5, batch_size=1))
+    core.membership.snapshots.feed(snap_frames("e0", 5, batch_size=1))
     spoof = snap_frames("e0", 6, batch_size=99)
     spoof[1] = seq_b(MAX_SEQ)  # the frame's sequence number (the payload's is bounded)
-    core.snapshots.feed(spoof)
+    core.membership.snapshots.feed(spoof)
     for seq in (6, 7):
         clock.t += 1.5  # the engine would go stale if real frames were dropped
-        core.snapshots.feed(snap_frames("e0", seq, batch_size=seq))
+        core.membership.snapshots.feed(snap_frames("e0", seq, batch_size=seq))
         assert view(core, "e0").up and view(core, "e0").batch_size == seq
-    stats = core.stats
+    stats = core.membership.stats
     assert stats.out_of_order_snapshot_frames == 1 and stats.engines["e0"].snapshot_resyncs == 0
 
 
 def test_sender_restart_resyncs_and_the_engine_keeps_reporting() -> None:
     core, clock = make_core()
     for seq in (0, 1, 2):
-        core.snapshots.feed(snap_frames("e0", seq, batch_size=1))
-    core.snapshots.feed(snap_frames("e0", 0, batch_size=4))  # a new process
-    assert view(core, "e0").batch_size == 4 and core.stats.engines["e0"].snapshot_resyncs == 1
-    core.snapshots.feed(snap_frames("e0", 1, batch_size=5))
-    assert view(core, "e0").batch_size == 5 and core.stats.engines["e0"].snapshot_gaps == 0
+        core.membership.snapshots.feed(snap_frames("e0", seq, batch_size=1))
+    core.membership.snapshots.feed(snap_frames("e0", 0, batch_size=4))  # a new process
+    stats = core.membership.stats
+    assert view(core, "e0").batch_size == 4 and stats.engines["e0"].snapshot_resyncs == 1
+    core.membership.snapshots.feed(snap_frames("e0", 1, batch_size=5))
+    assert view(core, "e0").batch_size == 5 and stats.engines["e0"].snapshot_gaps == 0
 
 
 def test_kv_rule_a_stale_batch_is_dropped_a_step_back_for_good_clears() -> None:
     core, _ = make_core()
     for seq, h in ((10, 1), (11, 2)):
-        core.kv_events.feed(kv_frames("e0", seq, [h]))
-    core.kv_events.feed(kv_frames("e0", 4, [3]))   # stale or duplicate: dropped, index kept
-    core.kv_events.feed(kv_frames("e0", 12, [4]))
-    kv = core.table["e0"].kv
+        core.membership.kv_events.feed(kv_frames("e0", seq, [h]))
+    events = core.membership.kv_events
+    events.feed(kv_frames("e0", 4, [3]))   # stale or duplicate: dropped, index kept
+    core.membership.kv_events.feed(kv_frames("e0", 12, [4]))
+    kv = core.state.table["e0"].kv
     assert (1 in kv, 2 in kv, 3 in kv, 4 in kv) == (True, True, False, True)
-    core.kv_events.feed(kv_frames("e0", 2, [5]))   # a restart whose frames 0, 1 were lost:
-    core.kv_events.feed(kv_frames("e0", 3, [6]))   # confirmed by the next batch
+    events.feed(kv_frames("e0", 2, [5]))   # a restart whose frames 0, 1 were lost:
+    core.membership.kv_events.feed(kv_frames("e0", 3, [6]))   # confirmed by the next batch
     assert (1 in kv, 4 in kv, 5 in kv, 6 in kv) == (False, False, False, True)
-    core.kv_events.feed(kv_frames("e0", 4 + MAX_SEQ_JUMP, [7]))  # a far jump forward,
-    core.kv_events.feed(kv_frames("e0", 5 + MAX_SEQ_JUMP, [8]))  # confirmed: index kept
+    core.membership.kv_events.feed(kv_frames("e0", 4 + MAX_SEQ_JUMP, [7]))  # a far jump forward,
+    core.membership.kv_events.feed(kv_frames("e0", 5 + MAX_SEQ_JUMP, [8]))  # confirmed: index kept
     assert (6 in kv, 7 in kv, 8 in kv) == (True, False, True)
-    assert core.stats.engines["e0"].kv_resyncs == 2 and core.stats.out_of_order_kv_frames == 3
+    stats = core.membership.stats
+    assert stats.engines["e0"].kv_resyncs == 2 and stats.out_of_order_kv_frames == 3
 
 
 # ---- the subscriber: guarded updates, rate-limited logs, metrics ----
@@ -335,9 +338,9 @@ def test_an_oversize_part_costs_the_connection_not_the_stream(
 
 def test_metrics_export_resyncs_and_drop_reasons() -> None:
     core, _ = make_core()
-    core.snapshots.feed(snap_frames("e0", 5))
-    core.snapshots.feed(snap_frames("e0", 0))
-    core.snapshots.feed(snap_frames("e0", 0))  # a duplicate
+    core.membership.snapshots.feed(snap_frames("e0", 5))
+    core.membership.snapshots.feed(snap_frames("e0", 0))
+    core.membership.snapshots.feed(snap_frames("e0", 0))  # a duplicate
     text = RouterMetrics(core, "round_robin").render().decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_ext.builtin_models import resolve_model
-from router.request import ParsedRequest, parse_request
+from router.admission.parse import parse_request
+from router.request import ParsedRequest
 from router.tokenize import ModelTokenizer, TokenBound
 
 

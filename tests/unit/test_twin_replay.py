@@ -102,12 +102,12 @@ def test_the_router_hears_every_engine_and_indexes_its_kv_blocks(
         first, second = loop.run_until_complete(go())
     finally:
         loop.close()
-    stats = router.core.stats
+    stats = router.core.membership.stats
     assert stats.malformed_snapshot_frames == stats.malformed_kv_frames == 0
     assert all(c.snapshot_frames > 3 for c in stats.engines.values())
     assert stats.engine_down_events == 0
     assert first.error is None and second.error is None
-    served = router.core.table[first.engine]
+    served = router.core.state.table[first.engine]
     assert len(served.kv) >= 2 and stats.engines[first.engine].kv_frames > 0  # 128-token blocks
     # lmetric routes on KV hits: the same prompt goes where its blocks are
     assert second.engine == first.engine

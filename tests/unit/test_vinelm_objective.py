@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from router.request import RequestError, parse_request
+from router.admission.parse import parse_request
+from router.request import RequestError
 from router.types import WorkflowMeta
 from router.vinelm.objective import Objective
 

@@ -1,0 +1,132 @@
+"""``Admission``: one request authenticated, validated, tokenized when needed and made the
+core's ``RoutingRequest``; a RequestError (4xx) otherwise."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Awaitable, Callable, Mapping
+
+from router.admission.parse import context_error, parse_request
+from router.admission.served import ServedModel
+from router.auth import Keys
+from router.config.cluster import RouterConfig
+from router.metrics import RouterMetrics
+from router.request import AUTO_MODEL, Kind, ParsedRequest, RequestError
+from router.tokenize import PromptInfo, Tokenizers
+from router.types import RoutingRequest, WorkflowMeta
+
+MAX_PROMPT_TOKENS = 1 << 20
+"""Longest prompt taken for a model whose engines set no ``max_model_len`` (with one, the
+context bounds it)."""
+
+_ids = itertools.count(1)
+_ID_PREFIX = os.urandom(8).hex()
+
+
+def request_id() -> str:
+    """A new request id, unique across router processes and restarts: a random prefix
+    per process and a counter (``uuid4`` reads the OS's random source per call)."""
+    return f"{_ID_PREFIX}{next(_ids):x}"
+
+
+class Admission:
+    """Turns a client's request into the core's, or refuses it with a 4xx."""
+
+    def __init__(self, settings: RouterConfig, keys: Keys, models: Mapping[str, ServedModel],
+                 tokenizers: Tokenizers, metrics: RouterMetrics,
+                 wall_clock: Callable[[], float]) -> None:
+        self.settings, self.keys, self.models = settings, keys, models
+        self.tokenizers, self.metrics, self.wall_clock = tokenizers, metrics, wall_clock
+        self.tokenize_always = True
+        """Tokenize every prompt (the policy reads it); else only when it may not fit."""
+        self.new_request_id: Callable[[], str] = request_id
+        """Request ids (the twin numbers its requests)."""
+
+    async def admit(self, kind: Kind, headers: Mapping[str, str],
+                    read: Callable[[], Awaitable[bytes]]
+                    ) -> tuple[ParsedRequest, RoutingRequest]:
+        """A request authenticated (before ``read`` gives its body), validated, tokenized
+        (when the policy reads the prompt, or it may not fit) and made the core's
+        request; RequestError (4xx) otherwise. The twin (``kernels_bench.twin``) calls
+        this as the HTTP route does."""
+        arrival = self.wall_clock()
+        trusted = self.keys.check_api(headers)
+        parsed = parse_request(kind, await read(), headers,
+                               allow_client_priority=self.settings.allow_client_priority,
+                               trusted=trusted)
+        for name in parsed.ignored:
+            self.metrics.untrusted_fields.labels(name).inc()
+        self._check_per_model(parsed)
+        return parsed, _routing_request(parsed, await self._prompt(parsed), arrival,
+                                        self.new_request_id())
+
+    def _check_per_model(self, parsed: ParsedRequest) -> None:
+        """Every model named in ``per_model`` must be served here (also in a
+        ``per_model.priority`` the config drops)."""
+        for key, table in parsed.per_model.items():
+            unknown = sorted(set(table) - set(self.models))
+            if unknown:
+                raise RequestError(400, f"'per_model.{key}' names model '{unknown[0]}', "
+                                   f"which is not served here; served models: "
+                                   f"{', '.join(self.models)}", param=f"per_model.{key}",
+                                   code="model_not_found")
+
+    async def _prompt(self, parsed: ParsedRequest) -> PromptInfo | None:
+        """Tokenize for the requested model, or for ``auto`` with the shared tokenizer;
+        None (not tokenized) when the policy reads no prompt and its bound fits."""
+        names = [parsed.model] if parsed.model is not None else list(self.models)
+        if parsed.model is not None and parsed.model not in self.models:
+            raise RequestError(404, f"model '{parsed.model}' does not exist; served models: "
+                               f"{', '.join([*self.models, AUTO_MODEL])}", param="model",
+                               code="model_not_found")
+        if not self.tokenize_always:
+            bound = await self.tokenizers.max_prompt_tokens(names[0], parsed)
+            if bound is not None and self._fits(parsed, names, bound):
+                return None
+        start = time.perf_counter()
+        prompt = await self.tokenizers.prompt(names[0], parsed)
+        self.metrics.tokenize_latency.observe(time.perf_counter() - start)
+        checked = [(length, context_error(parsed, n, length, len(prompt.token_ids)))
+                   for n in names if (length := self.models[n].max_model_len) is not None]
+        if not checked and len(prompt.token_ids) > MAX_PROMPT_TOKENS:
+            raise RequestError(400, f"the prompt is {len(prompt.token_ids)} tokens; without a "
+                               f"max_model_len the router takes at most {MAX_PROMPT_TOKENS}",
+                               param="messages" if parsed.kind == "chat" else "prompt",
+                               code="context_length_exceeded")
+        if len(checked) == len(names) and all(error for _, error in checked):
+            error = max(checked, key=lambda c: c[0])[1]  # report the longest context's
+            assert error is not None
+            raise error
+        return prompt
+
+    def _fits(self, parsed: ParsedRequest, names: list[str], tokens: int) -> bool:
+        """Whether a prompt of ``tokens`` tokens fits every one of ``names`` (so does any
+        shorter one: the exact check in ``_prompt`` would pass them all)."""
+        return tokens <= MAX_PROMPT_TOKENS and all(
+            context_error(parsed, n, length, tokens) is None
+            for n in names if (length := self.models[n].max_model_len) is not None)
+
+
+def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
+                     arrival: float, rid: str) -> RoutingRequest:
+    """The core's request; without ``prompt`` (not tokenized), an empty prompt of
+    0 tokens: every engine it may go to fits it, and its policy reads none of it."""
+    if prompt is None:
+        return RoutingRequest(request_id=rid, requested_model=parsed.model,
+                              max_tokens=parsed.max_tokens,
+                              workflow=WorkflowMeta(**parsed.workflow),
+                              arrival_time=arrival)
+    return RoutingRequest(
+        request_id=rid,
+        requested_model=parsed.model,
+        prompt_text=prompt.text,
+        system_text=prompt.system_text,
+        user_text=prompt.user_text,
+        prompt_token_ids=prompt.token_ids,
+        num_prompt_tokens=len(prompt.token_ids),
+        max_tokens=parsed.max_tokens,
+        workflow=WorkflowMeta(**parsed.workflow),
+        arrival_time=arrival,
+    )

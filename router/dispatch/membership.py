@@ -1,0 +1,316 @@
+"""``Membership``: which engines the router routes to, and what it hears from them.
+
+It subscribes to every engine's telemetry and KV events (CURVE-authenticated when the
+cluster has keys), probes engines a failed call marked down, applies the launcher's and
+operators' verdicts (down, up, move, add, remove) and shares them, and the program
+table's changes, with the other router workers (``router.dispatch.peers``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import msgspec
+import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
+
+from engine_ext.curve import router_curve
+from engine_ext.telemetry import (KVEventBatch, SchedulerSnapshot, kv_event_decoder,
+                                  snapshot_decoder)
+from router.config.cluster import ClusterConfig, RouterConfig
+from router.config.engines import EngineInstance, MAX_NODE_CHARS
+from router.config.membership import with_engine, without_engine
+from router.dispatch.health_probe import HealthProber
+from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Marked, Moved,
+                                   PeerEvent, Peers, Removed, Routed, sync_endpoints)
+from router.dispatch.subscriber import StreamSubscriber
+from router.policies.base import Policy
+from router.state.cluster import ClusterState
+from router.state.stats import RouterStats, StreamCounters
+from router.state.view import EngineView, engine_view
+
+log = logging.getLogger("hetserve.router")
+
+
+class Membership:
+    """The engines routed to: telemetry subscriptions, health, admin verdicts, peers."""
+
+    def __init__(self, config: ClusterConfig, state: ClusterState,
+                 clock: Callable[[], float] = time.monotonic, worker: int | None = None) -> None:
+        """``worker``: this process's index among ``config.router.workers`` router
+        processes serving one port (``router.dispatch.peers``); None for a lone router."""
+        r = config.router
+        self.config, self.state, self.clock = config, state, clock
+        instances = config.instances()
+        self.instances: dict[str, EngineInstance] = {i.name: i for i in instances}
+        """The engine instances routed to (``config.instances()``, plus added ones)."""
+        self.nodes: dict[str, str | None] = {i.name: i.node for i in instances}
+        """Where each engine runs, when the launcher placed it on a Ray node; such an
+        engine may move to another host (``move_engine``)."""
+        self.policy: Policy[Any] | None = None
+        """The routing policy, told of engines added and removed (``RouterCore`` sets it)."""
+        names = set(self.instances)  # the decoders' topics, grown by add_engine
+        self._names = names
+        self.curve = router_curve(r.telemetry_keys_dir) if r.telemetry_keys_dir else None
+        self.snapshots = StreamSubscriber(
+            "snapshot", [i.telemetry_endpoint for i in instances if i.telemetry_endpoint],
+            snapshot_decoder(names), self._on_snapshot, self.curve)
+        self.kv_events = StreamSubscriber(
+            "kv", [i.kv_events_endpoint for i in instances if i.kv_events_endpoint],
+            kv_event_decoder(names), self._on_kv_batch, self.curve)
+        self.prober = HealthProber({i.name: i.url for i in instances},
+                                   lambda name: self.mark_engine(name, True, "health probe"),
+                                   backoff_s=r.breaker_backoff_s,
+                                   backoff_max_s=r.breaker_backoff_max_s)
+        self.peers = _peers(r, worker, self._apply_peer)
+        self._cleanup: set[asyncio.Task[None]] = set()
+        """Unsubscribing from a removed engine's endpoints (a peer's removal)."""
+        self._zap: AsyncioAuthenticator | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+
+    async def start(self) -> None:
+        """Subscribe to every engine's telemetry and KV events, link the peers, probe."""
+        self._ctx = zmq.asyncio.Context()
+        if self.curve is not None:  # ZAP: only the engines' key gets a connection
+            self._zap = AsyncioAuthenticator(self._ctx, log=log)
+            self._zap.start()
+            self._zap.configure_curve_callback("*", self.curve)
+        try:
+            await self.snapshots.start(self._ctx)
+            await self.kv_events.start(self._ctx)
+            if self.peers is not None:
+                await self.peers.start(self._ctx)
+        except ValueError:
+            await self.stop()
+            raise
+        await self.prober.start()
+
+    async def stop(self) -> None:
+        await self.prober.stop()
+        await self.snapshots.stop()
+        await self.kv_events.stop()
+        if self.peers is not None:
+            await self.peers.stop()
+        if self._zap is not None:
+            self._zap.stop()
+            self._zap = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # ---- marks and moves ----
+
+    def mark_engine(self, instance: str, up: bool, reason: str, probe: bool = False) -> None:
+        """Mark an engine down or back up. ``probe=True`` (a failed HTTP call): the
+        health prober marks it up once it answers ``/health``; otherwise (launcher,
+        operator) only an explicit mark brings it back."""
+        state = self.state
+        if instance not in state.table.engines:
+            raise ValueError(f"unknown instance '{instance}'")
+        if up or not probe:
+            self.prober.forget(instance)
+        else:
+            self.prober.watch(instance)
+        if state.table.mark(instance, up, reason):
+            state.stats.engine_down_events += 1
+        if not up:
+            state.ledger.release_engine(instance)
+
+    def admin_mark(self, instance: str, up: bool, reason: str) -> None:
+        """The launcher's or an operator's verdict on an engine: applied here and sent to
+        the other router workers (ValueError: an unknown instance)."""
+        self.mark_engine(instance, up, reason)
+        if self.peers is not None:
+            self.peers.publish(Marked(instance, up, reason))
+
+    def admin_move(self, instance: str, url: str, node: str | None = None) -> None:
+        """The launcher restarted ``instance`` on another port (same host; any host for an
+        engine it placed on a Ray node): route to ``url`` from now on, here and in the
+        other router workers (ValueError: an unknown instance, or a URL that is not
+        ``http://<the same host>:PORT``). ``node``: its new Ray node."""
+        self.move_engine(instance, url, node)
+        if self.peers is not None:
+            self.peers.publish(Moved(instance, url, node))
+
+    def move_engine(self, instance: str, url: str, node: str | None = None) -> None:
+        table = self.state.table
+        if instance not in table.engines:
+            raise ValueError(f"unknown instance '{instance}'")
+        old, new = urlsplit(table[instance].url), urlsplit(url)
+        try:
+            port = new.port
+        except ValueError:
+            port = None
+        placed = self.nodes.get(instance) is not None
+        if len(url) > MAX_URL_CHARS or (node is not None and len(node) > MAX_NODE_CHARS):
+            raise ValueError(f"url (at most {MAX_URL_CHARS} characters) or node (at most "
+                             f"{MAX_NODE_CHARS}) too long")
+        if (new.scheme != "http" or not new.hostname or port is None
+                or (new.hostname != old.hostname and not placed)
+                or new.path.strip("/") or new.query or new.username or new.password):
+            rule = ("http://HOST:PORT" if placed else f"http://{old.hostname}:PORT (the "
+                    "engine's host; only its port may change)")
+            raise ValueError(f"url must be {rule}, got {url[:200]!r}")
+        if node is not None and not placed:
+            raise ValueError(f"engine '{instance}' was not placed on a Ray node: no node")
+        table[instance].url = self.prober.urls[instance] = url.rstrip("/")
+        if node is not None:
+            self.nodes[instance] = node
+        log.warning("engine %s moved to %s%s", instance, url, f" on {node}" if node else "")
+
+    # ---- engines added and removed ----
+
+    def admin_add(self, entry: dict[str, Any]) -> EngineInstance:
+        """The launcher started one more replica of a served model: validate its
+        cluster-file ``entry`` (``router.config.with_engine``; ConfigError, a ValueError)
+        and route to it, here and in the other router workers; the new instance."""
+        text = msgspec.json.encode(entry).decode()
+        if len(text) > MAX_ENTRY_CHARS:  # the other workers could not take it
+            raise ValueError(f"the entry is over {MAX_ENTRY_CHARS} characters as JSON")
+        inst = self._add(entry)
+        if self.peers is not None:
+            self.peers.publish(Added(text))
+        return inst
+
+    def _add(self, entry: dict[str, Any]) -> EngineInstance:
+        self.config = with_engine(self.config, entry)
+        inst = next(i for i in self.config.instances() if i.name == entry["name"])
+        state, model = self.state, inst.served_model_name
+        like = state.table.models[model][0].name
+        state.table.add(inst)
+        self.instances[inst.name] = inst
+        self._names.add(inst.name)
+        state.stats.engines.setdefault(inst.name, StreamCounters())
+        self.nodes[inst.name] = inst.node
+        self.prober.urls[inst.name] = inst.url
+        if self._ctx is not None:
+            self.snapshots.add(inst.telemetry_endpoint)
+            self.kv_events.add(inst.kv_events_endpoint)
+        if self.policy is not None:
+            self.policy.add_engine(inst.name, model, like)
+        log.warning("engine %s added (%s at %s)", inst.name, model, inst.url)
+        return inst
+
+    async def admin_remove(self, instance: str) -> None:
+        """The launcher drained ``instance`` (marked down, nothing in flight) and stops
+        it: forget it here and in the other router workers (ValueError: not marked down,
+        requests still in flight, or not removable: ``without_engine``)."""
+        unused = self._remove(instance)
+        if self.peers is not None:
+            self.peers.publish(Removed(instance))
+        await _unsubscribe(unused)
+
+    def _remove(self, instance: str) -> list[tuple[StreamSubscriber, str]]:
+        """Forget ``instance``; the endpoints no other engine uses, to unsubscribe."""
+        state = self.state
+        e = state.table.engines.get(instance)
+        if e is None:
+            raise ValueError(f"unknown instance '{instance}'")
+        if e.marked_down is None:
+            raise ValueError(f"mark '{instance}' down first (POST .../down), then remove it "
+                             "once nothing is in flight")
+        inflight = state.open_requests[instance]
+        if inflight:
+            raise ValueError(f"'{instance}' still has {inflight} request(s) in flight")
+        self.config = without_engine(self.config, instance)
+        inst = self.instances.pop(instance)
+        state.table.remove(instance)
+        self._names.discard(instance)
+        self.nodes.pop(instance, None)
+        self.prober.urls.pop(instance, None)
+        self.prober.forget(instance)
+        if self.policy is not None:
+            self.policy.remove_engine(instance)
+        log.warning("engine %s removed", instance)
+        used = {ep for i in self.instances.values()
+                for ep in (i.telemetry_endpoint, i.kv_events_endpoint)}
+        return [(sub, ep) for sub, ep in ((self.snapshots, inst.telemetry_endpoint),
+                                          (self.kv_events, inst.kv_events_endpoint))
+                if ep not in used]
+
+    def _apply_peer(self, event: PeerEvent) -> None:
+        """A change another router worker made (ValueError: one naming what is not here)."""
+        now, programs = self.clock(), self.state.programs
+        if isinstance(event, Added):
+            entry = msgspec.json.decode(event.entry)
+            if not isinstance(entry, dict):  # refused like any bad entry: a ValueError
+                raise ValueError("an added engine's entry must be a JSON object")  # noqa: TRY004
+            self._add(entry)
+        elif isinstance(event, Removed):
+            unused = self._remove(event.instance)
+            self._cleanup.add(task := asyncio.get_running_loop().create_task(
+                _unsubscribe(unused)))
+            task.add_done_callback(self._cleanup.discard)
+        elif isinstance(event, Moved):
+            self.move_engine(event.instance, event.url, event.node)
+        elif isinstance(event, Marked):
+            self.mark_engine(event.instance, event.up, event.reason)
+        elif isinstance(event, Routed):
+            if not any(e.model == event.model for e in self.state.table.engines.values()):
+                raise ValueError(f"unknown model {event.model!r}")
+            programs.routed(event.program_id, event.model, now)
+        else:
+            programs.completed(event.program_id, event.final, event.error, now)
+
+    # ---- what the engines report ----
+
+    def engines(self) -> list[EngineView]:
+        now = self.clock()
+        self.state.maintain(now)
+        return [engine_view(e, self.state.ledger, now) for e in self.state.table.engines.values()]
+
+    @property
+    def stats(self) -> RouterStats:
+        """Counters, with the subscribers' dropped-frame counts brought up to date."""
+        st, snap, kv = self.state.stats, self.snapshots, self.kv_events
+        st.malformed_snapshot_frames = snap.decoder.malformed
+        st.malformed_kv_frames = kv.decoder.malformed
+        st.unknown_topic_frames = snap.decoder.unknown_topic + kv.decoder.unknown_topic
+        st.out_of_order_snapshot_frames = sum(
+            s.out_of_order for s in snap.decoder.stats.values())
+        st.out_of_order_kv_frames = sum(s.out_of_order for s in kv.decoder.stats.values())
+        st.failed_snapshot_frames, st.failed_kv_frames = snap.errors, kv.errors
+        return st
+
+    # The decoders pass only well-formed frames of configured engines (a snapshot's
+    # engine_id is its topic) that the sequence rule accepts (engine_ext.telemetry).
+
+    def _on_snapshot(self, topic: str, seq: int, snap: SchedulerSnapshot) -> None:
+        state = self.state
+        if state.table.on_snapshot(snap, self.clock()):
+            log.warning("engine %s is down: %s", snap.engine_id,
+                        state.table[snap.engine_id].down_reason)
+            state.stats.engine_down_events += 1
+        if snap.finished:
+            state.ledger.finished(topic, [f.request_id for f in snap.finished])
+        state.ledger.mark_reported(topic, snap.ts)
+        counters, seqs = state.stats.engines[topic], self.snapshots.decoder.stats[topic]
+        counters.snapshot_frames += 1
+        counters.snapshot_gaps, counters.snapshot_resyncs = seqs.gaps, seqs.resyncs
+
+    def _on_kv_batch(self, topic: str, seq: int, batch: KVEventBatch) -> None:
+        self.state.table.on_kv_batch(topic, seq, batch)
+        counters, seqs = self.state.stats.engines[topic], self.kv_events.decoder.stats[topic]
+        counters.kv_frames += 1
+        counters.kv_gaps, counters.kv_resyncs = seqs.gaps, seqs.resyncs
+
+
+def _peers(r: RouterConfig, worker: int | None,
+           apply: Callable[[PeerEvent], None]) -> Peers | None:
+    """The link to the other router workers; None for a lone router."""
+    if r.workers == 1:
+        return None
+    if worker is None or not r.sync_dir or r.port is None:
+        raise ValueError(f"router.workers = {r.workers}: each process needs --worker I "
+                         "(0..workers-1), router.port and router.sync_dir (the launcher "
+                         "sets both)")
+    return Peers(sync_endpoints(r.sync_dir, r.port, r.workers), worker, apply)
+
+
+async def _unsubscribe(unused: list[tuple[StreamSubscriber, str]]) -> None:
+    for sub, ep in unused:
+        await sub.remove(ep)

@@ -1,0 +1,250 @@
+"""``Proxy``: an admitted request forwarded to the engine the core picks, and back.
+
+Per attempt: ask the core for a decision (its failures as RequestError), send the
+client's body with the chosen ``model``, ``priority`` and ``max_tokens`` to that engine
+(``router.upstream``), relay its answer or SSE stream, and report the request's end to the
+core exactly once (success, engine error, client disconnect or abort). An engine that
+could not be reached or closed the connection without a byte of an answer is marked down
+and the request re-dispatched, at most ``MAX_ROUTE_ATTEMPTS`` times in all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Iterable
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from router.auth import engine_key
+from router.config.cluster import RouterConfig
+from router.config.engines import EngineInstance
+from router.dispatch.core import RouterCore
+from router.metrics import RouterMetrics
+from router.request import ParsedRequest, RequestError, overloaded
+from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest
+from router.upstream import (StreamResult, StreamTimeouts, Upstream, UpstreamError,
+                             completion_tokens)
+
+MAX_ROUTE_ATTEMPTS = 3
+"""Routing attempts per request when the chosen engine cannot be reached or fails before
+answering (``redispatch``)."""
+
+log = logging.getLogger(__name__)
+_encode = msgspec.json.encode
+
+
+class _Completion:
+    """Reports one routed request's end to the core, exactly once."""
+
+    def __init__(self, core: RouterCore, decision: Decision) -> None:
+        self._core, self.decision, self._done = core, decision, False
+
+    def finish(self, output_tokens: int, error: str | None) -> None:
+        if not self._done:
+            self._done = True
+            self._core.routing.on_complete(self.decision, output_tokens, error)
+
+
+class Proxy:
+    """Forwards admitted requests: decision, engine call, relay, retry elsewhere."""
+
+    def __init__(self, settings: RouterConfig, core: RouterCore,
+                 metrics: RouterMetrics) -> None:
+        self.settings, self.core, self.metrics = settings, core, metrics
+        self.engine_auth = engine_auth(core.membership.instances.values())
+        """The ``Authorization`` value of each engine that requires an API key."""
+        self.upstream: Upstream | None = None
+
+    def start(self) -> None:
+        """Open the connection pool to the engines (in the serving loop)."""
+        r = self.settings
+        self.upstream = Upstream(r.request_timeout_s, r.max_inflight,
+                                 StreamTimeouts(r.stream_first_byte_timeout_s,
+                                                r.stream_stall_timeout_s))
+
+    async def close(self) -> None:
+        if self.upstream is not None:
+            await self.upstream.aclose()
+
+    def forget(self, instance: str) -> None:
+        """A removed engine's key is dropped."""
+        self.engine_auth.pop(instance, None)
+
+    async def serve(self, request: web.Request, parsed: ParsedRequest,
+                    routing: RoutingRequest) -> web.StreamResponse:
+        """The engine's answer to ``request``, re-dispatched while ``redispatch`` says so;
+        RequestError when routing or the last attempt fails."""
+        attempt = 1
+        while True:
+            completion = _Completion(self.core, await self.route(routing))
+            try:
+                return await self._forward(request, parsed, routing.request_id, completion)
+            except UpstreamError as exc:
+                if not redispatch(exc) or attempt == MAX_ROUTE_ATTEMPTS:
+                    raise exc.error() from None
+            self.metrics.redispatched.inc()
+            attempt += 1
+
+    async def route(self, routing: RoutingRequest) -> Decision:
+        """The core's decision; its failures as RequestError (503, 429, 400, 500)."""
+        try:
+            return await self.core.routing.route(routing)
+        except NoEngineAvailable as exc:
+            raise RequestError(503, f"no engine available: {exc}", type_="service_unavailable",
+                               code="no_engine_available") from None
+        except Overloaded as exc:
+            raise overloaded(str(exc)) from None
+        except ValueError as exc:
+            raise RequestError(400, str(exc), code="invalid_value") from None
+        except Exception as exc:  # a policy or predictor bug: this request fails alone
+            log.exception("routing request %s failed", routing.request_id)
+            raise RequestError(500, f"the router could not route this request "
+                               f"({type(exc).__name__})", type_="server_error",
+                               code="routing_failed") from None
+
+    def _upstream_failed(self, completion: _Completion, exc: UpstreamError,
+                         output_tokens: int = 0) -> None:
+        instance = completion.decision.instance
+        self.metrics.upstream_errors.labels(instance, exc.kind).inc()
+        completion.finish(output_tokens, str(exc))
+        if exc.kind in ("connect", "protocol", "timeout"):
+            log.warning("marking engine %s down: %s", instance, exc)
+            self.core.membership.mark_engine(instance, False, str(exc), probe=True)
+
+    async def _forward(self, request: web.Request, parsed: ParsedRequest, request_id: str,
+                       completion: _Completion) -> web.StreamResponse:
+        decision = completion.decision
+        priority, max_tokens = engine_settings(parsed, decision)
+        body = upstream_body(parsed, decision.model, priority, max_tokens)
+        path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
+        headers = {"content-type": "application/json", "x-request-id": request_id}
+        auth = self._auth(decision.instance)
+        if auth is not None:
+            headers["authorization"] = auth
+        response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}
+        assert self.upstream is not None
+        try:
+            resp = await self.upstream.open(decision.instance, decision.url.rstrip("/") + path,
+                                            body, headers, parsed.stream)
+            if parsed.stream and resp.status == 200:
+                return await self._relay(request, completion, resp, parsed.include_usage,
+                                         response_headers)
+            content = await self.upstream.read(decision.instance, resp)
+        except UpstreamError as exc:
+            self._upstream_failed(completion, exc)
+            raise
+        except asyncio.CancelledError:  # the client left (or the router stops)
+            completion.finish(0, "client disconnected")
+            raise
+        except BaseException:
+            completion.finish(0, "aborted")
+            raise
+        error = None if resp.status < 400 else f"engine answered {resp.status}"
+        completion.finish(completion_tokens(content) if error is None else 0, error)
+        response_headers["content-type"] = resp.headers.get("content-type", "application/json")
+        return web.Response(body=content, status=resp.status, headers=response_headers)
+
+    async def _relay(self, request: web.Request, completion: _Completion,
+                     resp: aiohttp.ClientResponse, keep_usage: bool,
+                     headers: dict[str, str]) -> web.StreamResponse:
+        """Relay an engine's SSE stream; report its end exactly once. A failure after
+        the first byte ends the stream with an OpenAI error event and no ``[DONE]``."""
+        result = StreamResult()
+        instance = completion.decision.instance
+        out = web.StreamResponse(status=200, headers={**headers,
+                                                      "content-type": "text/event-stream"})
+        error: str | None = "aborted"
+        try:
+            await out.prepare(request)
+            assert self.upstream is not None
+            async for event in self.upstream.events(instance, resp, result, keep_usage):
+                await out.write(event)
+            await out.write_eof()
+            error = None
+        except UpstreamError as exc:
+            self._upstream_failed(completion, exc, result.output_tokens)
+            try:
+                await out.write(b"data: " + _encode(exc.error().body()) + b"\n\n")
+                await out.write_eof()
+            except (ConnectionError, RuntimeError):
+                pass
+        except (ConnectionError, asyncio.CancelledError) as exc:
+            error = "client disconnected"
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            completion.finish(result.output_tokens, error)
+            resp.release()
+        return out
+
+    def _auth(self, instance: str) -> str | None:
+        """The ``Authorization`` value for ``instance`` (an added engine's on first use)."""
+        auth = self.engine_auth.get(instance)
+        inst = self.core.membership.instances.get(instance)
+        if auth is None and inst is not None and inst.api_key_env:
+            auth = self.engine_auth[instance] = engine_auth([inst])[instance]
+        return auth
+
+
+def engine_settings(parsed: ParsedRequest, decision: Decision) -> tuple[int | None, int | None]:
+    """(priority, max_tokens) sent to the engine: the client's priority (when allowed),
+    else its ``per_model.priority`` for the chosen model, else the policy's; the client's
+    ``per_model.max_tokens`` for the chosen model within the policy's clamp."""
+    priority = parsed.client_priority
+    if priority is None:
+        priority = parsed.model_priority.get(decision.model, decision.priority)
+    max_tokens = decision.max_tokens
+    forced = parsed.model_max_tokens.get(decision.model)
+    if forced is not None:
+        max_tokens = forced if max_tokens is None else min(forced, max_tokens)
+    return priority, max_tokens
+
+
+def upstream_body(
+    parsed: ParsedRequest, model: str, priority: int | None, max_tokens: int | None
+) -> bytes:
+    """The body sent to the engine: the client's body with ``model``, ``priority`` and
+    ``max_tokens`` set by the router, ``workflow``, ``priority`` and ``per_model`` removed,
+    and usage requested on streams (the router strips the usage chunk again if the client
+    did not ask for it)."""
+    body = {k: v for k, v in parsed.body.items()
+            if k not in ("workflow", "priority", "per_model")}
+    body["model"] = model
+    if priority is not None:
+        body["priority"] = priority
+    if max_tokens is not None:
+        body[parsed.max_tokens_param] = max_tokens
+    if parsed.stream:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return _encode(body)
+
+
+def engine_auth(instances: Iterable[EngineInstance]) -> dict[str, str]:
+    """The ``Authorization`` value of each engine that requires an API key
+    (``api_key_env``; KeysError, a ValueError, when its variable is not set)."""
+    return {inst.name: f"Bearer {engine_key(inst.engine, inst.api_key_env)}"
+            for inst in instances if inst.api_key_env}
+
+
+def redispatch(exc: UpstreamError) -> bool:
+    """Whether a failed call goes to another engine (re-routed: another engine of the
+    model, or another model for ``auto``): the engine was unreachable, or closed the
+    connection without a byte of an answer (it died or restarted while the request
+    waited or ran). Not after a timeout (the client has waited that long already) nor a
+    5xx (the engine judged the request; another would likely judge the same)."""
+    return exc.unanswered and exc.kind in ("connect", "protocol")
+
+
+def _decision_headers(decision: Decision, priority: int | None) -> dict[str, str]:
+    """The ``x-hetserve-*`` response headers (``none`` for no prediction or priority)."""
+    predicted = decision.predicted_remaining_tokens
+    return {"x-hetserve-model": decision.model, "x-hetserve-engine": decision.instance,
+            "x-hetserve-policy": decision.policy,
+            "x-hetserve-predicted-remaining-tokens":
+                str(round(predicted)) if predicted is not None and math.isfinite(predicted)
+                else "none",
+            "x-hetserve-priority": "none" if priority is None else str(priority)}

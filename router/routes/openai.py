@@ -1,0 +1,94 @@
+"""The OpenAI routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, and
+``/health`` and ``/metrics``. A generation route bounds the requests in flight, admits the
+request (``router.admission``) and hands it to the proxy (``router.proxy``)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from router.admission.admit import Admission
+from router.auth import Keys
+from router.config.cluster import RouterConfig
+from router.dispatch.core import RouterCore
+from router.metrics import RouterMetrics
+from router.proxy import Proxy
+from router.request import AUTO_MODEL, Kind, RequestError, overloaded
+from router.routes.http import ClientDisconnected, error_response, json_response, read_body
+
+CLIENT_CLOSED = 499
+"""Status counted for a request whose client left before the answer (never sent)."""
+
+
+class OpenAIRoutes:
+    """The handlers of the OpenAI API and the plain endpoints."""
+
+    def __init__(self, settings: RouterConfig, keys: Keys, admission: Admission,
+                 proxy: Proxy, core: RouterCore, metrics: RouterMetrics,
+                 created: int) -> None:
+        self.settings, self.keys, self.admission, self.proxy = settings, keys, admission, proxy
+        self.core, self.metrics, self.created = core, metrics, created
+        self.inflight = 0
+        """Generation requests being handled (``[router] max_inflight`` bounds it)."""
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models, allow_head=False)
+        app.router.add_get("/health", self.health, allow_head=False)
+        app.router.add_get("/metrics", self.metrics_text, allow_head=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        limit = self.settings.max_inflight
+        if self.inflight >= limit:
+            self.metrics.requests.labels(request.path, "503").inc()
+            return error_response(overloaded(f"{limit} requests in flight "
+                                             "(router.max_inflight)"))
+        self.inflight += 1
+        status = CLIENT_CLOSED
+        try:
+            parsed, routing = await self.admission.admit(kind, request.headers,
+                                                         lambda: read_body(request.content))
+            response = await self.proxy.serve(request, parsed, routing)
+            status = response.status
+            return response
+        except RequestError as exc:
+            status = exc.status
+            return error_response(exc)
+        except ClientDisconnected:  # nobody to answer: counted, never sent
+            return web.Response(status=CLIENT_CLOSED)
+        finally:  # also when the client's leaving cancelled us
+            self.inflight -= 1
+            self.metrics.requests.labels(request.path, str(status)).inc()
+
+    async def models(self, request: web.Request) -> web.Response:
+        try:
+            self.keys.check_api(request.headers)
+        except RequestError as exc:
+            return error_response(exc)
+        data = [{"id": m.name, "object": "model", "created": self.created,
+                 "owned_by": "hetserve", "max_model_len": m.max_model_len}
+                for m in self.admission.models.values()]
+        data.append({"id": AUTO_MODEL, "object": "model", "created": self.created,
+                     "owned_by": "hetserve", "max_model_len": None})
+        return json_response({"object": "list", "data": data})
+
+    async def health(self, _request: web.Request) -> web.Response:
+        membership, state = self.core.membership, self.core.state
+        engines = membership.engines()
+        up = sum(1 for e in engines if e.up)
+        body = {"status": "ok" if up else "no engine up", "engines_up": up,
+                "engines": len(engines),
+                "instances": [{"name": e.name, "model": e.model, "up": e.up,
+                               "inflight": state.open_requests[e.name], "url": e.url,
+                               "node": membership.nodes.get(e.name)} for e in engines]}
+        return json_response(body, 200 if up else 503)
+
+    async def metrics_text(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={
+            "content-type": "text/plain; version=0.0.4; charset=utf-8"})
