@@ -47,7 +47,7 @@ def plots_of(summary: Mapping[str, Any]) -> list[str]:
 def big_model_of(summary: Mapping[str, Any]) -> str | None:
     """The big model of the summary's ``random_mix`` specs (their ``big_model``), if any."""
     for p in summary["meta"]["policies"]:
-        if p["router"] == RANDOM_MIX:
+        if p.get("router") == RANDOM_MIX:
             return str(dict(p.get("overrides", [])).get("big_model", "")) or None
     return None
 
@@ -241,7 +241,7 @@ def mix(path: Path, summary: Mapping[str, Any], big: str) -> None:
                 continue
             x, y = float(np.mean(shares)), score
             err = [[y["value"] - y["low"]], [y["high"] - y["value"]]]
-            if p["router"] == RANDOM_MIX:
+            if p.get("router") == RANDOM_MIX:
                 curve.append((x, y["value"], err))
                 continue
             ax.errorbar([x], [y["value"]], yerr=err, marker="os^"[i // 10 % 3], capsize=3,
