@@ -69,6 +69,7 @@ STATIC: dict[str, dict[str, Any]] = {
     "laar": {"static_prior": True, "capability": {"small": 0.6, "large": 0.8},
              "mean_output_tokens": {"small": 200, "large": 300},
              "decode_ms_per_token": {"small": 5.0, "large": 15.0}},
+    "random_mix": {"big_model": "large", "share": 0.3},
     # the bench's requests carry no VineLM objective: this measures its fallback path
     "vinelm": {"static_prior": True, "fallback": "lmetric",
                "workflows": {"bench": {"stages": [{"name": "solve", "models": list(MODELS),
@@ -100,12 +101,15 @@ class Cluster:
 
 
 def renamed(value: Any, models: tuple[str, str]) -> Any:
-    """``value`` with the bench's model names replaced by ``models`` (keys and items)."""
+    """``value`` with the bench's model names replaced by ``models`` (keys, items and
+    values)."""
     names = dict(zip(MODELS, models))
+    if isinstance(value, str):
+        return names.get(value, value)
     if isinstance(value, dict):
         return {names.get(k, k): renamed(v, models) for k, v in value.items()}
     if isinstance(value, list):
-        return [names.get(v, v) if isinstance(v, str) else renamed(v, models) for v in value]
+        return [renamed(v, models) for v in value]
     return value
 
 
