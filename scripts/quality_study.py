@@ -28,7 +28,6 @@ Writes ``study.json`` and ``learning-curve.png`` in ``--out`` (docs/predictors/q
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import time
@@ -44,8 +43,8 @@ from xgboost import XGBClassifier
 from router.predictors.encoder import MINILM, Encoder, StaticEncoder, resolve_encoder
 from router.predictors.evaluation import routing_gain_report
 from router.predictors.features import RequestFeatures
-from router.predictors.metrics import SHARES, mean_recovered, share_scores
-from router.predictors.records import Split
+from router.predictors.metrics import apgr
+from router.predictors.records import Split, seeded_uniform
 from router.predictors.semantic import SemanticRouter, SemanticSettings
 from router.predictors.sources import load_records, parse_model_map, serve_as
 from router.predictors.table import PromptTable, prompt_table
@@ -207,19 +206,11 @@ def fold_of(problem: str, seed: int, folds: int) -> int:
     return next(k for k in range(folds) if Split.fold(seed, k, folds).holds_out(problem))
 
 
-def apgr(d: Data, rows: np.ndarray, gain: np.ndarray) -> float:
-    """Point APGR of ``gain`` on ``rows`` (no bootstrap: the inner choice)."""
-    tb = np.random.default_rng(0).random(len(rows))
-    ys, yb = d.labels[rows, 0], d.labels[rows, 1]
-    return mean_recovered([share_scores(gain, ys, yb, s, tb) for s in SHARES])
-
-
 def subset(d: Data, rows: np.ndarray, fraction: float, repeat: int) -> np.ndarray:
     """A seeded ``fraction`` of the problems of ``rows`` (all of them at 1.0)."""
     if fraction >= 1.0:
         return rows
-    keep = {p for p in set(d.problems[rows]) if int(hashlib.sha256(
-        f"curve{repeat}:{p}".encode()).hexdigest()[:8], 16) / 2**32 < fraction}
+    keep = {p for p in set(d.problems[rows]) if seeded_uniform(p, f"curve{repeat}") < fraction}
     return rows[np.isin(d.problems[rows], list(keep))]
 
 
@@ -287,7 +278,7 @@ def main() -> None:
                 for j in range(INNER):
                     a, b = tr[inner != j], np.flatnonzero(inner == j)
                     g[b] = fit(d, a, tr[b])
-                score = apgr(d, tr, g)
+                score = apgr(g, d.labels[tr, 0], d.labels[tr, 1])
                 if best is None or score > best[0]:
                     best = (score, label, fit)
             assert best is not None

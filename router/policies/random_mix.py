@@ -1,7 +1,8 @@
 """``random_mix``: each program goes to the big model with probability ``share``, and
 within its model to the least-loaded engine (issue 30's routing baseline).
 
-The choice is a seeded hash of the program id (of the request id for a call without one),
+The choice is a seeded hash of the program id (of the request id for a call without one;
+``records.seeded_uniform`` below ``share``),
 so every stage of a program lands on the same model with no state kept; when no engine
 of that model can take the call, the least-loaded other engine does. At a share s it
 is the random router at s: a learned router's frontier point (score, share of calls on
@@ -10,7 +11,6 @@ the big model) is judged against the curve this policy draws over s.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Any, Sequence
 
 from pydantic import Field
@@ -18,6 +18,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from router.policies.base import Policy, decision
 from router.policies.vllm_balancer import vllm_score
+from router.predictors.records import seeded_uniform
 from router.settings import STRICT, Count
 from router.state.view import EngineView, StateView
 from router.types import ClusterInfo, Decision, RoutingRequest
@@ -32,12 +33,6 @@ class RandomMixSettings:
     """Probability that a program goes to ``big_model``."""
     seed: Count = 0
     """Seed of the hash: runs are reproducible."""
-
-
-def to_big(key: str, seed: int, share: float) -> bool:
-    """u = sha256("seed:key")[:8] / 2^64 (uniform on [0, 1)); big when u < share."""
-    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < share
 
 
 class RandomMix(Policy[RandomMixSettings]):
@@ -55,7 +50,8 @@ class RandomMix(Policy[RandomMixSettings]):
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
                pred: Any) -> Decision:
         s = self.settings
-        big = to_big(req.workflow.program_id or req.request_id, s.seed, s.share)
+        key = req.workflow.program_id or req.request_id
+        big = seeded_uniform(key, s.seed) < s.share
         mine = [e for e in cands if (e.model == s.big_model) == big] or list(cands)
         engine = min(mine, key=lambda e: vllm_score(e.waiting, e.batch_size))
         return decision(req, engine, self.name)

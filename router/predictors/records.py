@@ -55,11 +55,17 @@ def fingerprint(rows: Sequence[Any]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def seeded_uniform(key: str, seed: int | str) -> float:
+    """``sha256("seed:key")[:8] / 2**64``: uniform on [0, 1), the same for the same key
+    and seed in every process (splits, ``random_mix``, subsets)."""
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def held_out(problem_id: str, seed: int, fraction: float, start: float = 0.0) -> bool:
-    """A problem is held out when its seeded hash ``h = sha256("seed:problem_id")[:8] /
-    2**64`` (uniform on [0, 1)) falls in ``[start, start + fraction)``."""
-    digest = hashlib.sha256(f"{seed}:{problem_id}".encode()).digest()
-    return start <= int.from_bytes(digest[:8], "big") / 2**64 < start + fraction
+    """A problem is held out when its seeded hash (``seeded_uniform``) falls in
+    ``[start, start + fraction)``."""
+    return start <= seeded_uniform(problem_id, seed) < start + fraction
 
 
 @dataclass(frozen=True, order=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from router.policies.random_mix import to_big
+from router.predictors.records import seeded_uniform
 from tests.unit.test_policies_base import World, req
 
 
@@ -59,6 +59,8 @@ def test_unknown_big_model_fails_at_start() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=64), st.integers(0, 2**31), st.floats(0.0, 1.0))
-def test_to_big_is_a_threshold_in_share(key: str, seed: int, share: float) -> None:
-    assert to_big(key, seed, share) <= to_big(key, seed, min(1.0, share + 0.1))
-    assert not to_big(key, seed, 0.0) and to_big(key, seed, 1.0)
+def test_the_draw_is_a_threshold_in_share(key: str, seed: int, share: float) -> None:
+    def to_big(s: float) -> bool:
+        return seeded_uniform(key, seed) < s
+    assert to_big(share) <= to_big(min(1.0, share + 0.1))
+    assert not to_big(0.0) and to_big(1.0)
