@@ -192,7 +192,8 @@ def _translate(cls: type, table: Mapping[str, Any], path: str,
         return SettingsError(key, f"needs at least {e['ctx']['min_length']} entries, "
                              f"got {len(value)}")
     if kind == "string_too_long":
-        return SettingsError(key, f"must be at most {MAX_TEXT} characters, got {len(value)}")
+        return SettingsError(key, f"must be at most {e['ctx']['max_length']} characters, "
+                             f"got {len(value)}")
     if kind == "literal_error" and isinstance(value, str):
         choices = [str(a) for a in get_args(_strip(tp))]
         return SettingsError(key, f"unknown value {value[:40]!r}{suggest(value, choices)}; "

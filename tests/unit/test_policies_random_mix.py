@@ -64,3 +64,8 @@ def test_the_draw_is_a_threshold_in_share(key: str, seed: int, share: float) -> 
         return seeded_uniform(key, seed) < s
     assert to_big(share) <= to_big(min(1.0, share + 0.1))
     assert not to_big(0.0) and to_big(1.0)
+
+
+def test_a_long_big_model_names_its_own_bound() -> None:
+    with pytest.raises(ValueError, match="big_model: must be at most 256 characters, got 300"):
+        mixed().build("random_mix", {"big_model": "x" * 300})
