@@ -247,12 +247,25 @@ def report(d: Data, gain: np.ndarray, boot: int) -> dict:
     return routing_gain_report(scores, d.labels, [SMALL, BIG], list(d.problems), 0, boot)
 
 
+def positive(text: str) -> int:
+    """An integer >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"{value} is not in 1..100000")
+    return value
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=positive, default=2,
+                   help="seeded draws of each fraction below 100%% (default 2)")
     p.add_argument("--only", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES),
                    help="the candidates to run (default: all)")
-    p.add_argument("--boot", type=int, default=1000)
+    p.add_argument("--boot", type=positive, default=1000,
+                   help="bootstrap draws of problems (default 1000)")
     p.add_argument("--out", type=Path, default=Path("docs/predictors/quality"))
     args = p.parse_args()
     d = load(progress=True)
