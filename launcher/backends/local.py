@@ -96,8 +96,8 @@ class LocalBackend(Backend):
                 for p in port if isinstance(port, list) else [port + i
                                                               for i in range(e.replicas)]:
                     ports.check_free(f"engines.{e.name}.port", e.host, p)
-            tele = e.telemetry_endpoint or one([ipc_endpoint(run_dir, n, "telemetry")
-                                                for n in names])
+            tele = None if e.kind == "vllm" else e.telemetry_endpoint or one(
+                [ipc_endpoint(run_dir, n, "telemetry") for n in names])
             kv = e.kv_events_endpoint or one([ipc_endpoint(run_dir, n, "kv") for n in names])
             engines.append(dataclasses.replace(e, port=port, telemetry_endpoint=tele,
                                                kv_events_endpoint=kv))

@@ -83,6 +83,12 @@ class RouterConfig(Verified):
     """Whether a client may set the engine priority itself."""
     telemetry_interval_ms: Positive = 20.0
     """Engines' minimum time between two scheduler snapshots while busy."""
+    scrape_interval_ms: Annotated[float, Field(ge=10, le=60_000)] = 100.0
+    """How often the router reads a stock vLLM engine's ``/metrics`` (``kind = "vllm"``;
+    ``router.dispatch.scraper``)."""
+    scrape_timeout_s: Positive = 5.0
+    """A stock vLLM engine with no good ``/metrics`` scrape for this long is down (its
+    scrapes are its heartbeats); also the longest one scrape may take."""
     request_timeout_s: Positive = 600.0
     """Longest silence from an engine on any request (a non-streamed one sends nothing
     until its generation ends)."""
@@ -162,26 +168,31 @@ class ClusterConfig:
         raise KeyError(name)
 
     def instances(self) -> list[EngineInstance]:
-        """One ``EngineInstance`` per replica; needs every port and endpoint set."""
+        """One ``EngineInstance`` per replica; needs every port and endpoint set (a stock
+        vLLM engine has no telemetry endpoint, and a remote one may have no KV events)."""
         out = []
         for e in self.engines:
             ports, tele, kv = e.ports, e.telemetry_endpoints, e.kv_events_endpoints
-            for k, values in (("port", ports), ("telemetry_endpoint", tele),
-                              ("kv_events_endpoint", kv)):
-                if values is None:
+            stock = e.kind == "vllm"
+            for k, values, needed in (("port", ports, True),
+                                      ("telemetry_endpoint", tele, not stock),
+                                      ("kv_events_endpoint", kv, not (stock and e.remote))):
+                if values is None and needed:
                     raise ConfigError(self.source, f"engines.{e.name}.{k}", "not set; the "
                                       "launcher assigns it (run the cluster with `python -m "
                                       "launcher`)")
-            assert ports is not None and tele is not None and kv is not None
+            assert ports is not None
             for i in range(e.replicas):
                 out.append(EngineInstance(
                     name=e.name if e.remote else f"{e.name}-{i}", engine=e.name, replica=i,
                     model=e.model, served_model_name=e.served_model_name,
                     url=(e.url.rstrip("/") if isinstance(e, RemoteEngine)
                          else http_url(e.host, ports[i])),
-                    port=ports[i], telemetry_endpoint=tele[i], kv_events_endpoint=kv[i],
+                    port=ports[i], telemetry_endpoint=tele[i] if tele else None,
+                    kv_events_endpoint=kv[i] if kv else None,
                     max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
-                    remote=e.remote, api_key_env=e.api_key_env, node=e.node))
+                    remote=e.remote, api_key_env=e.api_key_env, node=e.node, kind=e.kind,
+                    takes_priority=e.takes_priority))
         return out
 
     def claimed_ports(self) -> set[int]:

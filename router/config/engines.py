@@ -28,6 +28,15 @@ from router.settings import (NAME_PATTERN, STRICT, Count, Name, Niceness, Port, 
 SchedPolicy = Literal["stjf", "fcfs", "priority", "mlfq"]
 SCHED_POLICIES = get_args(SchedPolicy)
 """Engine scheduler policies (``engine_ext.serve --sched-policy``)."""
+EngineKind = Literal["hetserve", "vllm"]
+"""``hetserve``: vLLM with hetserve's scheduler and telemetry (``python -m engine_ext.serve``);
+``vllm``: an unmodified vLLM OpenAI server, read by scraping its ``/metrics``
+(``router.dispatch.scraper``) and by vLLM's own KV events."""
+STOCK_SCHED_POLICIES = ("fcfs", "priority")
+"""The schedulers of stock vLLM (its ``--scheduling-policy``)."""
+HETSERVE_ONLY_KEYS = ("telemetry_endpoint", "starvation_threshold", "quantum",
+                      "max_promotions", "mlfq_levels", "mlfq_base_quantum")
+"""Keys of hetserve's engine patch, refused for a ``kind = "vllm"`` engine."""
 MAX_REPLICAS = 4096
 """Most replicas one ``[[engines]]`` entry may ask for."""
 RESERVED_MODEL_NAMES = ("auto",)
@@ -59,6 +68,14 @@ class _Engine(Verified):
     name: Name
     served_model_name: str
     """Model name clients use; defaults to ``name``."""
+    kind: EngineKind = "hetserve"
+    """Which server the engine is (``EngineKind``): ``vllm`` for a stock vLLM server
+    (remote, or started by the launcher as ``python -m vllm.entrypoints.openai.api_server``)."""
+    sched_policy: SchedPolicy | None = None
+    """The engine's scheduler. hetserve: ``stjf`` (default), ``fcfs``, ``priority`` or
+    ``mlfq``; vllm: ``fcfs`` (vLLM's default) or ``priority`` (its
+    ``--scheduling-policy``). The router sends a ``priority`` only to engines whose
+    scheduler takes one (every one but ``fcfs``); for a remote engine say which it runs."""
     model: str | None = None
     """``builtin:<name>``, a local path (``/``, ``./``, ``../``, ``~``) or a hub id."""
     replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
@@ -79,6 +96,13 @@ class _Engine(Verified):
 
     remote: ClassVar[bool]
     """Whether another host runs it (an entry with ``url``)."""
+
+    @property
+    def takes_priority(self) -> bool:
+        """Whether the engine's scheduler takes a request's ``priority`` (vLLM refuses one
+        other than 0 under FCFS)."""
+        default = "fcfs" if self.kind == "vllm" else "stjf"
+        return (self.sched_policy or default) != "fcfs"
 
     @property
     def telemetry_endpoints(self) -> list[str] | None:
@@ -104,6 +128,13 @@ class _Engine(Verified):
     def verify(self) -> None:
         check("served_model_name", self.served_model_name not in RESERVED_MODEL_NAMES,
               f"{self.served_model_name!r} is reserved by the router")
+        if self.kind == "vllm":
+            check("sched_policy", self.sched_policy in (None, *STOCK_SCHED_POLICIES),
+                  f"stock vLLM schedules {' or '.join(STOCK_SCHED_POLICIES)} (kind = "
+                  f"\"vllm\"); {self.sched_policy!r} needs kind = \"hetserve\"")
+            for k in HETSERVE_ONLY_KEYS:
+                check(k, getattr(self, k, None) is None, "a setting of hetserve's engine "
+                      "patch; a stock vLLM engine (kind = \"vllm\") has none")
         for k in _ENDPOINT_KEYS:
             given = getattr(self, k)
             check(k, not isinstance(given, list) or len(given) == self.replicas,
@@ -138,7 +169,6 @@ class LocalEngine(_Engine):
     value keeps routing decisions from waiting behind the engines' compute."""
     kv_cache_bytes: PositiveInt | None = None
     """KV cache size; default on CPU: 64 MiB for ``builtin:tiny-*``, else 1 GiB."""
-    sched_policy: SchedPolicy | None = None
     starvation_threshold: PositiveInt | None = None
     quantum: PositiveInt | None = None
     max_promotions: Count | None = None
@@ -226,9 +256,10 @@ class RemoteEngine(_Engine):
         return [url_port(self.url)]
 
     def verify(self) -> None:
-        for k in _ENDPOINT_KEYS:
+        for k in _ENDPOINT_KEYS if self.kind == "hetserve" else ():
             check(k, getattr(self, k) is not None, "required for a remote engine (one with "
-                  "`url`): the endpoint its engine publishes to")
+                  "`url`): the endpoint its engine publishes to (or kind = \"vllm\" for a "
+                  "stock vLLM server, read by its /metrics)")
         check("replicas", self.replicas == 1, "a remote engine is one instance; give each "
               "remote replica its own [[engines]] entry")
         super().verify()
@@ -252,13 +283,18 @@ class EngineInstance:
     url: str
     """Base URL the router sends requests to."""
     port: int
-    telemetry_endpoint: str
-    kv_events_endpoint: str
+    telemetry_endpoint: str | None
+    """Where its scheduler snapshots come; ``None`` for a stock vLLM engine (scraped)."""
+    kv_events_endpoint: str | None
+    """Where its KV events come; ``None`` for a stock engine that publishes none."""
     max_model_len: int | None
     max_num_seqs: int | None
     remote: bool
     api_key_env: str | None = None
     node: str | None = None
+    kind: EngineKind = "hetserve"
+    takes_priority: bool = True
+    """Whether the router sends it a request's ``priority`` (``_Engine.takes_priority``)."""
 
 
 def decode_engine(raw: Any, index: int, base_dir: Path) -> EngineConfig:

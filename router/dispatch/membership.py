@@ -1,7 +1,8 @@
 """``Membership``: which engines the router routes to, and what it hears from them.
 
 It subscribes to every engine's telemetry and KV events (CURVE-authenticated when the
-cluster has keys), probes engines a failed call marked down, applies the launcher's and
+cluster has keys), scrapes the ``/metrics`` of stock vLLM engines instead of their
+telemetry (``router.dispatch.scraper``), probes engines a failed call marked down, applies the launcher's and
 operators' verdicts (down, up, move, add, remove) and shares them, and the program
 table's changes, with the other router workers (``router.dispatch.peers``).
 """
@@ -25,6 +26,7 @@ from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import EngineInstance, MAX_NODE_CHARS
 from router.config.membership import with_engine, without_engine
 from router.dispatch.health_probe import HealthProber
+from router.dispatch.scraper import MetricsScraper
 from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Marked, Moved,
                                    PeerEvent, Peers, Removed, Routed, sync_endpoints)
 from router.dispatch.subscriber import StreamSubscriber
@@ -32,6 +34,7 @@ from router.policies.base import Policy
 from router.state.cluster import ClusterState
 from router.state.stats import RouterStats, StreamCounters
 from router.state.view import EngineView, engine_view
+from router.state.vllm_metrics import VllmMetrics, stock_snapshot
 
 log = logging.getLogger("hetserve.router")
 
@@ -66,6 +69,9 @@ class Membership:
                                    lambda name: self.mark_engine(name, True, "health probe"),
                                    backoff_s=r.breaker_backoff_s,
                                    backoff_max_s=r.breaker_backoff_max_s)
+        self.scraper = MetricsScraper(self.prober.urls, self._on_scrape,
+                                      r.scrape_interval_ms / 1e3, r.scrape_timeout_s)
+        """Reads the stock vLLM engines (``kind = "vllm"``) at the prober's URLs."""
         self.peers = _peers(r, worker, self._apply_peer)
         self._cleanup: set[asyncio.Task[None]] = set()
         """Unsubscribing from a removed engine's endpoints (a peer's removal)."""
@@ -82,6 +88,8 @@ class Membership:
         try:
             await self.snapshots.start(self._ctx)
             await self.kv_events.start(self._ctx)
+            await self.scraper.start([i.name for i in self.instances.values()
+                                      if i.kind == "vllm"])
             if self.peers is not None:
                 await self.peers.start(self._ctx)
         except ValueError:
@@ -91,6 +99,7 @@ class Membership:
 
     async def stop(self) -> None:
         await self.prober.stop()
+        await self.scraper.stop()
         await self.snapshots.stop()
         await self.kv_events.stop()
         if self.peers is not None:
@@ -188,8 +197,12 @@ class Membership:
         self.nodes[inst.name] = inst.node
         self.prober.urls[inst.name] = inst.url
         if self._ctx is not None:
-            self.snapshots.add(inst.telemetry_endpoint)
-            self.kv_events.add(inst.kv_events_endpoint)
+            if inst.telemetry_endpoint is not None:
+                self.snapshots.add(inst.telemetry_endpoint)
+            if inst.kv_events_endpoint is not None:
+                self.kv_events.add(inst.kv_events_endpoint)
+        if inst.kind == "vllm":
+            self.scraper.add(inst.name)
         if self.policy is not None:
             self.policy.add_engine(inst.name, model, like)
         log.warning("engine %s added (%s at %s)", inst.name, model, inst.url)
@@ -223,6 +236,7 @@ class Membership:
         self.nodes.pop(instance, None)
         self.prober.urls.pop(instance, None)
         self.prober.forget(instance)
+        self.scraper.remove(instance)
         if self.policy is not None:
             self.policy.remove_engine(instance)
         log.warning("engine %s removed", instance)
@@ -230,7 +244,7 @@ class Membership:
                 for ep in (i.telemetry_endpoint, i.kv_events_endpoint)}
         return [(sub, ep) for sub, ep in ((self.snapshots, inst.telemetry_endpoint),
                                           (self.kv_events, inst.kv_events_endpoint))
-                if ep not in used]
+                if ep is not None and ep not in used]
 
     def _apply_peer(self, event: PeerEvent) -> None:
         """A change another router worker made (ValueError: one naming what is not here)."""
@@ -280,17 +294,25 @@ class Membership:
     # engine_id is its topic) that the sequence rule accepts (engine_ext.telemetry).
 
     def _on_snapshot(self, topic: str, seq: int, snap: SchedulerSnapshot) -> None:
-        state = self.state
-        if state.table.on_snapshot(snap, self.clock()):
-            log.warning("engine %s is down: %s", snap.engine_id,
-                        state.table[snap.engine_id].down_reason)
-            state.stats.engine_down_events += 1
-        if snap.finished:
-            state.ledger.finished(topic, [f.request_id for f in snap.finished])
-        state.ledger.mark_reported(topic, snap.ts)
-        counters, seqs = state.stats.engines[topic], self.snapshots.decoder.stats[topic]
+        self._apply_snapshot(snap)
+        counters, seqs = self.state.stats.engines[topic], self.snapshots.decoder.stats[topic]
         counters.snapshot_frames += 1
         counters.snapshot_gaps, counters.snapshot_resyncs = seqs.gaps, seqs.resyncs
+
+    def _on_scrape(self, name: str, sent: float, reading: VllmMetrics) -> None:
+        """A stock engine's ``/metrics``, as the snapshot it would have published."""
+        if name in self.state.table.engines:
+            self._apply_snapshot(stock_snapshot(name, self.scraper.scrapes[name]["ok"], sent,
+                                                reading, self.state.ledger.load(name)))
+
+    def _apply_snapshot(self, snap: SchedulerSnapshot) -> None:
+        state, name = self.state, snap.engine_id
+        if state.table.on_snapshot(snap, self.clock()):
+            log.warning("engine %s is down: %s", name, state.table[name].down_reason)
+            state.stats.engine_down_events += 1
+        if snap.finished:
+            state.ledger.finished(name, [f.request_id for f in snap.finished])
+        state.ledger.mark_reported(name, snap.ts)
 
     def _on_kv_batch(self, topic: str, seq: int, batch: KVEventBatch) -> None:
         self.state.table.on_kv_batch(topic, seq, batch)

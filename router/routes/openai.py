@@ -85,6 +85,7 @@ class OpenAIRoutes:
         body = {"status": "ok" if up else "no engine up", "engines_up": up,
                 "engines": len(engines),
                 "instances": [{"name": e.name, "model": e.model, "up": e.up,
+                               "kind": membership.instances[e.name].kind,
                                "inflight": state.open_requests[e.name], "url": e.url,
                                "node": membership.nodes.get(e.name)} for e in engines]}
         return json_response(body, 200 if up else 503)

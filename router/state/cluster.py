@@ -24,9 +24,11 @@ class ClusterState:
     """The engines as telemetry shows them and the router's own accounting of them."""
 
     def __init__(self, instances: Sequence[Any], heartbeat_timeout_s: float,
-                 stall_timeout_s: float, program_ttl_s: float) -> None:
+                 stall_timeout_s: float, program_ttl_s: float,
+                 scrape_timeout_s: float = 5.0) -> None:
         """``instances``: objects with ``name, served_model_name, url, max_model_len``."""
-        self.table = EngineTable(instances, heartbeat_timeout_s, stall_timeout_s)
+        self.table = EngineTable(instances, heartbeat_timeout_s, stall_timeout_s,
+                                 scrape_timeout_s)
         self.ledger = InflightLedger()
         self.programs = ProgramTable(program_ttl_s)
         self.hasher = BlockHasher()

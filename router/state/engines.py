@@ -2,7 +2,8 @@
 
 Liveness: an engine is down while it is marked down (failed HTTP calls, the launcher's
 admin calls; only ``mark(up=True)`` clears a mark, which the health prober does for
-failed calls) or while its snapshots have stopped for ``heartbeat_timeout_s``. An engine
+failed calls) or while its snapshots have stopped for ``heartbeat_timeout_s``
+(``scrape_timeout_s`` for a stock vLLM engine, whose snapshots are its scrapes). An engine
 that has not sent a snapshot yet is up (engines announce themselves at start and send
 a heartbeat every second when idle, so the router sees them within a second); after
 its first snapshot it must keep sending them. When an engine goes down its KV index is
@@ -36,19 +37,22 @@ class EngineState:
     last_kv_seq: int | None = None
     progress_at: float | None = None
     """Router clock when the scheduler last stepped (or had nothing to do)."""
+    scraped: bool = False
+    """A stock vLLM engine: its snapshots are ``/metrics`` scrapes."""
 
 
 class EngineTable:
     def __init__(self, instances: Iterable[Any], heartbeat_timeout_s: float,
-                 stall_timeout_s: float = 30.0) -> None:
-        """``instances``: objects with ``name, served_model_name, url, max_model_len``.
-        ``stall_timeout_s``: an engine whose telemetry keeps coming (from its sender
+                 stall_timeout_s: float = 30.0, scrape_timeout_s: float = 5.0) -> None:
+        """``instances``: objects with ``name, served_model_name, url, max_model_len``
+        (and ``kind``: ``vllm`` for a scraped engine). ``stall_timeout_s``: an engine whose telemetry keeps coming (from its sender
         thread) with the scheduler's step unchanged for this long while work is running or
         waiting has a stalled scheduler: it is down until the step moves again."""
         if not heartbeat_timeout_s > 0:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stall_timeout_s = stall_timeout_s
+        self.scrape_timeout_s = scrape_timeout_s
         self.engines: dict[str, EngineState] = {}
         """Engines in name order."""
         self.ordered: list[EngineState] = []
@@ -67,8 +71,9 @@ class EngineTable:
     def _put(self, inst: Any) -> EngineState:
         if inst.name in self.engines:
             raise ValueError(f"two instances are named '{inst.name}'")
-        e = self.engines[inst.name] = EngineState(inst.name, inst.served_model_name,
-                                                  inst.url, inst.max_model_len)
+        e = self.engines[inst.name] = EngineState(
+            inst.name, inst.served_model_name, inst.url, inst.max_model_len,
+            scraped=getattr(inst, "kind", "hetserve") == "vllm")
         return e
 
     def remove(self, name: str) -> None:
@@ -143,10 +148,12 @@ class EngineTable:
         """Apply heartbeat staleness; returns engines that just went down."""
         went_down = []
         for e in self.engines.values():
+            timeout = self.scrape_timeout_s if e.scraped else self.heartbeat_timeout_s
             if (e.down_reason is None and e.last_seen is not None
-                    and now - e.last_seen > self.heartbeat_timeout_s):
-                self._down(e, f"no telemetry for {now - e.last_seen:.1f} s "
-                              f"(heartbeat timeout {self.heartbeat_timeout_s:g} s)")
+                    and now - e.last_seen > timeout):
+                what = "good /metrics scrape" if e.scraped else "telemetry"
+                self._down(e, f"no {what} for {now - e.last_seen:.1f} s "
+                              f"({'scrape' if e.scraped else 'heartbeat'} timeout {timeout:g} s)")
                 went_down.append(e.name)
         return went_down
 

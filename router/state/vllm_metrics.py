@@ -65,7 +65,8 @@ def parse_metrics(body: bytes) -> VllmMetrics:
         raise MetricsError(f"body of {len(body)} bytes is over {MAX_METRICS_BYTES}")
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for name_b, value_b in _LINE.findall(b"\n" + body):
+    for match in _LINE.finditer(b"\n" + body):
+        name_b, value_b = match.groups()
         name = name_b.decode()
         n = counts[name] = counts.get(name, 0) + 1
         if n > MAX_SERIES:
