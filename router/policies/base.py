@@ -57,6 +57,12 @@ class Policy(ABC, Generic[S]):
     predictors, the ``StateView`` (prefix matches) or a policy it builds. False lets the
     router skip tokenizing when a bound shows the prompt fits (``router.admission``); set it
     only where tests/unit/test_policies_prompt.py shows no such read."""
+    inputs: ClassVar[frozenset[str]] = frozenset()
+    """The engine state the policy reads (``EngineView`` fields and properties,
+    ``StateView`` methods: ``router.policies.inputs.Input``, which says where each comes
+    from on a stock vLLM engine), directly, through its helpers or through the policy it
+    always builds (LMETRIC, the replica chooser); a policy its settings name (VineLM's
+    fallback) reads its own. tests/unit/test_policy_inputs.py checks it against the source."""
     window: BatchWindow | None = None
     """Set by batched policies: they implement ``decide_batch`` and a collector feeds
     them batches closed by this window."""

@@ -82,6 +82,7 @@ class Chimera(Policy[ChimeraSettings]):
     name = "chimera"
     predictors_used = ("semantic_router", "length")
     Settings = ChimeraSettings
+    inputs = LMetric.inputs | {"model_inflight_tokens", "program_model"}
 
     def __init__(self, settings: ChimeraSettings, cluster: Any, predictors: Any,
                  build: BuildPolicy) -> None:

@@ -34,6 +34,7 @@ def dynamo_cost(queued_prefill: int, prompt: int, cached: int, decode_load: int,
 class Dynamo(Policy[DynamoSettings]):
     name = "dynamo"
     Settings = DynamoSettings
+    inputs = frozenset({"prefill_tokens", "decode_tokens", "cached_tokens"})
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
                pred: Any) -> Decision:

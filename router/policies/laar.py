@@ -61,6 +61,7 @@ class Laar(Policy[LaarSettings]):
     name = "laar"
     predictors_used = ("capability",)
     Settings = LaarSettings
+    inputs = LMetric.inputs
 
     def __init__(self, settings: LaarSettings, cluster: Any, predictors: Any,
                  build: BuildPolicy) -> None:

@@ -34,6 +34,7 @@ def linear_score(hit_ratio: float, load: int, max_load: int, w_kv: float,
 class Linear(Policy[LinearSettings]):
     name = "linear"
     Settings = LinearSettings
+    inputs = frozenset({"requests", "cached_tokens"})
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
                pred: Any) -> Decision:

@@ -102,6 +102,8 @@ class HotspotDetector:
 class LMetric(Policy[LMetricSettings]):
     name = "lmetric"
     Settings = LMetricSettings
+    inputs = frozenset({"requests", "prefill_tokens", "cached_tokens", "matched_blocks",
+                        "prefix_class"})
 
     @staticmethod
     def built_by(build: BuildPolicy) -> LMetric:

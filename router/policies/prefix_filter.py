@@ -32,6 +32,7 @@ def imbalanced(loads: Sequence[int], imbalance_range: int) -> bool:
 class PrefixFilter(Policy[FilterSettings]):
     name = "filter"
     Settings = FilterSettings
+    inputs = frozenset({"requests", "cached_tokens"})
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
                pred: Any) -> Decision:

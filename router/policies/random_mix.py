@@ -38,6 +38,7 @@ class RandomMixSettings:
 class RandomMix(Policy[RandomMixSettings]):
     name = "random_mix"
     Settings = RandomMixSettings
+    inputs = frozenset({"waiting", "batch_size"})
     uses_prompt = False
 
     def __init__(self, settings: RandomMixSettings, cluster: ClusterInfo, *args: Any) -> None:

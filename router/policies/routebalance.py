@@ -161,6 +161,7 @@ class RouteBalance(Policy[RouteBalanceSettings]):
     name = "routebalance"
     predictors_used = ("knn", "tpot")
     Settings = RouteBalanceSettings
+    inputs = frozenset({"decode_tokens", "batch_size", "unreported_requests", "kv_usage"})
 
     def __init__(self, settings: RouteBalanceSettings, cluster: Any, predictors: Any,
                  build: BuildPolicy) -> None:

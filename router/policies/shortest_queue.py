@@ -20,6 +20,7 @@ class ShortestQueueSettings:
 class ShortestQueue(Policy[ShortestQueueSettings]):
     name = "shortest_queue"
     Settings = ShortestQueueSettings
+    inputs = frozenset({"requests"})
     uses_prompt = False
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,

@@ -115,6 +115,7 @@ def engine_delay_s(decode_tokens: float, decode_ms_per_token: float,
 class VineLM(Policy[VineLMSettings]):
     name = "vinelm"
     Settings = VineLMSettings
+    inputs = LMetric.inputs | {"decode_tokens"}
 
     def __init__(self, settings: VineLMSettings, cluster: Any, predictors: Any,
                  build: BuildPolicy) -> None:

@@ -33,6 +33,7 @@ def vllm_score(waiting: int, running: int) -> int:
 class VllmBalancer(Policy[VllmSettings]):
     name = "vllm"
     Settings = VllmSettings
+    inputs = frozenset({"waiting", "batch_size"})
     uses_prompt = False
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
