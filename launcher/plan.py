@@ -216,14 +216,15 @@ def stock_engine_argv(python: str, e: LocalEngine, inst: EngineInstance,
     (topic: the instance name), a built-in model as its folder."""
     from engine_ext.builtin_models import load_format, resolve_model
 
-    assert e.model is not None and inst.kv_events_endpoint is not None
+    assert e.model is not None
     argv = [python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", resolve_model(e.model), "--host", e.host, "--port", str(inst.port),
             "--served-model-name", e.served_model_name, "--enable-prefix-caching",
-            "--scheduling-policy", e.sched_policy or "fcfs",
-            "--kv-events-config", json.dumps({
-                "enable_kv_cache_events": True, "publisher": "zmq",
-                "endpoint": inst.kv_events_endpoint, "topic": inst.name})]
+            "--scheduling-policy", e.sched_policy or "fcfs"]
+    if inst.kv_events_endpoint is not None:
+        argv += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": inst.kv_events_endpoint, "topic": inst.name})]
     if e.load_format is None and (fmt := load_format(e.model)):
         argv += ["--load-format", fmt]
     return argv + _engine_flags(e, STOCK_ENGINE_FLAGS, gpu)

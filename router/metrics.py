@@ -100,8 +100,12 @@ class _CoreCollector(Collector):
                                       "engines by outcome (ok, or why one failed: "
                                       + ", ".join(FAILURES) + ")",
                                       labels=["engine", "outcome"])
+        kv_blocks = GaugeMetricFamily("hetserve_engine_kv_index_blocks", "blocks in the "
+                                      "router's index of the engine's prefix cache (from its "
+                                      "KV events)", labels=labels)
         for view in membership.engines():
             values = [view.name, view.model]
+            kv_blocks.add_metric(values, len(self._core.state.table[view.name].kv))
             info.add_metric([*values, self._core.state.table[view.name].url,
                              membership.nodes.get(view.name) or "",
                              membership.instances[view.name].kind], 1.0)
@@ -116,6 +120,7 @@ class _CoreCollector(Collector):
         yield staleness
         yield info
         yield scrapes
+        yield kv_blocks
 
     def _telemetry(self) -> Iterator[Metric]:
         stats = self._core.membership.stats

@@ -18,12 +18,13 @@ from kernels_bench.replay.cluster import ClusterError
 from kernels_bench.replay.output import RESULTS_ROOT, SUMMARY, TWIN_ROOT
 from kernels_bench.replay.report import markdown_tables
 from kernels_bench.replay.run import ReplayOptions, replay
-from kernels_bench.replay.spec import SpecError, parse_model_map, parse_policies
+from kernels_bench.replay.spec import (STOCK_PREFIX, SpecError, parse_model_map,
+                                       parse_policies)
 from kernels_bench.replay.workload import PROBLEMS, WorkloadError, merge_traces
 from launcher import LaunchError
 from launcher.settings import LaunchConfig, load_launch_config
 from router.config.cluster import ConfigError
-from router.config.engines import SCHED_POLICIES
+from router.config.engines import SCHED_POLICIES, STOCK_SCHED_POLICIES
 from router.policies import POLICIES
 from router.predictors.artifact import METADATA_FILE
 from router.predictors.kinds import KINDS
@@ -147,7 +148,8 @@ def check_args(parser: argparse.ArgumentParser, a: argparse.Namespace,
 def replay_options(a: argparse.Namespace, out: Path) -> ReplayOptions:
     """The options of the parsed command line (SpecError, ValueError: a bad value)."""
     return ReplayOptions(
-        policies=parse_policies(a.policies, POLICIES, SCHED_POLICIES), rates=a.rates,
+        policies=parse_policies(a.policies, POLICIES, [
+            *SCHED_POLICIES, *(STOCK_PREFIX + p for p in STOCK_SCHED_POLICIES)]), rates=a.rates,
         arrival=a.arrival, cv=a.cv, workflows=a.workflows, seed=a.seed,
         model_map=parse_model_map(a.model_map), max_attempts=a.retries + 1,
         run_attempts=getattr(a, "run_attempts", 1), repeats=a.repeats, problems=a.problems,

@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def _run(args: argparse.Namespace, cluster: Cluster) -> dict[str, object]:
     t_end = time.monotonic() + args.max_seconds
-    cluster.wait_for("the cluster", r"^ENGINE +MODEL", args.start_timeout_s)
+    cluster.wait_for("the cluster", r"^ENGINE +KIND +MODEL", args.start_timeout_s)
     cfg: ClusterConfig = load_cluster_config(cluster.run_dir / "cluster.resolved.toml")
     url = cfg.router_url()
     engines = [i.name for i in cfg.instances()]

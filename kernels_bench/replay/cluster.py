@@ -21,13 +21,14 @@ from pathlib import Path
 import httpx
 import psutil
 
+from kernels_bench.replay.spec import STOCK_PREFIX
 from launcher.devices import detect_devices
 from launcher.plan import Plan
 from launcher.planner import make_plan
 from launcher.settings import LaunchConfig
 from launcher.supervisor import Managed, State, Supervisor
 from router.config.cluster import ClusterConfig, RouterConfig
-from router.config.engines import EngineConfig, EngineInstance
+from router.config.engines import HETSERVE_ONLY_KEYS, EngineConfig, EngineInstance
 
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 """Lets the replay reset an engine's prefix cache between runs (loopback endpoints)."""
@@ -40,8 +41,9 @@ class ClusterError(RuntimeError):
 
 
 def engine_variant(cfg: ClusterConfig, sched: str | None) -> list[EngineConfig]:
-    """The engines of a run: every local engine with scheduler ``sched`` (if given) and
-    the prefix-cache reset endpoint on; remote engines as they are."""
+    """The engines of a run: every local engine with scheduler ``sched`` (if given; a
+    stock vLLM server for ``vllm-fcfs`` and ``vllm-priority``, without the settings of
+    hetserve's patch) and the prefix-cache reset endpoint on; remote engines as they are."""
     out = []
     for e in cfg.engines:
         if e.remote:
@@ -52,7 +54,12 @@ def engine_variant(cfg: ClusterConfig, sched: str | None) -> list[EngineConfig]:
             out.append(e)
             continue
         e = dataclasses.replace(e, env={**e.env, **DEV_MODE_ENV})
-        out.append(dataclasses.replace(e, sched_policy=sched) if sched else e)
+        if sched is not None and sched.startswith(STOCK_PREFIX):
+            e = dataclasses.replace(e, kind="vllm", sched_policy=sched.removeprefix(
+                STOCK_PREFIX), **{k: None for k in HETSERVE_ONLY_KEYS})
+        elif sched is not None:
+            e = dataclasses.replace(e, sched_policy=sched)
+        out.append(e)
     return out
 
 
@@ -89,8 +96,9 @@ class ReplayCluster:
                                       backoff_max_s=la.restart_backoff_max_s)
         for w in self.plan.warnings:
             self.log(f"warning: {w}")
-        scheds = {i.name: cfg.engine(i.engine).sched_policy or "stjf"
-                  for i in self.plan.config.instances()}
+        scheds = {i.name: (f"{STOCK_PREFIX}{e.sched_policy or 'fcfs'}" if e.kind == "vllm"
+                           else e.sched_policy or "stjf")
+                  for i in self.plan.config.instances() for e in [cfg.engine(i.engine)]}
         self.log(f"starting {len(self.plan.engines)} engine(s): "
                  + ", ".join(f"{p.spec.name} ({p.devices}, {scheds[p.spec.name]})"
                              for p in self.plan.engines) + f"; logs in {run_dir}")

@@ -6,8 +6,10 @@ Policy spec grammar: ``ROUTER[-static][:SCHED][+oracle][@KEY=VALUE,...]``.
 - ``ROUTER``: a router policy (``router.policies``), e.g. ``chimera``, ``vllm``;
 - ``-static``: the ablation of a predictor-backed policy on static priors (its
   ``static_prior`` tables) instead of the trained predictors the replay gives the others;
-- ``SCHED``: the engines' scheduler (``stjf``, ``fcfs``, ``priority``, ``mlfq``); left out,
-  the cluster file's ``sched_policy`` of each engine applies;
+- ``SCHED``: the engines' scheduler (``stjf``, ``fcfs``, ``priority``, ``mlfq``), or
+  ``vllm-fcfs`` / ``vllm-priority``: every local engine a stock vLLM server (``kind =
+  "vllm"``, read by its ``/metrics``) with that scheduler; left out, the cluster file's
+  ``sched_policy`` of each engine applies;
 - ``+oracle``: the client sends the true remaining output tokens of the workflow (from the
   trace, for each model) as the engine priority, which the router forwards for the model
   it picks (``allow_client_priority`` is turned on for that run);
@@ -32,6 +34,8 @@ ORACLE = "oracle"
 STATIC = "-static"
 ORACLE_ROUTER = "chimera"
 ORACLE_SCHED = "stjf"
+STOCK_PREFIX = "vllm-"
+"""``SCHED`` of a stock vLLM engine: ``vllm-fcfs``, ``vllm-priority``."""
 
 
 class SpecError(ValueError):

@@ -98,7 +98,9 @@ class LocalBackend(Backend):
                     ports.check_free(f"engines.{e.name}.port", e.host, p)
             tele = None if e.kind == "vllm" else e.telemetry_endpoint or one(
                 [ipc_endpoint(run_dir, n, "telemetry") for n in names])
-            kv = e.kv_events_endpoint or one([ipc_endpoint(run_dir, n, "kv") for n in names])
+            keyless = e.kind == "vllm" and cfg.router.telemetry_keys_dir  # see verify_engines
+            kv = None if keyless else e.kv_events_endpoint or one(
+                [ipc_endpoint(run_dir, n, "kv") for n in names])
             engines.append(dataclasses.replace(e, port=port, telemetry_endpoint=tele,
                                                kv_events_endpoint=kv))
         return engines

@@ -176,7 +176,7 @@ class ClusterConfig:
             stock = e.kind == "vllm"
             for k, values, needed in (("port", ports, True),
                                       ("telemetry_endpoint", tele, not stock),
-                                      ("kv_events_endpoint", kv, not (stock and e.remote))):
+                                      ("kv_events_endpoint", kv, not stock)):
                 if values is None and needed:
                     raise ConfigError(self.source, f"engines.{e.name}.{k}", "not set; the "
                                       "launcher assigns it (run the cluster with `python -m "
@@ -229,8 +229,15 @@ class ClusterConfig:
     def verify_engines(self) -> None:
         """The rules of the engine set (also as it changes at run time): endpoints several
         router workers can share, distinct names, one model per served name, no port or
-        endpoint given twice, telemetry beyond loopback only with CURVE keys."""
+        endpoint given twice, telemetry beyond loopback only with CURVE keys, no KV events
+        from a stock vLLM engine (which has no keys) to a router that requires them."""
         r = self.router
+        for e in self.engines:
+            check(f"engines.{e.name}.kv_events_endpoint", not (
+                r.telemetry_keys_dir and e.kind == "vllm" and e.kv_events_endpoint),
+                  "stock vLLM publishes KV events without CURVE keys, which this router "
+                  "(telemetry_keys_dir) refuses: leave it out (the engine is routed to "
+                  "without prefix matching)")
         if r.workers > 1:
             for e in self.engines:
                 for k, _, ep in e.endpoints():

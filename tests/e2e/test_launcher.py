@@ -67,7 +67,7 @@ class Launcher:
     def wait_up(self) -> LaunchConfig:
         """Wait for the launcher's table (everything it starts is healthy)."""
         self.wait_for("the cluster",
-                      lambda: re.search(r"^ENGINE +MODEL", self.output(), re.M) is not None)
+                      lambda: re.search(r"^ENGINE +KIND +MODEL", self.output(), re.M) is not None)
         return load_launch_config(self.run_dir / "cluster.resolved.toml")
 
     def engine_process(self, instance: str) -> psutil.Process | None:

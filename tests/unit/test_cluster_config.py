@@ -443,3 +443,46 @@ def test_router_workers_ports_claimed(tmp_path: Path) -> None:
 ])
 def test_engine_api_key_only_by_its_key(tmp_path: Path, extra: str, key: str) -> None:
     error(tmp_path, ROUTER + ENGINE_A + extra, key)
+
+
+# ---------------------------------------------------------------- stock vLLM engines
+
+STOCK = ('[[engines]]\nname = "s"\nkind = "vllm"\nmodel = "builtin:tiny-a"\n'
+         'url = "http://127.0.0.1:9000"\n')
+
+
+def test_a_remote_stock_engine_needs_no_telemetry(tmp_path: Path) -> None:
+    (inst,) = load(tmp_path, ROUTER + STOCK).instances()
+    assert (inst.kind, inst.telemetry_endpoint, inst.kv_events_endpoint) == ("vllm", None, None)
+    assert not inst.takes_priority  # vLLM's default scheduler, FCFS, refuses priorities
+    (inst,) = load(tmp_path, ROUTER + STOCK + 'sched_policy = "priority"\n'
+                   'kv_events_endpoint = "ipc:///tmp/s.kv"\n').instances()
+    assert inst.takes_priority and inst.kv_events_endpoint == "ipc:///tmp/s.kv"
+
+
+def test_patched_engines_take_priorities_unless_fcfs(tmp_path: Path) -> None:
+    cfg = load(tmp_path, ROUTER + ENGINE_A + ENGINE_B + 'sched_policy = "fcfs"\n')
+    assert [e.takes_priority for e in cfg.engines] == [True, False]
+
+
+@pytest.mark.parametrize("line, key, problem", [
+    ('sched_policy = "stjf"', "sched_policy", "stock vLLM schedules fcfs or priority"),
+    ("quantum = 4", "quantum", "not allowed for a remote engine"),
+    ('telemetry_endpoint = "ipc:///tmp/t"', "telemetry_endpoint", "engine patch"),
+    ('kind = "sglang"', "kind", "one of hetserve, vllm"),
+])
+def test_stock_engine_refuses_patch_settings(tmp_path: Path, line: str, key: str,
+                                             problem: str) -> None:
+    text = ROUTER + STOCK.replace('kind = "vllm"\n', "" if "kind" in line else 'kind = "vllm"\n')
+    assert problem in error(tmp_path, text + line + "\n", f"engines.s.{key}")
+
+
+def test_a_local_stock_engine_refuses_patch_settings(tmp_path: Path) -> None:
+    text = ROUTER + ENGINE_A + 'kind = "vllm"\nstarvation_threshold = 8\n'
+    assert "engine patch" in error(tmp_path, text, "engines.a.starvation_threshold")
+
+
+def test_stock_kv_events_cannot_reach_a_router_with_keys(tmp_path: Path) -> None:
+    text = ROUTER + KEYS + STOCK + 'kv_events_endpoint = "ipc:///tmp/s.kv"\n'
+    assert "without CURVE keys" in error(tmp_path, text, "engines.s.kv_events_endpoint")
+    assert load(tmp_path, ROUTER + KEYS + STOCK).engines[0].kind == "vllm"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -343,3 +344,40 @@ def test_an_engine_whose_port_was_taken_moves(tmp_path: Path) -> None:
     assert moved.router is not None and moved.config.router.port == plan.config.router.port
     with pytest.raises(LaunchError, match="no port is free"):
         move_engine(plan, "a-0", port_free=lambda host, port: False)
+
+
+# ---------------------------------------------------------------- stock vLLM engines
+
+
+def test_a_stock_engine_runs_vllms_own_server(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, '[router]\npolicy = "round_robin"\n'
+                   + engine("s", 'kind = "vllm"\nsched_policy = "priority"\nmax_num_seqs = 4\n')
+                   + engine("p"))
+    stock, patched = by_name(plan)["s-0"], by_name(plan)["p-0"]
+    assert stock[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert not any("engine_ext" in a for a in stock)
+    assert not {"--scheduler-cls", "--additional-config", "--middleware"} & set(stock)
+    assert flag(stock, "--scheduling-policy") == "priority"
+    assert flag(stock, "--max-num-seqs") == "4" and "--enable-prefix-caching" in stock
+    assert "--sched-policy" not in stock and "--telemetry-endpoint" not in stock
+    kv = json.loads(flag(stock, "--kv-events-config") or "{}")
+    assert kv["topic"] == "s-0" and kv["endpoint"] == f"ipc://{tmp_path}/run/s-0.kv"
+    (inst,) = [i for i in plan.config.instances() if i.name == "s-0"]
+    assert inst.kind == "vllm" and inst.telemetry_endpoint is None
+    assert patched[1:3] == ["-m", "engine_ext.serve"]
+
+
+def test_ray_does_not_start_stock_engines(tmp_path: Path) -> None:
+    text = ('[router]\npolicy = "round_robin"\n[cluster]\nbackend = "ray"\n'
+            + engine("s", 'kind = "vllm"\n'))
+    with pytest.raises(cc.ConfigError, match="engines.s.kind: the Ray backend starts hetserve"):
+        plan_of(tmp_path, text)
+
+
+def test_the_mixed_demo_runs_one_stock_engine(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, (DEMO.parent / "mixed.toml").read_text())
+    argv = by_name(plan)
+    assert flag(argv["tiny-a-0"], "-m") == "vllm.entrypoints.openai.api_server"
+    assert flag(argv["tiny-a-0"], "--scheduling-policy") == "priority"
+    assert flag(argv["tiny-b-0"], "-m") == "engine_ext.serve"
+    assert [p.devices for p in plan.engines] == ["cpu 0", "cpu 1"]

@@ -37,6 +37,18 @@ def test_engine_variant_sets_the_scheduler_and_dev_mode(cfg: ClusterConfig) -> N
     assert [e.sched_policy for e in engine_variant(cfg, None)] == ["stjf", "stjf"]
 
 
+def test_engine_variant_makes_stock_vllm_engines(cfg: ClusterConfig) -> None:
+    stock = engine_variant(cfg, "vllm-priority")
+    assert [(e.kind, e.sched_policy, e.takes_priority) for e in stock] == \
+        [("vllm", "priority", True)] * 2
+    assert all(e.env["VLLM_SERVER_DEV_MODE"] == "1" for e in stock)
+    fcfs = engine_variant(cfg, "vllm-fcfs")
+    assert [(e.kind, e.takes_priority) for e in fcfs] == [("vllm", False)] * 2
+    assert [e.label for e in parse_policies(["chimera:vllm-priority"], POLICIES,
+                                            [*SCHED_POLICIES, "vllm-priority"])] == \
+        ["chimera:vllm-priority"]
+
+
 def test_engine_variant_refuses_to_set_a_remote_scheduler(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text(
         '[router]\npolicy = "vllm"\ninsecure = true\n[[engines]]\nname = "far-0"\nurl = "http://10.0.0.7:8101"\n'

@@ -1,0 +1,281 @@
+"""The router in front of an unmodified vLLM server beside a patched engine.
+
+One module-scoped cluster: ``stock-0``, vLLM's own OpenAI server (``python -m
+vllm.entrypoints.openai.api_server``, the priority scheduler, vLLM's KV events to an ipc
+socket) and ``patched-0`` (``python -m engine_ext.serve``), both serving ``tiny-a``, and
+``python -m router`` (``dynamo``, KV-aware) over both as remote engines: the stock one
+``kind = "vllm"``, read by scraping its ``/metrics``. The tests run in file order; the
+last one kills the stock engine and starts it again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_ext.builtin_models import resolve_model
+from tests.engine_proc import TINY_ENGINE_ARGS, free_port
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+HEALTH_TIMEOUT_S = 240.0
+"""Two engines starting together on 2 shared cores take about 40 s; leave room."""
+MODEL = "tiny-a"
+MAX_NUM_SEQS = 2
+SCRAPE_INTERVAL_MS, SCRAPE_TIMEOUT_S = 100, 3.0
+
+
+@dataclass
+class Cluster:
+    d: Path
+    router: str
+    urls: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]]
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        body = httpx.get(self.router + "/health", timeout=10).json()
+        return {i["name"]: i for i in body["instances"]}
+
+    def gauge(self, name: str, engine: str) -> float | None:
+        text = httpx.get(self.router + "/metrics", timeout=10).text
+        return next((s.value for f in text_string_to_metric_families(text)
+                     for s in f.samples if s.name == name and s.labels.get("engine") == engine),
+                    None)
+
+    def admin(self, engine: str, state: str) -> None:
+        r = httpx.post(f"{self.router}/admin/engines/{engine}/{state}?reason=test",
+                       timeout=10)
+        assert r.status_code == 200, r.text
+
+    def complete(self, prompt: str | list[int], max_tokens: int, url: str | None = None,
+                 **body: Any) -> httpx.Response:
+        return httpx.post((url or self.router) + "/v1/completions", timeout=300, json={
+            "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, **body})
+
+
+def _spawn(argv: list[str], log: Path, core: str) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                     "VLLM_CPU_OMP_THREADS_BIND": core},
+                                start_new_session=True)
+
+
+def _stock_argv(d: Path, port: int) -> list[str]:
+    """Unmodified vLLM, as an operator runs it (no hetserve module on its command line)."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", resolve_model(f"builtin:{MODEL}"), "--served-model-name", MODEL,
+            "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
+            "--scheduling-policy", "priority", "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--kv-events-config", json.dumps({
+                "enable_kv_cache_events": True, "publisher": "zmq",
+                "endpoint": f"ipc://{d}/stock.kv", "topic": "stock-0"}), *TINY_ENGINE_ARGS]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{url} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"{url} not healthy after {HEALTH_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _until(check: Callable[[], bool], timeout_s: float) -> float:
+    """Seconds until ``check`` held (fails the test past ``timeout_s``)."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout_s, f"not within {timeout_s} s"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    d = Path(tempfile.mkdtemp(prefix="hs-stock-", dir="/tmp"))  # short: ipc paths
+    ports = {"stock": free_port(), "patched": free_port(), "router": free_port()}
+    urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        procs["stock"] = _spawn(_stock_argv(d, ports["stock"]), d / "stock.log", "0")
+        procs["patched"] = _spawn([
+            sys.executable, "-m", "engine_ext.serve", "--model", f"builtin:{MODEL}",
+            "--engine-id", "patched-0", "--served-model-name", MODEL,
+            "--telemetry-endpoint", f"ipc://{d}/patched.t",
+            "--kv-events-endpoint", f"ipc://{d}/patched.kv", "--port", str(ports["patched"]),
+            "--max-num-seqs", "8", *TINY_ENGINE_ARGS], d / "patched.log", "1")
+        for name in ("stock", "patched"):
+            _wait_healthy(urls[name], procs[name], d / f"{name}.log")
+        (d / "cluster.toml").write_text(f"""
+[router]
+policy = "dynamo"
+port = {ports["router"]}
+allow_client_priority = true
+scrape_interval_ms = {SCRAPE_INTERVAL_MS}
+scrape_timeout_s = {SCRAPE_TIMEOUT_S}
+breaker_backoff_s = 0.5
+
+[[engines]]
+name = "stock-0"
+kind = "vllm"
+sched_policy = "priority"
+model = "builtin:{MODEL}"
+served_model_name = "{MODEL}"
+url = "{urls["stock"]}"
+kv_events_endpoint = "ipc://{d}/stock.kv"
+
+[[engines]]
+name = "patched-0"
+model = "builtin:{MODEL}"
+served_model_name = "{MODEL}"
+url = "{urls["patched"]}"
+telemetry_endpoint = "ipc://{d}/patched.t"
+kv_events_endpoint = "ipc://{d}/patched.kv"
+""")
+        procs["router"] = _spawn([sys.executable, "-m", "router", "--config",
+                                  str(d / "cluster.toml")], d / "router.log", "0-1")
+        _wait_healthy(urls["router"], procs["router"], d / "router.log")
+        yield Cluster(d, urls["router"], urls, procs)
+    finally:
+        for proc in procs.values():
+            _kill(proc)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_health_metrics_and_table_say_each_engines_kind(cluster: Cluster) -> None:
+    health = cluster.health()
+    assert {n: (i["kind"], i["up"]) for n, i in health.items()} == {
+        "stock-0": ("vllm", True), "patched-0": ("hetserve", True)}
+    text = httpx.get(cluster.router + "/metrics", timeout=10).text
+    info = {s.labels["engine"]: s.labels["kind"] for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "hetserve_engine_info"}
+    assert info == {"stock-0": "vllm", "patched-0": "hetserve"}
+    assert (cluster.gauge("hetserve_scrapes_total", "stock-0") or 0) > 0
+
+
+def test_load_on_the_stock_engine_is_read_from_its_metrics(cluster: Cluster) -> None:
+    """Requests sent straight to the stock engine (the router never saw them) show in the
+    router's view of it: two running, two waiting (max_num_seqs 2)."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        jobs = [pool.submit(cluster.complete, f"load {i}", 400, cluster.urls["stock"])
+                for i in range(4)]
+        lag = _until(lambda: (cluster.gauge("hetserve_engine_batch_size", "stock-0"),
+                              cluster.gauge("hetserve_engine_num_waiting", "stock-0"))
+                     == (2.0, 2.0), 30)
+        assert all(j.result().status_code == 200 for j in jobs)
+    print(f"router saw 2 running + 2 waiting {lag:.2f} s after sending")
+    _until(lambda: cluster.gauge("hetserve_engine_batch_size", "stock-0") == 0.0, 10)
+
+
+def _prompt(seed: int) -> list[int]:
+    return random.Random(seed).choices(range(100, 400), k=600)  # 4 full 128-token blocks
+
+
+@pytest.mark.parametrize("holder", ["stock-0", "patched-0"])
+def test_a_repeated_long_prompt_lands_on_the_engine_holding_it(cluster: Cluster,
+                                                               holder: str) -> None:
+    """The prompt is first sent straight to ``holder``: the router learns its blocks from
+    that engine's KV events only (vLLM's own, on the stock engine)."""
+    prompt = _prompt(hash(holder) % 1000)
+    direct = cluster.urls["stock" if holder == "stock-0" else "patched"]
+    assert cluster.complete(prompt, 1, direct).status_code == 200
+    _until(lambda: (cluster.gauge("hetserve_engine_kv_index_blocks", holder) or 0) >= 4, 10)
+    for _ in range(3):
+        r = cluster.complete(prompt, 1)
+        assert r.status_code == 200 and r.headers["x-hetserve-engine"] == holder
+
+
+def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None:
+    """With the patched engine out of routing, two long requests fill the stock engine's
+    two slots and three low-priority ones queue; a high-priority one sent last finishes
+    before every queued low one."""
+    cluster.admin("patched-0", "down")
+    try:
+        done: list[str] = []
+
+        def send(tag: str, priority: int, max_tokens: int) -> httpx.Response:
+            r = cluster.complete(f"priority {tag}", max_tokens, priority=priority)
+            done.append(tag)
+            return r
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            jobs = [pool.submit(send, f"fill{i}", 0, 300) for i in range(2)]
+            _until(lambda: cluster.gauge("hetserve_engine_batch_size", "stock-0") == 2, 30)
+            jobs += [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
+            _until(lambda: cluster.gauge("hetserve_engine_num_waiting", "stock-0") == 3, 30)
+            jobs.append(pool.submit(send, "high", -10, 20))
+            responses = [j.result() for j in jobs]
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        assert responses[-1].headers["x-hetserve-priority"] == "-10"
+        assert done.index("high") < min(done.index(f"low{i}") for i in range(3)), done
+    finally:
+        cluster.admin("patched-0", "up")
+
+
+def test_vllm_bench_serve_through_the_router(cluster: Cluster) -> None:
+    """vLLM's own benchmark client against the router over both engines: no failure."""
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+         "--backend", "openai", "--base-url", cluster.router, "--model", MODEL,
+         "--tokenizer", resolve_model(f"builtin:{MODEL}"), "--dataset-name", "random",
+         "--random-input-len", "64", "--random-output-len", "16", "--num-prompts", "24",
+         "--request-rate", "12", "--seed", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Successful requests:                     24" in out.stdout, out.stdout[-2000:]
+    assert "Failed requests:                         0" in out.stdout, out.stdout[-2000:]
+
+
+def test_the_stock_engine_killed_and_started_again(cluster: Cluster) -> None:
+    """SIGKILL: requests keep succeeding (re-dispatched to the patched engine), the stock
+    engine is down within the scrape timeout; started again on its port, its scrapes
+    bring it back and it serves again."""
+    _kill(cluster.procs["stock"], signal.SIGKILL)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda i: cluster.complete(f"during {i}", 4).status_code,
+                              range(12)))
+    assert codes == [200] * 12
+    _until(lambda: not cluster.health()["stock-0"]["up"], SCRAPE_TIMEOUT_S + 5)
+    port = int(cluster.urls["stock"].rsplit(":", 1)[1])
+    cluster.procs["stock"] = _spawn(_stock_argv(cluster.d, port), cluster.d / "stock.log", "0")
+    _wait_healthy(cluster.urls["stock"], cluster.procs["stock"], cluster.d / "stock.log")
+    _until(lambda: cluster.health()["stock-0"]["up"], 30)
+    cluster.admin("patched-0", "down")
+    try:
+        r = cluster.complete("after the restart", 4)
+        assert r.status_code == 200 and r.headers["x-hetserve-engine"] == "stock-0"
+    finally:
+        cluster.admin("patched-0", "up")
