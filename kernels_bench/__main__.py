@@ -31,6 +31,8 @@ COMMANDS = {
               "completed, re-dispatched, failed clearly, lost",
     "fuzz-telemetry": "the router's telemetry and KV-event subscribers against garbage frames "
                       "(loopback)",
+    "scrape": "the router's CPU per stock vLLM engine scraped (/metrics every 100 ms), "
+              "loopback stand-ins serving a real body, vs the 2% target",
 }
 
 
