@@ -53,7 +53,7 @@ class MetricsScraper:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
-            auto_decompress=False)
+            headers={"Accept-Encoding": "identity"}, auto_decompress=False)
         for name in engines:
             self.add(name)
 

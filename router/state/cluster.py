@@ -25,7 +25,7 @@ class ClusterState:
 
     def __init__(self, instances: Sequence[Any], heartbeat_timeout_s: float,
                  stall_timeout_s: float, program_ttl_s: float,
-                 scrape_timeout_s: float = 5.0) -> None:
+                 scrape_timeout_s: float = 10.0) -> None:
         """``instances``: objects with ``name, served_model_name, url, max_model_len``."""
         self.table = EngineTable(instances, heartbeat_timeout_s, stall_timeout_s,
                                  scrape_timeout_s)

@@ -43,7 +43,7 @@ class EngineState:
 
 class EngineTable:
     def __init__(self, instances: Iterable[Any], heartbeat_timeout_s: float,
-                 stall_timeout_s: float = 30.0, scrape_timeout_s: float = 5.0) -> None:
+                 stall_timeout_s: float = 30.0, scrape_timeout_s: float = 10.0) -> None:
         """``instances``: objects with ``name, served_model_name, url, max_model_len``
         (and ``kind``: ``vllm`` for a scraped engine). ``stall_timeout_s``: an engine whose telemetry keeps coming (from its sender
         thread) with the scheduler's step unchanged for this long while work is running or

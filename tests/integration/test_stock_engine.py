@@ -29,6 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_ext.builtin_models import resolve_model
+from router.state.vllm_metrics import VllmMetrics, parse_metrics
 from tests.engine_proc import TINY_ENGINE_ARGS, free_port
 
 pytestmark = pytest.mark.engine
@@ -37,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HEALTH_TIMEOUT_S = 240.0
 """Two engines starting together on 2 shared cores take about 40 s; leave room."""
 MODEL = "tiny-a"
-MAX_NUM_SEQS = 2
-SCRAPE_INTERVAL_MS, SCRAPE_TIMEOUT_S = 100, 3.0
+MAX_NUM_SEQS = 1
+SCRAPE_INTERVAL_MS, SCRAPE_TIMEOUT_S = 100, 15.0
 
 
 @dataclass
@@ -57,6 +58,11 @@ class Cluster:
         return next((s.value for f in text_string_to_metric_families(text)
                      for s in f.samples if s.name == name and s.labels.get("engine") == engine),
                     None)
+
+    def stock_metrics(self) -> VllmMetrics:
+        """The stock engine's own /metrics (the truth the router's view is tested against;
+        on 2 busy cores the router may scrape less often than its interval)."""
+        return parse_metrics(httpx.get(self.urls["stock"] + "/metrics", timeout=10).content)
 
     def admin(self, engine: str, state: str) -> None:
         r = httpx.post(f"{self.router}/admin/engines/{engine}/{state}?reason=test",
@@ -187,16 +193,25 @@ def test_health_metrics_and_table_say_each_engines_kind(cluster: Cluster) -> Non
 
 def test_load_on_the_stock_engine_is_read_from_its_metrics(cluster: Cluster) -> None:
     """Requests sent straight to the stock engine (the router never saw them) show in the
-    router's view of it: two running, two waiting (max_num_seqs 2)."""
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        jobs = [pool.submit(cluster.complete, f"load {i}", 400, cluster.urls["stock"])
+    router's view of it, running and waiting (max_num_seqs 1, four requests). The time
+    to each is printed. Not exact counts at set times: on 2 busy cores vLLM's API server
+    answers /metrics seconds late while it finishes a long response (3.5 and 12.7 s
+    measured), so the router's view lags the engine by more than its interval; exact
+    readings of a real body: tests/unit/test_scraper.py."""
+    start, first = time.monotonic(), dict[str, float]()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # 1,000 tokens: seconds here
+        jobs = [pool.submit(cluster.complete, f"load {i}", 1000, cluster.urls["stock"])
                 for i in range(4)]
-        lag = _until(lambda: (cluster.gauge("hetserve_engine_batch_size", "stock-0"),
-                              cluster.gauge("hetserve_engine_num_waiting", "stock-0"))
-                     == (2.0, 2.0), 30)
+        while not all(j.done() for j in jobs) and len(first) < 2:
+            for name in ("batch_size", "num_waiting"):
+                if (cluster.gauge(f"hetserve_engine_{name}", "stock-0") or 0) >= 1:
+                    first.setdefault(name, time.monotonic() - start)
+            time.sleep(0.05)
         assert all(j.result().status_code == 200 for j in jobs)
-    print(f"router saw 2 running + 2 waiting {lag:.2f} s after sending")
-    _until(lambda: cluster.gauge("hetserve_engine_batch_size", "stock-0") == 0.0, 10)
+    assert set(first) == {"batch_size", "num_waiting"}, first
+    print("router saw them running, waiting after "
+          + ", ".join(f"{v:.2f} s" for v in first.values()))
+    _until(lambda: cluster.stock_metrics()[:2] == (0, 0), 60)
 
 
 def _prompt(seed: int) -> list[int]:
@@ -218,9 +233,9 @@ def test_a_repeated_long_prompt_lands_on_the_engine_holding_it(cluster: Cluster,
 
 
 def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None:
-    """With the patched engine out of routing, two long requests fill the stock engine's
-    two slots and three low-priority ones queue; a high-priority one sent last finishes
-    before every queued low one."""
+    """With the patched engine out of routing, a long request (1,000 tokens, seconds
+    here) fills the stock engine's one slot and three low-priority ones queue; a
+    high-priority one sent last finishes before every queued low one."""
     cluster.admin("patched-0", "down")
     try:
         done: list[str] = []
@@ -231,14 +246,16 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
             return r
 
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            jobs = [pool.submit(send, f"fill{i}", 0, 300) for i in range(2)]
-            _until(lambda: cluster.gauge("hetserve_engine_batch_size", "stock-0") == 2, 30)
+            _until(lambda: cluster.stock_metrics()[:2] == (0, 0), 60)
+            jobs = [pool.submit(send, "fill", 5, 1000)]  # seconds here
+            _until(lambda: cluster.stock_metrics().running == 1, 60)
             jobs += [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
-            _until(lambda: cluster.gauge("hetserve_engine_num_waiting", "stock-0") == 3, 30)
-            jobs.append(pool.submit(send, "high", -10, 20))
+            _until(lambda: cluster.stock_metrics().waiting == 3, 60)
+            jobs.append(pool.submit(send, "high", 0, 20))
+            _until(lambda: cluster.stock_metrics()[:2] == (1, 4), 60)  # all queued, in time
             responses = [j.result() for j in jobs]
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
-        assert responses[-1].headers["x-hetserve-priority"] == "-10"
+        assert responses[-1].headers["x-hetserve-priority"] == "0"
         assert done.index("high") < min(done.index(f"low{i}") for i in range(3)), done
     finally:
         cluster.admin("patched-0", "up")
