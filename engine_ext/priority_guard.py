@@ -1,9 +1,11 @@
-"""ASGI middleware of the engine server: rejects bad priorities before vLLM sees them.
+"""ASGI middleware of the engine server: rejects bad priorities and retention hints
+before vLLM sees them.
 
 vLLM accepts any integer ``priority`` and silently ignores an unparsable
 ``X-Vllm-Priority`` header. The engine contract (``scheduler_patches.contract``) accepts
-integers in ``[PRIORITY_MIN, PRIORITY_MAX]`` only; anything else gets an OpenAI-style
-400 here and never reaches the engine.
+integers in ``[PRIORITY_MIN, PRIORITY_MAX]`` only, and a retention hint in ``vllm_xargs``
+only when well formed; anything else gets an OpenAI-style 400 here and never reaches the
+engine.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from scheduler_patches.contract import PRIORITY_HEADER, PRIORITY_MAX, PRIORITY_MIN
+from scheduler_patches.contract import (PRIORITY_HEADER, PRIORITY_MAX, PRIORITY_MIN,
+                                        XARGS_FIELD, retention_hint)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -57,7 +60,7 @@ class PriorityGuard:
             return
         has_header, header_value = _header_priority(scope)
         if has_header and (err := priority_error(header_value, f"header {PRIORITY_HEADER}")):
-            await _reject(send, err)
+            await _reject(send, err, "priority")
             return
         messages: list[Message] = []
         body = b""
@@ -69,9 +72,9 @@ class PriorityGuard:
             body += message.get("body", b"")
             if not message.get("more_body", False):
                 break
-        err = _body_error(body)
-        if err is not None:
-            await _reject(send, err)
+        rejected = body_error(body)
+        if rejected is not None:
+            await _reject(send, *rejected)
             return
 
         async def replay() -> Message:
@@ -80,19 +83,28 @@ class PriorityGuard:
         await self.app(scope, replay, send)
 
 
-def _body_error(body: bytes) -> str | None:
+def body_error(body: bytes) -> tuple[str, str] | None:
+    """(message, param) of a body's bad priority or retention hint, None if neither."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None  # not JSON: vLLM answers that itself
-    if isinstance(payload, dict) and "priority" in payload:
-        return priority_error(payload["priority"], "priority")
+    if not isinstance(payload, dict):
+        return None
+    if "priority" in payload and (err := priority_error(payload["priority"], "priority")):
+        return err, "priority"
+    xargs = payload.get(XARGS_FIELD)
+    if isinstance(xargs, dict):  # anything else: vLLM's own 400
+        try:
+            retention_hint(xargs)
+        except ValueError as exc:
+            return str(exc), XARGS_FIELD
     return None
 
 
-async def _reject(send: Send, message: str) -> None:
+async def _reject(send: Send, message: str, param: str) -> None:
     body = json.dumps({
-        "error": {"message": message, "type": "BadRequestError", "param": "priority", "code": 400}
+        "error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}
     }).encode()
     await send({
         "type": "http.response.start",

@@ -1,4 +1,5 @@
-"""The scheduler classes an engine runs: each engine policy, with telemetry, sync and async.
+"""The scheduler classes an engine runs: each engine policy, with telemetry and KV
+retention (``scheduler_patches.retention``), sync and async.
 
 ``scheduler_class(policy, async_scheduling)`` gives the dotted path for vLLM's
 ``--scheduler-cls``. ``fcfs`` and ``priority`` are vLLM's own policies (the engine also
@@ -12,32 +13,34 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine_ext.instrumented import TelemetryMixin
 from scheduler_patches.mlfq import MLFQPolicy
+from scheduler_patches.retention import RetentionPolicy
 from scheduler_patches.settings import ENGINE_POLICIES
 from scheduler_patches.stjf import STJFPolicy
 
 
-class VLLMScheduler(TelemetryMixin, Scheduler):
-    """vLLM's scheduler (fcfs or priority, per --scheduling-policy) with telemetry."""
+class VLLMScheduler(TelemetryMixin, RetentionPolicy, Scheduler):
+    """vLLM's scheduler (fcfs or priority, per --scheduling-policy), with telemetry and
+    retention."""
 
 
-class VLLMAsyncScheduler(TelemetryMixin, AsyncScheduler):
-    """vLLM's async scheduler with telemetry."""
+class VLLMAsyncScheduler(TelemetryMixin, RetentionPolicy, AsyncScheduler):
+    """vLLM's async scheduler with telemetry and retention."""
 
 
-class STJFScheduler(TelemetryMixin, STJFPolicy, Scheduler):
-    """Chimera's STJF with aging, with telemetry."""
+class STJFScheduler(TelemetryMixin, RetentionPolicy, STJFPolicy, Scheduler):
+    """Chimera's STJF with aging, with telemetry and retention."""
 
 
-class STJFAsyncScheduler(TelemetryMixin, STJFPolicy, AsyncScheduler):
-    """Chimera's STJF with aging over the async scheduler, with telemetry."""
+class STJFAsyncScheduler(TelemetryMixin, RetentionPolicy, STJFPolicy, AsyncScheduler):
+    """Chimera's STJF with aging over the async scheduler, with telemetry and retention."""
 
 
-class MLFQScheduler(TelemetryMixin, MLFQPolicy, Scheduler):
-    """MLFQ baseline, with telemetry."""
+class MLFQScheduler(TelemetryMixin, RetentionPolicy, MLFQPolicy, Scheduler):
+    """MLFQ baseline, with telemetry and retention."""
 
 
-class MLFQAsyncScheduler(TelemetryMixin, MLFQPolicy, AsyncScheduler):
-    """MLFQ baseline over the async scheduler, with telemetry."""
+class MLFQAsyncScheduler(TelemetryMixin, RetentionPolicy, MLFQPolicy, AsyncScheduler):
+    """MLFQ baseline over the async scheduler, with telemetry and retention."""
 
 
 _CLASSES = {

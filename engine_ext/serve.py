@@ -8,6 +8,9 @@ Takes every ordinary vLLM server argument, plus:
   --starvation-threshold S     STJF aging threshold S (scheduler_patches.aging)
   --quantum Q                  STJF aging quantum Q
   --mlfq-levels N / --mlfq-base-quantum T
+  --retention-ttl-s S / --retention-slack F / --max-protected-programs N /
+  --max-protected-fraction F   KV retention between a program's calls
+                               (scheduler_patches.protected.RetentionSettings)
   --telemetry-endpoint EP      scheduler snapshots (ipc:// or tcp://127.0.0.1:PORT)
   --telemetry-interval-ms MS   rate limit while busy (default 20)
   --kv-events-endpoint EP      vLLM KV cache events (BlockStored/BlockRemoved/...)
@@ -28,6 +31,7 @@ from typing import Any
 
 from engine_ext.curve import engine_curve
 from engine_ext.telemetry import DEFAULT_INTERVAL_S
+from scheduler_patches.protected import RetentionSettings, retention_settings
 from scheduler_patches.settings import ENGINE_POLICIES, vllm_scheduling_policy
 
 
@@ -45,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-promotions", type=int, default=None)
     p.add_argument("--mlfq-levels", type=int, default=None)
     p.add_argument("--mlfq-base-quantum", type=int, default=None)
+    p.add_argument("--retention-ttl-s", type=float, default=None, metavar="S",
+                   help="longest KV protection after a program's call (default 30; 0: off)")
+    p.add_argument("--retention-slack", type=float, default=None, metavar="F",
+                   help="protect for F x the hint's expected return, within the TTL (2)")
+    p.add_argument("--max-protected-programs", type=int, default=None, metavar="N",
+                   help="programs protected at once (default 256; 0: off)")
+    p.add_argument("--max-protected-fraction", type=float, default=None, metavar="F",
+                   help="protected blocks at most this fraction of the KV pool (0.5)")
     p.add_argument("--telemetry-endpoint", default=None)
     p.add_argument("--telemetry-interval-ms", type=float, default=DEFAULT_INTERVAL_S * 1e3)
     p.add_argument("--kv-events-endpoint", default=None)
@@ -102,9 +114,10 @@ def vllm_argv(ns: argparse.Namespace, passthrough: list[str]) -> list[str]:
         engine_curve(ns.telemetry_keys_dir)  # unreadable keys: an error here, not in the core
         hetserve["telemetry_keys_dir"] = os.path.abspath(ns.telemetry_keys_dir)
     for key in ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
-                "mlfq_base_quantum"):
+                "mlfq_base_quantum", *RetentionSettings.__struct_fields__):
         if getattr(ns, key) is not None:
             hetserve[key] = getattr(ns, key)
+    retention_settings(hetserve)  # out of bounds: an error here, not in the core
     extra_raw = _pop_option(args, "--additional-config")
     extra = json.loads(extra_raw) if extra_raw else {}
     extra["hetserve"] = hetserve

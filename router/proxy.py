@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Iterable
+from typing import Any, Iterable
 
 import aiohttp
 import msgspec
@@ -28,6 +28,7 @@ from router.request import ParsedRequest, RequestError, overloaded
 from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest
 from router.upstream import (StreamResult, StreamTimeouts, Upstream, UpstreamError,
                              completion_tokens)
+from scheduler_patches.contract import RETAIN_PREFIX, XARGS_FIELD, RetentionHint
 
 MAX_ROUTE_ATTEMPTS = 3
 """Routing attempts per request when the chosen engine cannot be reached or fails before
@@ -216,8 +217,9 @@ def upstream_body(
 ) -> bytes:
     """The body sent to the engine: the client's body with ``model``, ``priority`` and
     ``max_tokens`` set by the router, ``workflow``, ``priority`` and ``per_model`` removed,
-    and usage requested on streams (the router strips the usage chunk again if the client
-    did not ask for it)."""
+    usage requested on streams (the router strips the usage chunk again if the client
+    did not ask for it), and the retention hint (``retention_for``) in ``vllm_xargs``,
+    whose ``hetserve_*`` keys only the router sets."""
     body = {k: v for k, v in parsed.body.items()
             if k not in ("workflow", "priority", "per_model")}
     body["model"] = model
@@ -227,7 +229,24 @@ def upstream_body(
         body[parsed.max_tokens_param] = max_tokens
     if parsed.stream:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    xargs, hint = body.get(XARGS_FIELD), retention_for(parsed.workflow)
+    if isinstance(xargs, dict) or (xargs is None and hint is not None):  # else: engine's 400
+        body[XARGS_FIELD] = {**{k: v for k, v in (xargs or {}).items()
+                                if not k.startswith(RETAIN_PREFIX)},
+                             **(hint.xargs() if hint is not None else {})}
     return _encode(body)
+
+
+def retention_for(workflow: dict[str, Any]) -> RetentionHint | None:
+    """The engine's retention hint for a call of a program whose position is known (from
+    a trusted caller: ``final``, or ``stage_index`` and ``num_stages``), None otherwise."""
+    program = workflow.get("program_id")
+    final = workflow.get("final")
+    if final is None and "stage_index" in workflow and "num_stages" in workflow:
+        final = workflow["stage_index"] >= workflow["num_stages"] - 1
+    if program is None or final is None:
+        return None
+    return RetentionHint(program, final, workflow.get("expected_return_s"))
 
 
 def engine_auth(instances: Iterable[EngineInstance]) -> dict[str, str]:

@@ -40,6 +40,8 @@ class WorkflowMeta:
     """Models already tried for this request (LAAR's retry penalty); stored as a tuple."""
     objective: Objective | None = None
     """VineLM's request objective (``router.vinelm.objective``)."""
+    expected_return_s: float | None = None
+    """Seconds from this call's end to the program's next call (KV retention)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tried_models", tuple(self.tried_models))

@@ -12,6 +12,7 @@ from router.admission.convert import Fields, bad, convert
 from router.request import MAX_LABEL_CHARS, MAX_STAGES
 from router.vinelm.objective import (MAX_NUMBER, Objective, ObjectiveError,
                                      objective_from_header, parse_objective)
+from scheduler_patches.contract import MAX_EXPECTED_RETURN_S
 
 Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_CHARS)]
 Weight = Annotated[float, Meta(ge=0.0, le=MAX_NUMBER)]
@@ -33,14 +34,19 @@ class Workflow(Struct, forbid_unknown_fields=True):
     tried_models: list[Annotated[str, Meta(min_length=1)]] | UnsetType = UNSET
     objective: Any = UNSET
     """Checked by ``router.vinelm.objective.parse_objective``."""
+    expected_return_s: Annotated[float, Meta(ge=0.0, le=MAX_EXPECTED_RETURN_S)] | UnsetType = UNSET
+    """Seconds from this call's end to the program's next call (the engine keeps the
+    program's KV cache about that long; ``scheduler_patches.contract``)."""
 
 
 WORKFLOW_FIELDS: tuple[str, ...] = Workflow.__struct_fields__
 """The workflow fields, in the order the messages list them."""
 
-RANKING_FIELDS = ("workflow", "stage", "stage_index", "num_stages", "final")
+RANKING_FIELDS = ("workflow", "stage", "stage_index", "num_stages", "final",
+                  "expected_return_s")
 """Workflow fields that rank a call (its predicted remaining tokens, hence its engine
-priority: "final stage" buys a high one): used only from trusted callers
+priority: "final stage" buys a high one) or claim engine memory (a non-final stage and
+its expected return keep the program's KV cache): used only from trusted callers
 (``router.auth``); an untrusted caller's are dropped and the router predicts alone."""
 
 HEADER_PREFIX = "x-hetserve-"
@@ -66,7 +72,7 @@ def _header_value(name: str, raw: str) -> Any:
             return int(raw)
         except ValueError:
             return raw
-    if name == "budget":
+    if name in ("budget", "expected_return_s"):
         try:
             return float(raw)
         except ValueError:
