@@ -14,13 +14,15 @@ from typing import Any
 from kernels_bench.commands.replay import build_parser, check_args, run_replay
 from kernels_bench.replay.output import TWIN_ROOT
 from kernels_bench.replay.run import ReplayOptions
-from kernels_bench.twin.router import RouterCosts
+from kernels_bench.twin.router import DEFAULT_SCRAPE_INTERVAL_S, RouterCosts
 from kernels_bench.twin.run import TwinOptions, load_profiles, twin
 from kernels_bench.twin.step_time import MAX_SLOWDOWN
 from router.config.cluster import ClusterConfig
 from router.trace_format import Trace
 
 MAX_OVERHEAD_MS = 60_000.0
+SCRAPE_MS_RANGE = (10.0, 60_000.0)
+"""``--scrape-interval-ms`` bounds (the router's ``scrape_interval_ms``)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,6 +47,13 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--calibration", type=Path, metavar="FILE",
                    help="slowdowns and the per-call overhead fitted by python -m "
                    "kernels_bench.twin.calibrate (on training problems)")
+    g.add_argument("--stock", action="store_true",
+                   help="engines on vLLM's own schedulers (fcfs, priority) are stock vLLM "
+                   "servers: vLLM's unpatched scheduler, no snapshots, the router scrapes "
+                   "their /metrics (default: every engine is hetserve's)")
+    g.add_argument("--scrape-interval-ms", type=float, default=DEFAULT_SCRAPE_INTERVAL_S * 1e3,
+                   metavar="MS", help="with --stock: between two scrapes of a stock "
+                   "engine, virtual ms (default 100, the router's)")
     return p
 
 
@@ -75,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     out = check_args(p, a, TWIN_ROOT)
     if a.jobs < 1 or not 0 <= a.request_overhead_ms <= MAX_OVERHEAD_MS:
         p.error(f"--jobs must be >= 1 and --request-overhead-ms in [0, {MAX_OVERHEAD_MS:g}]")
+    low, high = SCRAPE_MS_RANGE
+    if not low <= a.scrape_interval_ms <= high:
+        p.error(f"--scrape-interval-ms must be in [{low:g}, {high:g}]")
 
     def run(cfg: ClusterConfig, trace: Trace, name: str, opts: ReplayOptions,
             command: str) -> dict[str, Any]:
@@ -87,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
                              "are not in the cluster file")
         topts = TwinOptions(load_profiles(a.profiles, [e.name for e in cfg.engines]),
                             RouterCosts(not a.no_charge_decision, overhead_ms / 1e3),
-                            slowdown, a.jitter, a.jobs)
+                            slowdown, a.jitter, a.jobs, a.stock, a.scrape_interval_ms / 1e3)
         return twin(cfg, trace, name, opts, topts, command)
 
     run_replay("twin", argv, a, out, run)

@@ -7,12 +7,17 @@ its ``sched_policy``, the synchronous variant, as on CPU), built with no model e
 A step is what vLLM's ``EngineCore`` does: take the requests that arrived, ``schedule()``,
 run the model (here: wait ``StepTimeModel.step_ms``), ``update_from_output`` with one
 made-up sampled token per request whose step reaches its last token.
+
+A stock vLLM engine (``EngineSpec.stock``) runs vLLM's own ``Scheduler`` class, unpatched,
+and publishes vLLM's KV events but no snapshots; what its ``/metrics`` would show is
+``metrics``, which the twin's router scrapes.
 """
 
 from __future__ import annotations
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
@@ -22,6 +27,7 @@ from kernels_bench.twin.engine_spec import EngineSpec
 from kernels_bench.twin.request import RequestRecord, TwinRequest
 from kernels_bench.twin.step_time import StepTimeModel
 from kernels_bench.twin.telemetry import Clock, KVEventFrames, SnapshotFrames
+from router.state.vllm_metrics import VllmMetrics
 from scheduler_patches.settings import vllm_scheduling_policy
 
 
@@ -30,14 +36,16 @@ class EngineTwin:
 
     def __init__(self, spec: EngineSpec, step_time: StepTimeModel, clock: Clock,
                  telemetry_interval_s: float | None = None) -> None:
-        """``telemetry_interval_s``: publish snapshots at this rate and vLLM's KV events
-        (``snapshots`` / ``kv_events`` collect the frames); None: no telemetry."""
+        """``telemetry_interval_s``: publish snapshots at this rate (none from a stock
+        engine) and vLLM's KV events (``snapshots`` / ``kv_events`` collect the frames);
+        None: no telemetry."""
         self.spec = spec
         self.name = spec.name
         self.step_time = step_time
         self.clock = clock
         self.scheduler = make_scheduler(
-            scheduler_type(spec.sched_policy, async_scheduling=False),
+            Scheduler if spec.stock else scheduler_type(spec.sched_policy,
+                                                        async_scheduling=False),
             max_num_seqs=spec.max_num_seqs,
             max_num_batched_tokens=spec.max_num_batched_tokens,
             num_blocks=spec.num_blocks,
@@ -52,8 +60,9 @@ class EngineTwin:
         if telemetry_interval_s is not None:
             self.kv_events = KVEventFrames(spec.name, clock)
             self.scheduler.kv_event_publisher = self.kv_events
-            self.snapshots = SnapshotFrames(spec.name, clock, telemetry_interval_s)
-            self.scheduler.attach_telemetry(self.snapshots)
+            if not spec.stock:
+                self.snapshots = SnapshotFrames(spec.name, clock, telemetry_interval_s)
+                self.scheduler.attach_telemetry(self.snapshots)
         self.records: dict[str, RequestRecord] = {}
         self.busy = False
         """A step is running or about to start (the simulator's flag)."""
@@ -62,6 +71,11 @@ class EngineTwin:
         """Requests preempted (vLLM's ``vllm:num_preemptions``)."""
         self.busy_s = 0.0
         """Virtual seconds spent in steps."""
+        self.metrics = VllmMetrics(0, 0, 0.0, 0, 0)
+        """What the engine's ``/metrics`` shows now: vLLM's gauges as its scheduler last
+        set them (at the end of a step, where it makes its stats), the preemption and
+        token counters (prompt tokens counted at a request's first token, as vLLM's)."""
+        self._tokens = 0
         self._inbox: list[Request] = []
         self._running: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
         self._hasher = block_hasher(spec.block_size)
@@ -106,6 +120,7 @@ class EngineTwin:
         out = self.scheduler.schedule()
         if not out.num_scheduled_tokens:  # EngineCore runs no model; vLLM forgets finished ids
             self.scheduler.update_from_output(out, fake_output(self.scheduler, out))
+            self._set_metrics()
             if self.scheduler.get_num_unfinished_requests():
                 raise RuntimeError(f"{self.name}: requests wait but nothing can be "
                                    "scheduled (a prompt larger than the KV cache?)")
@@ -143,8 +158,17 @@ class EngineTwin:
                 if o.new_token_ids:
                     if record.first_token is None:
                         record.first_token = now
+                        self._tokens += record.prompt_tokens
                     record.generated += len(o.new_token_ids)
+                    self._tokens += len(o.new_token_ids)
                 if o.finish_reason is not None:
                     record.finish = now
                     finished.append(record)
+        self._set_metrics()
         return finished
+
+    def _set_metrics(self) -> None:
+        """vLLM's stats after ``update_from_output``: its own counts and KV usage."""
+        running, waiting = self.scheduler.get_request_counts()
+        self.metrics = VllmMetrics(running, waiting, self.scheduler.get_kv_cache_usage(),
+                                   self.preemptions, self._tokens)

@@ -5,12 +5,16 @@ page size x layers): ``num_blocks = kv_cache_bytes // (block_size x bytes per to
 ``bytes per token = 2 (K and V) x layers x KV heads x head size x dtype bytes``, with the
 model's shape from its ``config.json``. It matches the engines' own logs here
 (``builtin:tiny-a``, 128 MiB: 131,072 tokens; ``builtin:tiny-b``: 21,760).
+
+An engine is hetserve's (``engine_ext.serve``: its policy's scheduler class, snapshots) or,
+when the run asks for stock engines and its policy is one of vLLM's own
+(``STOCK_POLICIES``), a stock vLLM server (``EngineSpec.stock``).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,8 @@ CPU_MAX_NUM_BATCHED_TOKENS = 2048
 """vLLM's OpenAI server default on CPU (``EngineArgs.get_batch_defaults``; chunked prefill)."""
 CPU_MAX_NUM_SEQS = 128
 """vLLM's OpenAI server default on CPU."""
+STOCK_POLICIES = ("fcfs", "priority")
+"""The engine policies a stock vLLM server runs (its ``--scheduling-policy``)."""
 _AGING_KEYS = ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
                "mlfq_base_quantum")
 
@@ -46,6 +52,10 @@ class EngineSpec:
     settings: dict[str, Any] = field(default_factory=dict)
     """The scheduler's settings (aging S and Q, MLFQ levels), as ``engine_ext.serve``
     passes them in the ``hetserve`` table."""
+    stock: bool = False
+    """A stock vLLM server: vLLM's own ``Scheduler`` with its ``--scheduling-policy``
+    (``sched_policy``, one of ``STOCK_POLICIES``), vLLM's KV events and no snapshots (the
+    router scrapes its ``/metrics``); False: hetserve's engine."""
 
 
 def _block_size(extra_args: list[str]) -> int:
@@ -54,8 +64,9 @@ def _block_size(extra_args: list[str]) -> int:
     return p.parse_known_args(extra_args)[0].block_size
 
 
-def engine_specs(cfg: ClusterConfig) -> list[EngineSpec]:
-    """One spec per local engine instance of a cluster file, in file order."""
+def engine_specs(cfg: ClusterConfig, stock: bool = False) -> list[EngineSpec]:
+    """One spec per local engine instance of a cluster file, in file order; ``stock``:
+    every engine whose policy is one of ``STOCK_POLICIES`` is a stock vLLM server."""
     base_dir = Path(cfg.source).parent
     default_policy = build_parser().get_default("sched_policy")
     out = []
@@ -63,7 +74,8 @@ def engine_specs(cfg: ClusterConfig) -> list[EngineSpec]:
         if not isinstance(e, LocalEngine) or e.model is None:
             raise ValueError(f"engines.{e.name}: a remote engine has no model to twin")
         out += [_spec(e, i, base_dir, default_policy) for i in range(e.replicas)]
-    return out
+    return [replace(s, stock=True) if stock and s.sched_policy in STOCK_POLICIES else s
+            for s in out]
 
 
 def _spec(e: LocalEngine, replica: int, base_dir: Path, default_policy: str) -> EngineSpec:

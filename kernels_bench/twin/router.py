@@ -7,7 +7,11 @@ predictors, router state), then to the chosen engine twin with the priority and 
 ``router.proxy.engine_settings`` gives it; the core hears of the call's end through
 ``routing.on_complete``, as after a real stream. The frames the engine twins make go through the
 core's own subscribers (``StreamSubscriber.feed``: decoders, sequence checks, state
-updates); idle engines send heartbeats as the engines' publisher does.
+updates); idle engines send heartbeats as the engines' publisher does. A stock vLLM engine
+(``EngineSpec.stock``) sends no snapshots: every ``scrape_interval_s`` of virtual time the
+router reads its ``/metrics`` (``EngineTwin.metrics``, with no delay) and makes the
+snapshot ``router.state.vllm_metrics.stock_snapshot`` makes of it, with its own ledger's
+estimates, fed to the same subscriber.
 
 Not run: HTTP, SSE relaying and the engines' API servers (their tokenization,
 detokenization and streaming), modelled as a fixed ``request_overhead_s`` per call. The
@@ -26,19 +30,23 @@ from typing import Any
 
 import msgspec
 
-from engine_ext.telemetry import DEFAULT_HEARTBEAT_S
+from engine_ext.telemetry import DEFAULT_HEARTBEAT_S, encode_snapshot
 from kernels_bench.replay.client import CallResult
 from kernels_bench.twin.engine import EngineTwin
 from kernels_bench.twin.loop import VirtualLoop
 from kernels_bench.twin.request import RequestRecord, TwinRequest
-from kernels_bench.twin.telemetry import Frame
+from kernels_bench.twin.telemetry import Frame, frame
 from router.app import Front
 from router.dispatch.core import RouterCore
 from router.predictors.base import PredictorSet
 from router.proxy import engine_settings
 from router.request import ParsedRequest, RequestError
+from router.state.vllm_metrics import stock_snapshot
 from router.types import RoutingRequest
 from scheduler_patches.contract import NO_PRIORITY
+
+DEFAULT_SCRAPE_INTERVAL_S = 0.1
+"""How often the router reads a stock engine's ``/metrics`` unless told (100 ms)."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +64,11 @@ class TwinRouter:
 
     def __init__(self, config: Any, loop: VirtualLoop, predictors: PredictorSet | None,
                  costs: RouterCosts | None = None,
-                 heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> None:
+                 heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+                 scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S) -> None:
         """``config``: the run's ``ClusterConfig`` (its router settings and engines);
-        ``loop.sim``: the engine twins, one per engine instance, telemetry on."""
+        ``loop.sim``: the engine twins, one per engine instance, telemetry on;
+        ``scrape_interval_s``: between two scrapes of the stock engines."""
         self.loop, self.sim = loop, loop.sim
         core = RouterCore(config, predictors, clock=self.sim.now, wall_clock=self.sim.now)
         self.front = Front(config, core)
@@ -68,6 +78,9 @@ class TwinRouter:
         self.core = core
         self.costs = costs or RouterCosts()
         self.heartbeat_s = heartbeat_s
+        self.scrape_interval_s = scrape_interval_s
+        self._stock = [t for t in self.sim.engines.values() if t.spec.stock]
+        self._scrape_seq = 0
         self.decision_s: list[float] = []
         """Measured router wall time per routed call."""
         self._waiting: dict[str, asyncio.Future[RequestRecord]] = {}
@@ -79,6 +92,8 @@ class TwinRouter:
         for twin in self.sim.engines.values():
             self.sim.hand_on(twin)
         self._beat()
+        if self._stock:
+            self._scrape()
 
     def _beat(self) -> None:
         for twin in self.sim.engines.values():
@@ -86,6 +101,16 @@ class TwinRouter:
                 twin.snapshots.heartbeat(self.heartbeat_s)
                 self.sim.hand_on(twin)
         self.loop.call_later(self.heartbeat_s / 4, self._beat)
+
+    def _scrape(self) -> None:
+        """Every stock engine's ``/metrics`` now, as the router's snapshot of it."""
+        ledger, subscriber = self.core.state.ledger, self.core.membership.snapshots
+        for twin in self._stock:
+            snap = stock_snapshot(twin.name, self._scrape_seq, self.sim.now(), twin.metrics,
+                                  ledger.load(twin.name))
+            subscriber.feed(list(frame(twin.name, snap.seq, encode_snapshot(snap))))
+        self._scrape_seq += 1
+        self.loop.call_later(self.scrape_interval_s, self._scrape)
 
     def _telemetry(self, twin: EngineTwin, snaps: list[Frame], kv: list[Frame]) -> None:
         for f in snaps:

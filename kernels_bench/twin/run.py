@@ -34,7 +34,7 @@ from kernels_bench.replay.workload import Job
 from kernels_bench.twin.engine import EngineTwin
 from kernels_bench.twin.engine_spec import engine_specs
 from kernels_bench.twin.loop import VirtualLoop
-from kernels_bench.twin.router import RouterCosts, TwinRouter
+from kernels_bench.twin.router import DEFAULT_SCRAPE_INTERVAL_S, RouterCosts, TwinRouter
 from kernels_bench.twin.sim import Simulator
 from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
 from router.config.cluster import ClusterConfig, RouterConfig
@@ -57,6 +57,11 @@ class TwinOptions:
     draws with seed k); off: the median."""
     jobs: int = 1
     """Runs simulated at once, one process each."""
+    stock: bool = False
+    """Engines on one of vLLM's own policies (``engine_spec.STOCK_POLICIES``) are stock
+    vLLM servers, which the router scrapes; off: every engine is hetserve's."""
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+    """Between two scrapes of a stock engine's ``/metrics`` (virtual seconds)."""
 
 
 @dataclass(frozen=True)
@@ -132,14 +137,15 @@ def simulate(task: RunTask) -> dict[str, Any]:
     """One run on a fresh twin cluster; the run's record as the live replay writes it."""
     wall0 = time.perf_counter()
     sim = Simulator()
-    for i, spec in enumerate(engine_specs(task.cfg)):
+    for i, spec in enumerate(engine_specs(task.cfg, task.twin.stock)):
         sim.add_engine(spec, StepTimeModel(task.twin.profiles[spec.entry], task.twin.jitter,
                                            seed=task.repeat * 10_000 + i,
                                            slowdown=task.twin.slowdown.get(spec.entry, 1.0)),
                        telemetry=True)
     loop = VirtualLoop(sim)
     try:
-        router = TwinRouter(task.cfg, loop, predictors_of(task.cfg), task.twin.costs)
+        router = TwinRouter(task.cfg, loop, predictors_of(task.cfg), task.twin.costs,
+                            scrape_interval_s=task.twin.scrape_interval_s)
         client = AgenticClient(ClientSettings(task.model_map, task.spec.oracle,
                                               task.max_attempts), router.send, loop.time)
 
@@ -188,7 +194,8 @@ def twin(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
         "profiles": {k: v.modelled or "measured" for k, v in topts.profiles.items()},
         "charge_decision": topts.costs.charge_decision,
         "request_overhead_ms": topts.costs.request_overhead_s * 1e3,
-        "slowdown": dict(topts.slowdown), "jitter": topts.jitter}
+        "slowdown": dict(topts.slowdown), "jitter": topts.jitter, "stock": topts.stock,
+        "scrape_interval_ms": topts.scrape_interval_s * 1e3 if topts.stock else None}
     tasks = [RunTask(run_config(cfg, p.engines[s.spec.label],
                                 p.folds[s.fold].routers[s.spec.label]),
                      s.spec, s.repeat, s.fold, s.rate, p.folds[s.fold].jobs[s.rate],

@@ -43,7 +43,8 @@ class Simulator:
                    telemetry: bool = False,
                    telemetry_interval_s: float = DEFAULT_INTERVAL_S) -> EngineTwin:
         """An engine twin on this clock; ``telemetry``: it publishes snapshots (at the
-        engine's rate) and KV events, handed to ``on_telemetry`` callbacks."""
+        engine's rate; none from a stock engine) and KV events, handed to
+        ``on_telemetry`` callbacks."""
         if spec.name in self.engines:
             raise ValueError(f"engine {spec.name!r} added twice")
         twin = EngineTwin(spec, step_time, self.now,
@@ -79,7 +80,7 @@ class Simulator:
         ``until``; the clock then stops at ``until``). Telemetry made before (an added
         engine's announcement of its idle state) is handed on first."""
         for twin in self.engines.values():
-            if twin.snapshots is not None:
+            if twin.kv_events is not None:
                 self.hand_on(twin)
         while self._queue:
             if until is not None and self._queue[0][0] > until:
@@ -114,7 +115,7 @@ class Simulator:
             twin.busy = False
         else:
             self.call_at(self._now + duration, lambda: self._step(twin))
-        if twin.snapshots is not None:
+        if twin.kv_events is not None:
             self.hand_on(twin)
         for record in finished:
             for callback in self._on_finish:
@@ -122,10 +123,13 @@ class Simulator:
 
     def hand_on(self, twin: EngineTwin) -> None:
         """Give ``on_telemetry`` the frames ``twin`` made since the last call."""
-        assert twin.snapshots is not None and twin.kv_events is not None
-        snaps, kv = twin.snapshots.frames, twin.kv_events.frames
+        assert twin.kv_events is not None
+        snaps = twin.snapshots.frames if twin.snapshots is not None else []
+        kv = twin.kv_events.frames
         if not snaps and not kv:
             return
-        twin.snapshots.frames, twin.kv_events.frames = [], []
+        if twin.snapshots is not None:
+            twin.snapshots.frames = []
+        twin.kv_events.frames = []
         for callback in self._on_telemetry:
             callback(twin, snaps, kv)

@@ -3,11 +3,13 @@ engine's own scheduler class deciding the order."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
+from vllm.v1.core.sched.scheduler import Scheduler
 
 from tests.unit.twin_helpers import flat_spec, write_profile
 from engine_ext.schedulers import STJFScheduler, VLLMScheduler
@@ -21,10 +23,12 @@ FLAT = [(1, 128, 10.0, 10.0, 10.0), (8, 128, 10.0, 10.0, 10.0)]
 
 
 def run_flat(tmp_path: Path, policy: str, max_num_seqs: int,
-             arrivals: list[tuple[float, TwinRequest]]) -> tuple[Simulator, list[str]]:
+             arrivals: list[tuple[float, TwinRequest]],
+             stock: bool = False) -> tuple[Simulator, list[str]]:
     sim = Simulator()
     model = StepTimeModel(write_profile(tmp_path / "e.json", FLAT, prefill_ms_per_token=1.0))
-    sim.add_engine(flat_spec("e-0", policy, max_num_seqs=max_num_seqs), model)
+    spec = flat_spec("e-0", policy, max_num_seqs=max_num_seqs)
+    sim.add_engine(dataclasses.replace(spec, stock=stock), model)
     order: list[str] = []
     sim.on_finish(lambda r: order.append(r.request_id))
     for at, request in arrivals:
@@ -63,11 +67,12 @@ def test_hand_computed_completion_times(tmp_path: Path) -> None:
     assert sim.now() == exact(0.356, abs=1e-12)
 
 
-def finish_order(tmp_path: Path, policy: str) -> tuple[list[str], dict[str, RequestRecord]]:
+def finish_order(tmp_path: Path, policy: str, stock: bool = False
+                 ) -> tuple[list[str], dict[str, RequestRecord]]:
     """One sequence at a time; long L1 arrives first and runs; long L2, short S and U
     (no prediction) arrive while it runs, with the priorities the router gives them:
     ``priority_for`` the predicted remaining tokens of their workflows, none for U (the
-    engine sees NO_PRIORITY)."""
+    engine sees NO_PRIORITY). ``stock``: a stock vLLM engine."""
     long_prio, short_prio = priority_for(400.0), priority_for(8.0)
     assert long_prio is not None and short_prio is not None
     sim, order = run_flat(tmp_path, policy, 1, [
@@ -75,7 +80,7 @@ def finish_order(tmp_path: Path, policy: str) -> tuple[list[str], dict[str, Requ
         (0.001, TwinRequest("L2", tuple(range(200, 300)), 40, long_prio)),
         (0.002, TwinRequest("S", tuple(range(300, 400)), 4, short_prio)),
         (0.003, TwinRequest("U", tuple(range(400, 500)), 4)),
-    ])
+    ], stock)
     return order, sim.engines["e-0"].records
 
 
@@ -97,3 +102,20 @@ def test_each_policy_runs_the_engines_scheduler_class(tmp_path: Path) -> None:
     assert type(stjf.scheduler) is STJFScheduler
     assert type(fcfs.scheduler) is VLLMScheduler
     assert stjf.scheduler.engine_id == "s-0"
+
+
+def test_a_stock_engine_runs_vllms_own_scheduler(tmp_path: Path) -> None:
+    """Stock vLLM with ``--scheduling-policy priority``: the late short S runs before the
+    queued long L2, and U (priority 0, vLLM's best) before both, with no aging; with
+    FCFS, arrival order. hetserve's priority engine (the telemetry mixin over the same
+    class) orders its queue the same; the stock engine's class is vLLM's itself."""
+    priority, records = finish_order(tmp_path, "priority", stock=True)
+    assert priority == ["L1", "U", "S", "L2"]
+    assert records["S"].first_scheduled < records["L2"].first_scheduled
+    assert finish_order(tmp_path, "fcfs", stock=True)[0] == ["L1", "L2", "S", "U"]
+    assert finish_order(tmp_path, "priority")[0] == priority
+    model = StepTimeModel(write_profile(tmp_path / "e.json", FLAT, prefill_ms_per_token=1.0))
+    twin = Simulator().add_engine(dataclasses.replace(flat_spec("e-0", "priority"), stock=True),
+                                  model, telemetry=True)
+    assert type(twin.scheduler) is Scheduler
+    assert twin.snapshots is None and twin.kv_events is not None  # vLLM's KV events only

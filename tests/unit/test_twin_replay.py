@@ -48,16 +48,19 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _args(out: Path, *extra: str) -> list[str]:
     return ["--cluster", str(REPLAY_TOML), "--trace", "unused", "--model-map", MAP,
-            "--workflows", "8", "--rates", "4", "--priors-from-trace", "--out", str(out),
+            "--workflows", "8", "--priors-from-trace", "--out", str(out),
             *extra]
 
 
 def _run(trace: Trace, profiles: Path, out: Path, policies: list[str], jobs: int = 1,
-         costs: RouterCosts = NO_CHARGE) -> dict[str, Any]:
-    a = build_parser(live=False).parse_args(_args(out, "--policies", *policies))
+         costs: RouterCosts = NO_CHARGE, stock: bool = False,
+         rate: str = "4") -> dict[str, Any]:
+    a = build_parser(live=False).parse_args(_args(out, "--rates", rate, "--policies",
+                                                  *policies))
     opts = replay_options(a, out)
     cfg = load_cluster_config(REPLAY_TOML)
-    topts = TwinOptions(load_profiles(profiles, ["tiny-a", "tiny-b"]), costs, jobs=jobs)
+    topts = TwinOptions(load_profiles(profiles, ["tiny-a", "tiny-b"]), costs, jobs=jobs,
+                        stock=stock)
     return twin(cfg, trace, "tiny", opts, topts, "test")
 
 
@@ -81,6 +84,22 @@ def test_a_twin_replay_repeats_exactly_in_this_and_in_other_processes(
     assert run["twin"]["virtual_s"] > 0 and run["errors"] == 0
     assert run["queue_s"]["n"] == run["calls"]  # every call reached an engine's queue
     assert summary["meta"]["twin"]["charge_decision"] is False
+
+
+def test_stock_engines_in_a_twin_replay(trace: Trace, profiles: Path, tmp_path: Path) -> None:
+    """With stock engines the router sees FCFS engines by their scrapes, so vLLM's balancer
+    (which reads the view) routes otherwise than on hetserve's FCFS engines; every call
+    is served and no engine goes down (scrapes are their heartbeats)."""
+    patched = _run(trace, profiles, tmp_path / "patched", ["vllm:fcfs"], rate="40")
+    stock = _run(trace, profiles, tmp_path / "stock", ["vllm:fcfs"], stock=True, rate="40")
+    assert stock["meta"]["twin"]["stock"] and stock["meta"]["twin"]["scrape_interval_ms"] == 100
+    assert patched["meta"]["twin"]["scrape_interval_ms"] is None
+    run = stock["runs"][0]["summary"]
+    assert run["errors"] == 0 and run["engine_down_events"] == 0
+    one, two = _records(tmp_path / "patched"), _records(tmp_path / "stock")
+    assert all(r["error"] is None for r in two) and len(one) == len(two)
+    assert ([(r["engine"], r["end_s"]) for r in one]
+            != [(r["engine"], r["end_s"]) for r in two])
 
 
 def test_the_router_hears_every_engine_and_indexes_its_kv_blocks(
