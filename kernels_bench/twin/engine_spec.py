@@ -8,7 +8,7 @@ model's shape from its ``config.json``. It matches the engines' own logs here
 
 An engine is hetserve's (``engine_ext.serve``: its policy's scheduler class, snapshots) or,
 when the run asks for stock engines and its policy is one of vLLM's own
-(``STOCK_POLICIES``), a stock vLLM server (``EngineSpec.stock``).
+(``STOCK_SCHED_POLICIES``), a stock vLLM server (``EngineSpec.stock``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from engine_ext.serve import build_parser
 from kernels_bench.lib.model_config import kv_bytes_per_token, model_config
 from router.config.cluster import ClusterConfig
-from router.config.engines import LocalEngine, default_kv_cache_bytes
+from router.config.engines import STOCK_SCHED_POLICIES, LocalEngine, default_kv_cache_bytes
 
 CPU_BLOCK_SIZE = 128
 """vLLM's block size on CPU when none is given (``vllm/platforms/cpu.py``; 16 on CUDA)."""
@@ -29,8 +29,6 @@ CPU_MAX_NUM_BATCHED_TOKENS = 2048
 """vLLM's OpenAI server default on CPU (``EngineArgs.get_batch_defaults``; chunked prefill)."""
 CPU_MAX_NUM_SEQS = 128
 """vLLM's OpenAI server default on CPU."""
-STOCK_POLICIES = ("fcfs", "priority")
-"""The engine policies a stock vLLM server runs (its ``--scheduling-policy``)."""
 _AGING_KEYS = ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
                "mlfq_base_quantum")
 
@@ -54,7 +52,7 @@ class EngineSpec:
     passes them in the ``hetserve`` table."""
     stock: bool = False
     """A stock vLLM server: vLLM's own ``Scheduler`` with its ``--scheduling-policy``
-    (``sched_policy``, one of ``STOCK_POLICIES``), vLLM's KV events and no snapshots (the
+    (``sched_policy``, one of ``STOCK_SCHED_POLICIES``), vLLM's KV events and no snapshots (the
     router scrapes its ``/metrics``); False: hetserve's engine."""
 
 
@@ -65,8 +63,9 @@ def _block_size(extra_args: list[str]) -> int:
 
 
 def engine_specs(cfg: ClusterConfig, stock: bool = False) -> list[EngineSpec]:
-    """One spec per local engine instance of a cluster file, in file order; ``stock``:
-    every engine whose policy is one of ``STOCK_POLICIES`` is a stock vLLM server."""
+    """One spec per local engine instance of a cluster file, in file order; an engine of
+    ``kind = "vllm"`` is a stock vLLM server, and with ``stock`` so is every engine whose
+    policy is one of ``STOCK_SCHED_POLICIES``."""
     base_dir = Path(cfg.source).parent
     default_policy = build_parser().get_default("sched_policy")
     out = []
@@ -74,7 +73,7 @@ def engine_specs(cfg: ClusterConfig, stock: bool = False) -> list[EngineSpec]:
         if not isinstance(e, LocalEngine) or e.model is None:
             raise ValueError(f"engines.{e.name}: a remote engine has no model to twin")
         out += [_spec(e, i, base_dir, default_policy) for i in range(e.replicas)]
-    return [replace(s, stock=True) if stock and s.sched_policy in STOCK_POLICIES else s
+    return [replace(s, stock=True) if stock and s.sched_policy in STOCK_SCHED_POLICIES else s
             for s in out]
 
 
@@ -90,7 +89,8 @@ def _spec(e: LocalEngine, replica: int, base_dir: Path, default_policy: str) -> 
                                               max_num_seqs * max_model_len)
     return EngineSpec(
         name=f"{e.name}-{replica}", entry=e.name, served_model_name=e.served_model_name,
-        sched_policy=e.sched_policy or default_policy,
+        sched_policy=e.sched_policy or ("fcfs" if e.kind == "vllm" else default_policy),
+        stock=e.kind == "vllm",
         max_num_seqs=min(max_num_seqs, batched) if e.max_num_seqs is None else max_num_seqs,
         max_num_batched_tokens=batched, max_model_len=max_model_len,
         block_size=block_size, num_blocks=num_blocks,

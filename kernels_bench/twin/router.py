@@ -139,13 +139,14 @@ class TwinRouter:
         self.decision_s.append(spent)
         res.model, res.engine = decision.model, decision.instance
         res.predicted_remaining_tokens = decision.predicted_remaining_tokens
-        priority, max_tokens = engine_settings(parsed, decision)
+        twin = self.sim.engines[decision.instance]
+        priority, max_tokens = engine_settings(  # a stock FCFS engine gets none, as live
+            parsed, decision, not (twin.spec.stock and twin.spec.sched_policy == "fcfs"))
         res.priority = priority
         prompt = await self._engine_prompt(parsed, routing, decision.model)
         delay = (spent if self.costs.charge_decision else 0.0) + self.costs.request_overhead_s
         if delay > 0:
             await asyncio.sleep(delay)
-        twin = self.sim.engines[decision.instance]
         request = TwinRequest(routing.request_id, prompt,
                               max_tokens or twin.spec.max_model_len - len(prompt),
                               NO_PRIORITY if priority is None else priority)

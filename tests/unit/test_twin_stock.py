@@ -91,3 +91,13 @@ def test_a_stock_engines_view_changes_only_at_scrapes(tmp_path: Path) -> None:
     assert stats.malformed_snapshot_frames == 0 and stats.engine_down_events == 0
     assert sum(stats.engines[n].kv_frames for n in sim.engines) > 0
     assert all(t.spec.stock and t.snapshots is None for t in sim.engines.values())
+
+
+def test_an_engine_of_kind_vllm_is_twinned_as_stock() -> None:
+    cfg = load_cluster_config(REPLAY_TOML)
+    engines = [dataclasses.replace(cfg.engines[0], kind="vllm", sched_policy=None,
+                                   starvation_threshold=None, quantum=None),
+               cfg.engines[1]]
+    a, b = engine_specs(dataclasses.replace(cfg, engines=engines))
+    assert (a.stock, a.sched_policy) == (True, "fcfs")  # vLLM's default
+    assert not b.stock
