@@ -122,7 +122,8 @@ class RouterConfig(Verified):
     admin_keys_env: str | None = None
     trusted_keys_file: str | None = None
     """API keys whose callers are trusted with priority: their workflow position
-    (``workflow``, ``stage``, ``stage_index``, ``num_stages``, ``final``) and, with
+    (``workflow``, ``stage``, ``stage_index``, ``num_stages``, ``final``,
+    ``expected_return_s``: it also claims engine memory, KV retention) and, with
     ``allow_client_priority``, their ``priority`` are used; other keys' are ignored and the
     router ranks those calls on its own predictions (``router.admission.workflow.RANKING_FIELDS``).
     Trusted keys are API keys too. With no key configured at all, every caller is trusted."""

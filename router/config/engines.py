@@ -35,7 +35,8 @@ EngineKind = Literal["hetserve", "vllm"]
 STOCK_SCHED_POLICIES = ("fcfs", "priority")
 """The schedulers of stock vLLM (its ``--scheduling-policy``)."""
 HETSERVE_ONLY_KEYS = ("telemetry_endpoint", "starvation_threshold", "quantum",
-                      "max_promotions", "mlfq_levels", "mlfq_base_quantum")
+                      "max_promotions", "mlfq_levels", "mlfq_base_quantum", "retention_ttl_s",
+                      "retention_slack", "max_protected_programs", "max_protected_fraction")
 """Keys of hetserve's engine patch, refused for a ``kind = "vllm"`` engine."""
 MAX_REPLICAS = 4096
 """Most replicas one ``[[engines]]`` entry may ask for."""
@@ -174,6 +175,15 @@ class LocalEngine(_Engine):
     max_promotions: Count | None = None
     mlfq_levels: PositiveInt | None = None
     mlfq_base_quantum: PositiveInt | None = None
+    retention_ttl_s: Annotated[float, Field(ge=0, le=86_400)] | None = None
+    """Longest KV retention of a returning program after its call (s; 0: off; the
+    engine's default 30): ``scheduler_patches.protected.RetentionSettings``."""
+    retention_slack: Annotated[float, Field(ge=1, le=1000)] | None = None
+    """Retention lasts this many times the call's expected return, within the TTL (2)."""
+    max_protected_programs: Count | None = None
+    """Programs whose KV cache is retained at once (0: off; default 256)."""
+    max_protected_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Share of the KV pool retained blocks may hold (default 0.5)."""
     max_num_batched_tokens: PositiveInt | None = None
     dtype: str | None = None
     enforce_eager: bool = False

@@ -381,3 +381,11 @@ def test_the_mixed_demo_runs_one_stock_engine(tmp_path: Path) -> None:
     assert flag(argv["tiny-a-0"], "--scheduling-policy") == "priority"
     assert flag(argv["tiny-b-0"], "-m") == "engine_ext.serve"
     assert [p.devices for p in plan.engines] == ["cpu 0", "cpu 1"]
+
+
+def test_retention_keys_become_engine_flags(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, '[router]\npolicy = "round_robin"\n' + engine(
+        "p", "retention_ttl_s = 5\nmax_protected_programs = 0\n"))
+    argv = by_name(plan)["p-0"]
+    assert flag(argv, "--retention-ttl-s") == "5.0"
+    assert flag(argv, "--max-protected-programs") == "0"
