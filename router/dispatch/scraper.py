@@ -5,11 +5,12 @@ engine, the next right after a slow one) it sends ``GET /metrics`` over one keep
 connection pool, reads at most ``MAX_METRICS_BYTES`` within ``timeout_s``, parses the
 body (``router.state.vllm_metrics.parse_metrics``) and hands the reading to ``handle``
 with the wall time the scrape was sent. A failed scrape (no connection, a timeout, a
-status other than 200, a body too large or unusable) is counted per engine and reason,
-logged at most once per ``LOG_INTERVAL_S`` per engine, and changes no engine state: an
-engine whose scrapes keep failing goes stale and is down after ``scrape_timeout_s``
-(``router.state.engines``), and its next good scrape brings it back. A failure of the
-handler itself is counted as ``error`` and the loop goes on.
+status other than 200, a body too large or unusable, any other error) is counted per
+engine and reason, logged at most once per ``LOG_INTERVAL_S`` per engine, and changes no
+engine state: an engine whose scrapes keep failing goes stale and is down after
+``scrape_timeout_s`` (``router.state.engines``), and its next good scrape brings it back.
+A failure of the handler itself is counted as ``error`` and the loop goes on. With
+``[router] workers`` > 1 each router process scrapes every stock engine.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class MetricsScraper:
             return sent, None, "timeout", f"no answer within {self.timeout_s:g} s"
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             return sent, None, "connect", f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # anything else fails this scrape alone, not the loop
+            return sent, None, "error", f"{type(exc).__name__}: {exc}"
         try:
             return sent, parse_metrics(bytes(body)), "ok", ""
         except MetricsError as exc:

@@ -1,8 +1,8 @@
 """The router in front of an unmodified vLLM server beside a patched engine.
 
-One module-scoped cluster: ``stock-0``, vLLM's own OpenAI server (``python -m
-vllm.entrypoints.openai.api_server``, the priority scheduler, vLLM's KV events to an ipc
-socket) and ``patched-0`` (``python -m engine_ext.serve``), both serving ``tiny-a``, and
+One module-scoped cluster: ``stock-0``, vLLM's own OpenAI server (``vllm serve``, the
+``vllm`` command of the project's environment, with the priority scheduler and vLLM's KV
+events to an ipc socket) and ``patched-0`` (``python -m engine_ext.serve``), both serving ``tiny-a``, and
 ``python -m router`` (``dynamo``, KV-aware) over both as remote engines: the stock one
 ``kind = "vllm"``, read by scraping its ``/metrics``. The tests run in file order; the
 last one kills the stock engine and starts it again.
@@ -86,8 +86,8 @@ def _spawn(argv: list[str], log: Path, core: str) -> subprocess.Popen[bytes]:
 
 def _stock_argv(d: Path, port: int) -> list[str]:
     """Unmodified vLLM, as an operator runs it (no hetserve module on its command line)."""
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", resolve_model(f"builtin:{MODEL}"), "--served-model-name", MODEL,
+    return [str(Path(sys.executable).parent / "vllm"), "serve",
+            resolve_model(f"builtin:{MODEL}"), "--served-model-name", MODEL,
             "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
             "--scheduling-policy", "priority", "--max-num-seqs", str(MAX_NUM_SEQS),
             "--kv-events-config", json.dumps({
@@ -264,7 +264,7 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
 def test_vllm_bench_serve_through_the_router(cluster: Cluster) -> None:
     """vLLM's own benchmark client against the router over both engines: no failure."""
     out = subprocess.run(
-        [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        [str(Path(sys.executable).parent / "vllm"), "bench", "serve",
          "--backend", "openai", "--base-url", cluster.router, "--model", MODEL,
          "--tokenizer", resolve_model(f"builtin:{MODEL}"), "--dataset-name", "random",
          "--random-input-len", "64", "--random-output-len", "16", "--num-prompts", "24",

@@ -354,7 +354,7 @@ def test_a_stock_engine_runs_vllms_own_server(tmp_path: Path) -> None:
                    + engine("s", 'kind = "vllm"\nsched_policy = "priority"\nmax_num_seqs = 4\n')
                    + engine("p"))
     stock, patched = by_name(plan)["s-0"], by_name(plan)["p-0"]
-    assert stock[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert stock[:2] == ["vllm", "serve"] and stock[2].endswith(tuple("0123456789abcdef"))
     assert not any("engine_ext" in a for a in stock)
     assert not {"--scheduler-cls", "--additional-config", "--middleware"} & set(stock)
     assert flag(stock, "--scheduling-policy") == "priority"
@@ -377,7 +377,7 @@ def test_ray_does_not_start_stock_engines(tmp_path: Path) -> None:
 def test_the_mixed_demo_runs_one_stock_engine(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, (DEMO.parent / "mixed.toml").read_text())
     argv = by_name(plan)
-    assert flag(argv["tiny-a-0"], "-m") == "vllm.entrypoints.openai.api_server"
+    assert argv["tiny-a-0"][:2] == ["vllm", "serve"]
     assert flag(argv["tiny-a-0"], "--scheduling-policy") == "priority"
     assert flag(argv["tiny-b-0"], "-m") == "engine_ext.serve"
     assert [p.devices for p in plan.engines] == ["cpu 0", "cpu 1"]
