@@ -39,6 +39,9 @@ HEALTH_TIMEOUT_S = 240.0
 """Two engines starting together on 2 shared cores take about 40 s; leave room."""
 MODEL = "tiny-a"
 MAX_NUM_SEQS = 1
+STOCK_MAX_MODEL_LEN = 4096
+"""Room for a request long enough (4,000 tokens, about 20 s here) that others queue
+behind it whatever vLLM's API server's delays."""
 SCRAPE_INTERVAL_MS, SCRAPE_TIMEOUT_S = 100, 15.0
 
 
@@ -92,7 +95,8 @@ def _stock_argv(d: Path, port: int) -> list[str]:
             "--scheduling-policy", "priority", "--max-num-seqs", str(MAX_NUM_SEQS),
             "--kv-events-config", json.dumps({
                 "enable_kv_cache_events": True, "publisher": "zmq",
-                "endpoint": f"ipc://{d}/stock.kv", "topic": "stock-0"}), *TINY_ENGINE_ARGS]
+                "endpoint": f"ipc://{d}/stock.kv", "topic": "stock-0"}), *TINY_ENGINE_ARGS,
+            "--max-model-len", str(STOCK_MAX_MODEL_LEN)]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -193,15 +197,15 @@ def test_health_metrics_and_table_say_each_engines_kind(cluster: Cluster) -> Non
 
 def test_load_on_the_stock_engine_is_read_from_its_metrics(cluster: Cluster) -> None:
     """Requests sent straight to the stock engine (the router never saw them) show in the
-    router's view of it, running and waiting (max_num_seqs 1, four requests). The time
-    to each is printed. Not exact counts at set times: on 2 busy cores vLLM's API server
-    answers /metrics seconds late while it finishes a long response (3.5 and 12.7 s
-    measured), so the router's view lags the engine by more than its interval; exact
-    readings of a real body: tests/unit/test_scraper.py."""
+    router's view of it, running and waiting (max_num_seqs 1: six requests of 500
+    tokens, one after the other for 15 s or so). The time to each is printed. Not exact
+    counts at set times: on 2 busy cores vLLM's API server answered /metrics up to 12.7 s
+    late while it served such requests, so the router's view lags the engine by more than
+    its interval; exact readings of a real body: tests/unit/test_scraper.py."""
     start, first = time.monotonic(), dict[str, float]()
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # 1,000 tokens: seconds here
-        jobs = [pool.submit(cluster.complete, f"load {i}", 1000, cluster.urls["stock"])
-                for i in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        jobs = [pool.submit(cluster.complete, f"load {i}", 500, cluster.urls["stock"])
+                for i in range(6)]
         while not all(j.done() for j in jobs) and len(first) < 2:
             for name in ("batch_size", "num_waiting"):
                 if (cluster.gauge(f"hetserve_engine_{name}", "stock-0") or 0) >= 1:
@@ -233,9 +237,9 @@ def test_a_repeated_long_prompt_lands_on_the_engine_holding_it(cluster: Cluster,
 
 
 def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None:
-    """With the patched engine out of routing, a long request (1,000 tokens, seconds
-    here) fills the stock engine's one slot and three low-priority ones queue; a
-    high-priority one sent last finishes before every queued low one."""
+    """With the patched engine out of routing, a long request (4,000 tokens) fills the
+    stock engine's one slot and three low-priority ones queue; a high-priority one sent
+    last finishes before every queued low one."""
     cluster.admin("patched-0", "down")
     try:
         done: list[str] = []
@@ -247,7 +251,7 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
 
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             _until(lambda: cluster.stock_metrics()[:2] == (0, 0), 60)
-            jobs = [pool.submit(send, "fill", 5, 1000)]  # seconds here
+            jobs = [pool.submit(send, "fill", 5, 4000)]
             _until(lambda: cluster.stock_metrics().running == 1, 60)
             jobs += [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
             _until(lambda: cluster.stock_metrics().waiting == 3, 60)
