@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,9 +26,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.engine_proc import free_port, kill_group, spawn, wait_healthy
+
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[2]
 ENGINE_HEALTH_TIMEOUT_S = 240.0
 """Two engines starting together on 2 shared cores take about 40 s; leave room."""
 ROUTER_HEALTH_TIMEOUT_S = 90.0
@@ -66,43 +66,6 @@ class Cluster:
                     if n == name and ("engine", engine) in labels)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{url} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"{url} not healthy after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
-                                start_new_session=True)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def _cluster_toml(d: Path, router_port: int, ports: dict[str, int]) -> str:
     lines = ["[router]", 'policy = "round_robin"', 'host = "127.0.0.1"',
              f"port = {router_port}", f'uds = "{d}/router.sock"', ""]
@@ -119,12 +82,12 @@ def _cluster_toml(d: Path, router_port: int, ports: dict[str, int]) -> str:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     d = Path(tempfile.mkdtemp(prefix="hs-front-", dir="/tmp"))  # short: ipc and unix paths
-    ports = {name: _free_port() for name in ENGINES}
+    ports = {name: free_port() for name in ENGINES}
     engines: dict[str, subprocess.Popen[bytes]] = {}
     router: subprocess.Popen[bytes] | None = None
     try:
         for name, (model, core) in ENGINES.items():
-            engines[name] = _spawn([
+            engines[name] = spawn([
                 sys.executable, "-m", "engine_ext.serve", "--model", f"builtin:{model}",
                 "--engine-id", f"{name}-0", "--served-model-name", model,
                 "--telemetry-endpoint", f"ipc://{d}/{name}-0.telemetry",
@@ -135,19 +98,19 @@ def cluster() -> Iterator[Cluster]:
             ], d / f"{name}.log", {"VLLM_CPU_OMP_THREADS_BIND": core,
                                    **({"VLLM_API_KEY": ENGINE_KEY[1]} if name == "b" else {})})
         for name, proc in engines.items():
-            _wait_healthy(f"http://127.0.0.1:{ports[name]}", proc, d / f"{name}.log",
+            wait_healthy(f"http://127.0.0.1:{ports[name]}", proc, d / f"{name}.log",
                           ENGINE_HEALTH_TIMEOUT_S)
-        router_port = _free_port()
+        router_port = free_port()
         (d / "cluster.toml").write_text(_cluster_toml(d, router_port, ports))
-        router = _spawn([sys.executable, "-m", "router", "--config", str(d / "cluster.toml")],
+        router = spawn([sys.executable, "-m", "router", "--config", str(d / "cluster.toml")],
                         d / "router.log", {ENGINE_KEY[0]: ENGINE_KEY[1]})
         url = f"http://127.0.0.1:{router_port}"
-        _wait_healthy(url, router, d / "router.log", ROUTER_HEALTH_TIMEOUT_S)
+        wait_healthy(url, router, d / "router.log", ROUTER_HEALTH_TIMEOUT_S)
         yield Cluster(url, str(d / "router.sock"),
                       {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, engines)
     finally:
         for proc in ([router] if router else []) + list(engines.values()):
-            _kill(proc)
+            kill_group(proc)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_ext.builtin_models import resolve_model
 from router.state.vllm_metrics import VllmMetrics, parse_metrics
-from tests.engine_proc import TINY_ENGINE_ARGS, free_port
+from tests.engine_proc import TINY_ENGINE_ARGS, free_port, kill_group, spawn, wait_healthy
 
 pytestmark = pytest.mark.engine
 
@@ -80,11 +80,7 @@ class Cluster:
 
 
 def _spawn(argv: list[str], log: Path, core: str) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1",
-                                     "VLLM_CPU_OMP_THREADS_BIND": core},
-                                start_new_session=True)
+    return spawn(argv, log, {"VLLM_CPU_OMP_THREADS_BIND": core})
 
 
 def _stock_argv(d: Path, port: int) -> list[str]:
@@ -100,27 +96,7 @@ def _stock_argv(d: Path, port: int) -> list[str]:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{url} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"{url} not healthy after {HEALTH_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    wait_healthy(url, proc, log, HEALTH_TIMEOUT_S)
 
 
 def _until(check: Callable[[], bool], timeout_s: float) -> float:
@@ -180,7 +156,7 @@ kv_events_endpoint = "ipc://{d}/patched.kv"
         yield Cluster(d, urls["router"], urls, procs)
     finally:
         for proc in procs.values():
-            _kill(proc)
+            kill_group(proc)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -284,7 +260,7 @@ def test_the_stock_engine_killed_and_started_again(cluster: Cluster) -> None:
     """SIGKILL: requests keep succeeding (re-dispatched to the patched engine), the stock
     engine is down within the scrape timeout; started again on its port, its scrapes
     bring it back and it serves again."""
-    _kill(cluster.procs["stock"], signal.SIGKILL)
+    kill_group(cluster.procs["stock"], signal.SIGKILL)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         codes = list(pool.map(lambda i: cluster.complete(f"during {i}", 4).status_code,
                               range(12)))
