@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +41,8 @@ HEALTH_TIMEOUT_S = 240.0
 MODEL = "tiny-a"
 MAX_NUM_SEQS = 1
 STOCK_MAX_MODEL_LEN = 4096
-"""Room for a request long enough (4,000 tokens, about 20 s here) that others queue
-behind it whatever vLLM's API server's delays."""
+"""Room for a request long enough (4,000 tokens, about 20 s here) to hold the slot while
+others queue behind it whatever vLLM's API server's delays."""
 SCRAPE_INTERVAL_MS, SCRAPE_TIMEOUT_S = 100, 15.0
 
 
@@ -173,15 +174,15 @@ def test_health_metrics_and_table_say_each_engines_kind(cluster: Cluster) -> Non
 
 def test_load_on_the_stock_engine_is_read_from_its_metrics(cluster: Cluster) -> None:
     """Requests sent straight to the stock engine (the router never saw them) show in the
-    router's view of it, running and waiting (max_num_seqs 1: six requests of 500
-    tokens, one after the other for 15 s or so). The time to each is printed. Not exact
+    router's view of it, running and waiting (max_num_seqs 1: ten requests of 500
+    tokens, one after the other for 25 s or so). The time to each is printed. Not exact
     counts at set times: on 2 busy cores vLLM's API server answered /metrics up to 12.7 s
     late while it served such requests, so the router's view lags the engine by more than
     its interval; exact readings of a real body: tests/unit/test_scraper.py."""
     start, first = time.monotonic(), dict[str, float]()
-    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
         jobs = [pool.submit(cluster.complete, f"load {i}", 500, cluster.urls["stock"])
-                for i in range(6)]
+                for i in range(10)]
         while not all(j.done() for j in jobs) and len(first) < 2:
             for name in ("batch_size", "num_waiting"):
                 if (cluster.gauge(f"hetserve_engine_{name}", "stock-0") or 0) >= 1:
@@ -213,10 +214,13 @@ def test_a_repeated_long_prompt_lands_on_the_engine_holding_it(cluster: Cluster,
 
 
 def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None:
-    """With the patched engine out of routing, a long request (4,000 tokens) fills the
-    stock engine's one slot and three low-priority ones queue; a high-priority one sent
-    last finishes before every queued low one."""
+    """With the patched engine out of routing, a long streamed request holds the stock
+    engine's one slot while three low-priority requests and then a high-priority one
+    queue behind it; the long one is then abandoned (vLLM aborts it, so its API server
+    has no long answer to finish: that stalls it for seconds here and would reorder what
+    the client sees), and the high-priority request finishes before every low one."""
     cluster.admin("patched-0", "down")
+    stop = threading.Event()
     try:
         done: list[str] = []
 
@@ -225,19 +229,30 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
             done.append(tag)
             return r
 
+        def hold() -> None:
+            with httpx.stream("POST", cluster.router + "/v1/completions", timeout=300, json={
+                    "model": MODEL, "prompt": "priority hold", "max_tokens": 4000,
+                    "ignore_eos": True, "stream": True, "priority": 5}) as r:
+                for _ in r.iter_lines():
+                    if stop.is_set():
+                        return
+
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             _until(lambda: cluster.stock_metrics()[:2] == (0, 0), 60)
-            jobs = [pool.submit(send, "fill", 5, 4000)]
+            holder = pool.submit(hold)
             _until(lambda: cluster.stock_metrics().running == 1, 60)
-            jobs += [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
+            jobs = [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
             _until(lambda: cluster.stock_metrics().waiting == 3, 60)
             jobs.append(pool.submit(send, "high", 0, 20))
             _until(lambda: cluster.stock_metrics()[:2] == (1, 4), 60)  # all queued, in time
+            stop.set()
+            holder.result()
             responses = [j.result() for j in jobs]
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
         assert responses[-1].headers["x-hetserve-priority"] == "0"
         assert done.index("high") < min(done.index(f"low{i}") for i in range(3)), done
     finally:
+        stop.set()
         cluster.admin("patched-0", "up")
 
 
