@@ -197,8 +197,7 @@ def engine_settings(parsed: ParsedRequest, decision: Decision,
                     takes_priority: bool = True) -> tuple[int | None, int | None]:
     """(priority, max_tokens) sent to the engine: the client's priority (when allowed),
     else its ``per_model.priority`` for the chosen model, else the policy's, and none to
-    an engine whose scheduler takes none (``takes_priority``: FCFS, where vLLM refuses a
-    priority other than 0); the client's ``per_model.max_tokens`` for the chosen model
+    an engine whose scheduler takes none (``takes_priority``: FCFS, which ignores it); the client's ``per_model.max_tokens`` for the chosen model
     within the policy's clamp."""
     priority = parsed.client_priority
     if priority is None:

@@ -37,6 +37,7 @@ from kernels_bench.twin.loop import VirtualLoop
 from kernels_bench.twin.request import RequestRecord, TwinRequest
 from kernels_bench.twin.telemetry import Frame, frame
 from router.app import Front
+from router.config.engines import scheduler_takes_priority
 from router.dispatch.core import RouterCore
 from router.predictors.base import PredictorSet
 from router.proxy import engine_settings
@@ -140,8 +141,8 @@ class TwinRouter:
         res.model, res.engine = decision.model, decision.instance
         res.predicted_remaining_tokens = decision.predicted_remaining_tokens
         twin = self.sim.engines[decision.instance]
-        priority, max_tokens = engine_settings(  # a stock FCFS engine gets none, as live
-            parsed, decision, not (twin.spec.stock and twin.spec.sched_policy == "fcfs"))
+        priority, max_tokens = engine_settings(  # an FCFS engine gets none, as live
+            parsed, decision, scheduler_takes_priority(twin.spec.sched_policy))
         res.priority = priority
         prompt = await self._engine_prompt(parsed, routing, decision.model)
         delay = (spent if self.costs.charge_decision else 0.0) + self.costs.request_overhead_s

@@ -62,6 +62,13 @@ Endpoint = Annotated[str, AfterValidator(_endpoint)]
 _ENDPOINT_KEYS = ("telemetry_endpoint", "kv_events_endpoint")
 
 
+def scheduler_takes_priority(sched_policy: str) -> bool:
+    """Whether the router sends a request's ``priority`` to an engine scheduled by
+    ``sched_policy``: every scheduler but FCFS orders by it; vLLM's FCFS ignores it, so the
+    router sends none there (live and in the twin)."""
+    return sched_policy != "fcfs"
+
+
 @dataclass(frozen=True, config=STRICT, kw_only=True)
 class _Engine(Verified):
     """The keys of every entry."""
@@ -100,10 +107,10 @@ class _Engine(Verified):
 
     @property
     def takes_priority(self) -> bool:
-        """Whether the engine's scheduler takes a request's ``priority`` (vLLM refuses one
-        other than 0 under FCFS)."""
-        default = "fcfs" if self.kind == "vllm" else "stjf"
-        return (self.sched_policy or default) != "fcfs"
+        """``scheduler_takes_priority`` of the engine's scheduler (stock vLLM's default is
+        FCFS, hetserve's STJF)."""
+        return scheduler_takes_priority(self.sched_policy or
+                                        ("fcfs" if self.kind == "vllm" else "stjf"))
 
     @property
     def telemetry_endpoints(self) -> list[str] | None:

@@ -14,10 +14,10 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from tests.engine_proc import free_port, kill_group, spawn, wait_healthy
 from tests.integration.test_router_front import (ENGINE_HEALTH_TIMEOUT_S, ENGINES,
                                                  MAX_MODEL_LEN, MESSAGES,
-                                                 ROUTER_HEALTH_TIMEOUT_S, _free_port, _kill,
-                                                 _spawn, _wait_healthy)
+                                                 ROUTER_HEALTH_TIMEOUT_S)
 
 pytestmark = pytest.mark.engine
 
@@ -43,11 +43,11 @@ loop = { from = "verifier", to = "solver", max_iterations = 1 }
 @pytest.fixture(scope="module")
 def router_url() -> Iterator[str]:
     d = Path(tempfile.mkdtemp(prefix="hs-vine-", dir="/tmp"))
-    ports = {name: _free_port() for name in ENGINES}
+    ports = {name: free_port() for name in ENGINES}
     procs = []
     try:
         for name, (model, core) in ENGINES.items():
-            procs.append(_spawn([
+            procs.append(spawn([
                 sys.executable, "-m", "engine_ext.serve", "--model", f"builtin:{model}",
                 "--engine-id", f"{name}-0", "--served-model-name", model,
                 "--telemetry-endpoint", f"ipc://{d}/{name}-0.telemetry",
@@ -57,9 +57,9 @@ def router_url() -> Iterator[str]:
                 "--kv-cache-memory-bytes", str(64 * 2**20), "--enforce-eager",
             ], d / f"{name}.log", {"VLLM_CPU_OMP_THREADS_BIND": core}))
         for (name, _), proc in zip(ENGINES.items(), procs):
-            _wait_healthy(f"http://127.0.0.1:{ports[name]}", proc, d / f"{name}.log",
+            wait_healthy(f"http://127.0.0.1:{ports[name]}", proc, d / f"{name}.log",
                           ENGINE_HEALTH_TIMEOUT_S)
-        port = _free_port()
+        port = free_port()
         lines = ["[router]", 'policy = "vinelm"', f"port = {port}", POLICY]
         for name, (model, _) in ENGINES.items():
             lines += ["[[engines]]", f'name = "{name}"', f'served_model_name = "{model}"',
@@ -68,15 +68,15 @@ def router_url() -> Iterator[str]:
                       f'kv_events_endpoint = "ipc://{d}/{name}-0.kv"',
                       f"max_model_len = {MAX_MODEL_LEN}", ""]
         (d / "cluster.toml").write_text("\n".join(lines))
-        router = _spawn([sys.executable, "-m", "router", "--config", str(d / "cluster.toml")],
+        router = spawn([sys.executable, "-m", "router", "--config", str(d / "cluster.toml")],
                         d / "router.log", {})
         procs.append(router)
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, router, d / "router.log", ROUTER_HEALTH_TIMEOUT_S)
+        wait_healthy(url, router, d / "router.log", ROUTER_HEALTH_TIMEOUT_S)
         yield url
     finally:
         for proc in reversed(procs):
-            _kill(proc)
+            kill_group(proc)
         shutil.rmtree(d, ignore_errors=True)
 
 

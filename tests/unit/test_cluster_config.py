@@ -454,7 +454,7 @@ STOCK = ('[[engines]]\nname = "s"\nkind = "vllm"\nmodel = "builtin:tiny-a"\n'
 def test_a_remote_stock_engine_needs_no_telemetry(tmp_path: Path) -> None:
     (inst,) = load(tmp_path, ROUTER + STOCK).instances()
     assert (inst.kind, inst.telemetry_endpoint, inst.kv_events_endpoint) == ("vllm", None, None)
-    assert not inst.takes_priority  # vLLM's default scheduler, FCFS, refuses priorities
+    assert not inst.takes_priority  # vLLM's default scheduler, FCFS, ignores priorities
     (inst,) = load(tmp_path, ROUTER + STOCK + 'sched_policy = "priority"\n'
                    'kv_events_endpoint = "ipc:///tmp/s.kv"\n').instances()
     assert inst.takes_priority and inst.kv_events_endpoint == "ipc:///tmp/s.kv"
