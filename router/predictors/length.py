@@ -98,6 +98,9 @@ class LengthPredictor:
         self.settings, self.meta = settings, meta
         self._categories = [{c: i for i, c in enumerate(cats)} for cats in onehot.categories_]
         self._analyze = tfidf.build_analyzer()
+        self._term_components = np.ascontiguousarray(svd.components_.T)
+        """(vocabulary, components): a term's SVD loadings in one row (a few cache lines;
+        a column of ``components_`` spans one line per component)."""
 
     # ---- features ----
 
@@ -147,15 +150,17 @@ class LengthPredictor:
     def _sketch(self, texts: Sequence[str]) -> np.ndarray:
         """``svd.transform(tfidf.transform(texts))``: sublinear TF x IDF over the fitted
         vocabulary, L2-normalised, projected on the SVD's components."""
-        vocab, idf, comps = self.tfidf.vocabulary_, self.tfidf.idf_, self.svd.components_
-        out = np.zeros((len(texts), comps.shape[0]))
+        vocab, idf, terms = self.tfidf.vocabulary_, self.tfidf.idf_, self._term_components
+        out = np.zeros((len(texts), terms.shape[1]))
         for i, text in enumerate(texts):
             grams = Counter(g for g in self._analyze(text) if g in vocab)
             if not grams:
                 continue
             ids = np.fromiter((vocab[g] for g in grams), np.intp, len(grams))
             w = (1 + np.log(np.fromiter(grams.values(), np.float64, len(grams)))) * idf[ids]
-            out[i] = comps[:, ids] @ (w / np.linalg.norm(w))
+            # the operand components_[:, ids] is, in the same (Fortran) layout: the same
+            # product, bit for bit
+            out[i] = terms[ids].T @ (w / np.linalg.norm(w))
         return out
 
     def _forest_quantiles(self, x: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
