@@ -97,13 +97,29 @@ class ChunkTokenizer:
             return self.tokenizer.encode(text, add_special_tokens=False).ids[:limit]
         chunks = text.split()
         memo = self.memo
-        fresh: dict[str, list[int]] = {}
         out: list[int] = []
-        for k, chunk in enumerate(chunks):
+        for chunk in chunks:
+            got = memo.get(chunk)
+            if got is None:  # its first occurrence: an earlier one would have been learnt
+                return self._learning(chunks, chunks.index(chunk), out, limit)
+            out += got
+            if limit is not None and len(out) >= limit:
+                break
+        return out[:limit]
+
+    def _learning(self, chunks: list[str], start: int, out: list[int], limit: int | None
+                  ) -> list[int]:
+        """``ids`` from chunk ``start`` (not remembered) on, ``out`` holding those before:
+        at each chunk not remembered, it and the new ones after it (as many as can count)
+        are tokenized together."""
+        memo = self.memo
+        fresh: dict[str, list[int]] = {}
+        for k in range(start, len(chunks)):
+            chunk = chunks[k]
             got = memo.get(chunk)
             if got is None:
                 got = fresh.get(chunk)
-                if got is None:  # this chunk and the new ones after it (as many as can count)
+                if got is None:
                     ahead = chunks[k:] if limit is None else chunks[k:k + limit - len(out)]
                     fresh.update(self._tokenize(ahead))
                     got = fresh[chunk]
