@@ -215,6 +215,13 @@ def test_sketch_and_median_bit_for_bit_their_first_forms(length: LengthPredictor
     assert np.array_equal(length.flat.predict(x), numpy_walk(length.flat, x))
     for i in range(0, len(test), 37):
         assert np.array_equal(length.flat.predict(x[i:i + 2]), numpy_walk(length.flat, x[i:i + 2]))
+    # predict's straight path: the served quantile of the general one, bit for bit
+    feats = [from_record(r) for r in test[:60]]
+    general = [{m: q[0] for m, q in row.items()}
+               for row in length.quantiles(feats, [length.settings.quantile])]
+    assert length.predict(feats) == general
+    assert [length.predict([f])[0] for f in feats[:10]] == general[:10]
+    assert length.predict([]) == []
 
 
 def test_feature_rows_are_each_requests_own(length: LengthPredictor) -> None:
