@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Generic, Iterable, Mapping, Sequence, TypeVar
 
 from router.predictors.base import PredictorSet
-from router.state.view import EngineView, StateView
+from router.state.view import Candidates, EngineView, StateView
 from router.types import BatchWindow, ClusterInfo, Decision, RoutingRequest
 from scheduler_patches.contract import PRIORITY_MAX
 
@@ -34,7 +34,17 @@ def priority_for(predicted_tokens: float | None) -> int | None:
 
 def models_of(cands: Sequence[EngineView]) -> list[str]:
     """Distinct models of the candidates, in name order."""
+    if isinstance(cands, Candidates):
+        return cands.models()
     return sorted({e.model for e in cands})
+
+
+def of_model(cands: Sequence[EngineView], model: str) -> Sequence[EngineView]:
+    """The candidates serving ``model``, in name order (router candidates stay unviewed
+    until read)."""
+    if isinstance(cands, Candidates):
+        return cands.of_model(model)
+    return [e for e in cands if e.model == model]
 
 
 S = TypeVar("S")

@@ -26,9 +26,11 @@ from typing import Any, Mapping, Sequence
 
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import BuildPolicy, Policy, decision, models_of, priority_for, resolve
+from router.policies.base import (BuildPolicy, Policy, decision, models_of, of_model,
+                                  priority_for, resolve)
 from router.policies.lmetric import LMetric
 from router.predictors.base import StaticConfidence, StaticRemainingTokens
+from router.predictors.service import Served
 from router.settings import STRICT, Fraction, NonNegative, Positive, PositiveInt
 from router.state.view import EngineView, StateView
 from router.types import Decision, RoutingRequest
@@ -117,6 +119,11 @@ class Chimera(Policy[ChimeraSettings]):
                  "max_batch_size": s.max_batch_size}, lambda: None)
             self.decode_ms, self.max_batch = dict(s.decode_ms_per_token), dict(s.max_batch_size)
         self.replicas = LMetric.built_by(build)
+        self.concurrent = isinstance(self.q_source, Served) and \
+            isinstance(self.len_source, Served)
+        """Both predictors behind the worker pool: their batches are awaited together (an
+        in-process predictor answers without suspending, so a ``gather``'s tasks would
+        only add event-loop turns)."""
 
     def _sticky_later(self, req: RoutingRequest) -> bool:
         """A later stage of a program whose model its first stage chose."""
@@ -125,9 +132,13 @@ class Chimera(Policy[ChimeraSettings]):
 
     async def predict(self, reqs: Sequence[RoutingRequest]) -> list[ChimeraPrediction]:
         first = [r for r in reqs if not self._sticky_later(r)]
-        got, lens = await asyncio.gather(
-            self.q_source.confidence(first) if first else _none(),
-            self.len_source.remaining_tokens(reqs))
+        if self.concurrent:
+            got, lens = await asyncio.gather(
+                self.q_source.confidence(first) if first else _none(),
+                self.len_source.remaining_tokens(reqs))
+        else:
+            got = await self.q_source.confidence(first) if first else []
+            lens = await self.len_source.remaining_tokens(reqs)
         qs = iter(got)
         return [ChimeraPrediction(None if self._sticky_later(r) else next(qs), n)
                 for r, n in zip(reqs, lens)]
@@ -144,7 +155,7 @@ class Chimera(Policy[ChimeraSettings]):
         else:
             q = pred.q if pred.q is not None else dict.fromkeys(lat, 0.0)
             model, sticky = select_model(q, lat, s.tau, s.delta_s), False
-        engine, hot = self.replicas.choose(req, [e for e in cands if e.model == model], view)
+        engine, hot = self.replicas.choose(req, of_model(cands, model), view)
         remaining = pred.remaining[model]
         return decision(req, engine, self.name, priority=priority_for(remaining),
                         predicted_remaining_tokens=remaining,

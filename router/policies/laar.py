@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import BuildPolicy, Policy, decision, models_of, resolve
+from router.policies.base import BuildPolicy, Policy, decision, models_of, of_model, resolve
 from router.policies.lmetric import LMetric
 from router.predictors.base import StaticCapability
 from router.settings import STRICT, Fraction, NonNegative, Positive
@@ -103,7 +103,7 @@ class Laar(Policy[LaarSettings]):
             lat[m] = laar_latency(self.c[m], req.num_prompt_tokens, self.r[m], s.alpha)
             cost[m] = laar_cost(lat[m], retry_quality(pred[m], tried.count(m), s.retry_penalty))
         model = min(cost, key=lambda m: (cost[m], lat[m], m))
-        engine, hot = self.replicas.choose(req, [e for e in cands if e.model == model], view)
+        engine, hot = self.replicas.choose(req, of_model(cands, model), view)
         return decision(req, engine, self.name,
                         info={"Q": pred[model], "L_ms": lat[model], "cost": cost[model],
                               "hotspot": hot})

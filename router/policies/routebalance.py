@@ -215,53 +215,55 @@ class RouteBalance(Policy[RouteBalanceSettings]):
                      ) -> list[Decision | ValueError]:
         """LPT order, greedy assignment, dead reckoning; a request whose budget no
         candidate meets gets a ValueError in its slot."""
+        viewed = [list(cs) for cs in cands]
         local = {e.name: Reckoned(e.decode_tokens, e.batch_size + e.unreported_requests)
-                 for cs in cands for e in cs}
+                 for cs in viewed for e in cs}
         lengths = [max(p[m].output_tokens for m in models_of(cs)) for p, cs in zip(preds, cands)]
         out: dict[int, Decision | ValueError] = {}
         for rank, i in enumerate(lpt_order(lengths)):
             try:
-                out[i] = self._assign(reqs[i], cands[i], preds[i], local, rank)
+                out[i] = self._assign(reqs[i], viewed[i], preds[i], local, rank)
             except ValueError as exc:
                 out[i] = exc
         return [out[i] for i in range(len(reqs))]
 
-    def _assign(self, req: RoutingRequest, cands: Sequence[EngineView],
+    def _assign(self, req: RoutingRequest, cands: list[EngineView],
                 pred: Mapping[str, QualityLength], local: dict[str, Reckoned],
                 rank: int) -> Decision:
+        """Cost and budget are per model (the same for each of its engines); latency and
+        score per engine."""
         w = request_weights(req.workflow.weights, self.default_weights)
         price = self.settings.cost_per_token
         prompt, budget = req.num_prompt_tokens, req.workflow.budget
-        cost = {e.name: predicted_cost(price[e.model], prompt, pred[e.model].output_tokens)
-                for e in cands}
+        models = {e.model for e in cands}
+        cost = {m: predicted_cost(price[m], prompt, pred[m].output_tokens) for m in models}
         cap: dict[str, int | None] = {}
-        admitted = list(cands)
+        admitted = cands
         if budget is not None:
-            cap = {e.name: budget_max_tokens(budget, price[e.model], prompt) for e in cands}
-            admitted = [e for e in cands if cost[e.name] <= budget
-                        and ((c := cap[e.name]) is None or c >= 1)]
+            cap = {m: budget_max_tokens(budget, price[m], prompt) for m in models}
+            fits = {m for m in models if cost[m] <= budget and ((c := cap[m]) is None or c >= 1)}
+            admitted = [e for e in cands if e.model in fits]
         if not admitted:
             raise ValueError(f"cost budget {budget:g} is below the cheapest predicted cost "
                              f"{min(cost.values()):g} of this request on any candidate model")
-        tpots = self.tpot.tpot_ms([TpotQuery(self.tpot_of.get(e.name, e.name),
-                                             local[e.name].batch_size,
-                                             int(local[e.name].decode_tokens), prompt,
-                                             e.kv_usage) for e in admitted])
-        lat = {e.name: predicted_latency_ms(local[e.name].decode_tokens,
-                                            local[e.name].batch_size,
-                                            pred[e.model].output_tokens, t)
-               for e, t in zip(admitted, tpots)}
-        max_c = max(cost[e.name] for e in admitted)
-        max_l = max(lat.values())
-        best = min(admitted, key=lambda e: (
-            -score(pred[e.model].quality, cost[e.name], lat[e.name], max_c, max_l, w),
-            lat[e.name], local[e.name].batch_size))
+        states = [local[e.name] for e in admitted]
+        tpots = self.tpot.tpot_ms([TpotQuery(self.tpot_of.get(e.name, e.name), s.batch_size,
+                                             int(s.decode_tokens), prompt, e.kv_usage)
+                                   for e, s in zip(admitted, states)])
+        lat = [predicted_latency_ms(s.decode_tokens, s.batch_size, pred[e.model].output_tokens, t)
+               for e, s, t in zip(admitted, states, tpots)]
+        max_c = max(cost[e.model] for e in admitted)
+        max_l = max(lat)
+        keys = [(-score(pred[e.model].quality, cost[e.model], lat_i, max_c, max_l, w), lat_i,
+                 s.batch_size) for e, s, lat_i in zip(admitted, states, lat)]
+        k = min(range(len(keys)), key=keys.__getitem__)
+        best = admitted[k]
         est = pred[best.model]
-        local[best.name].advance(est.output_tokens)
-        max_tokens = cap.get(best.name)
+        states[k].advance(est.output_tokens)
+        max_tokens = cap.get(best.model)
         if max_tokens is not None and req.max_tokens is not None:
             max_tokens = min(max_tokens, req.max_tokens)
         return decision(req, best, self.name, predicted_remaining_tokens=est.output_tokens,
                         max_tokens=max_tokens,
-                        info={"quality": est.quality, "cost": cost[best.name],
-                              "latency_ms": lat[best.name], "lpt_rank": rank})
+                        info={"quality": est.quality, "cost": cost[best.model],
+                              "latency_ms": lat[k], "lpt_rank": rank})

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import BuildPolicy, Policy, decision
+from router.policies.base import BuildPolicy, Policy, decision, of_model
 from router.policies.lmetric import LMetric
 from router.settings import (STRICT, Count, Fraction, NonNegative, Positive, PositiveInt,
                              SettingsError, check)
@@ -209,7 +209,7 @@ class VineLM(Policy[VineLMSettings]):
         self.controller.chosen(w.program_id, w.workflow, depth, model, req.arrival_time, plan)
         if w.is_final:
             self.controller.finished(w.program_id)
-        engine, hot = self.replicas.choose(req, [e for e in cands if e.model == model], view)
+        engine, hot = self.replicas.choose(req, of_model(cands, model), view)
         return decision(req, engine, self.name, info={
             "depth": depth, "plan": list(plan.path), "feasible": plan.feasible,
             "expected_accuracy": plan.accuracy, "expected_cost": plan.cost,

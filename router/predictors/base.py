@@ -11,7 +11,7 @@ give the tables; they are constants, never a disguised default.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     from router.types import RoutingRequest
@@ -27,9 +27,9 @@ class QualityLength:
     """Predicted output length of this request."""
 
 
-@dataclass(frozen=True)
-class TpotQuery:
-    """Engine state a latency head conditions on (RouteBalance section 4.2)."""
+class TpotQuery(NamedTuple):
+    """Engine state a latency head conditions on (RouteBalance section 4.2). A named tuple:
+    cheap to build (one per candidate engine per decision)."""
 
     engine: str
     batch_size: int

@@ -16,11 +16,12 @@ Two kinds (``build_encoder`` / ``load_encoder`` pick by the spec or the folder):
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import re
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Iterable, Sequence, Union
 
 import numpy as np
 import torch
@@ -75,8 +76,11 @@ class ChunkTokenizer:
     tokenizer whole. Prompts
     repeat most of their words, so a call costs dictionary lookups, not the Rust
     tokenizer's normalisation and pre-tokenisation (about 0.4 ms for 1,000 characters on
-    one core here). At most ``MAX_CHUNKS`` chunks are remembered (then the memo restarts):
-    hostile input costs what it costs without the memo, and bounded memory."""
+    one core here). The chunks a text brings that are not remembered yet are tokenized in
+    one call, joined by spaces, and split back by the tokens' character offsets (a call
+    costs about 8 us plus 3 us a chunk here: one call per new chunk cost 11 us each). At
+    most ``MAX_CHUNKS`` chunks are remembered (then the memo restarts): hostile input
+    costs what it costs without the memo, and bounded memory."""
 
     MAX_CHUNKS = 100_000
     _SEPARATORS = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
@@ -91,18 +95,56 @@ class ChunkTokenizer:
         """The text's token ids (no special tokens), the first ``limit`` when given."""
         if not self.by_chunks or self._SEPARATORS.search(text):
             return self.tokenizer.encode(text, add_special_tokens=False).ids[:limit]
+        chunks = text.split()
+        memo = self.memo
         out: list[int] = []
-        for chunk in text.split():
-            got = self.memo.get(chunk)
-            if got is None:
-                if len(self.memo) >= self.MAX_CHUNKS:
-                    self.memo.clear()
-                got = self.memo[chunk] = self.tokenizer.encode(
-                    chunk, add_special_tokens=False).ids
+        for chunk in chunks:
+            got = memo.get(chunk)
+            if got is None:  # its first occurrence: an earlier one would have been learnt
+                return self._learning(chunks, chunks.index(chunk), out, limit)
             out += got
             if limit is not None and len(out) >= limit:
                 break
         return out[:limit]
+
+    def _learning(self, chunks: list[str], start: int, out: list[int], limit: int | None
+                  ) -> list[int]:
+        """``ids`` from chunk ``start`` (not remembered) on, ``out`` holding those before:
+        at each chunk not remembered, it and the new ones after it (as many as can count)
+        are tokenized together."""
+        memo = self.memo
+        fresh: dict[str, list[int]] = {}
+        for k in range(start, len(chunks)):
+            chunk = chunks[k]
+            got = memo.get(chunk)
+            if got is None:
+                got = fresh.get(chunk)
+                if got is None:
+                    ahead = chunks[k:] if limit is None else chunks[k:k + limit - len(out)]
+                    fresh.update(self._tokenize(ahead))
+                    got = fresh[chunk]
+            out += got
+            if limit is not None and len(out) >= limit:
+                break
+        return out[:limit]
+
+    def _tokenize(self, chunks: list[str]) -> dict[str, list[int]]:
+        """The ids of each of ``chunks`` the memo lacks, from one tokenizer call; remembered
+        (the memo restarts first when they would overfill it; never more than it holds)."""
+        new = [c for c in dict.fromkeys(chunks) if c not in self.memo]
+        enc = self.tokenizer.encode(" ".join(new), add_special_tokens=False)
+        got: dict[str, list[int]] = {c: [] for c in new}
+        ends = list(itertools.accumulate(len(c) + 1 for c in new))  # past each chunk's space
+        i = 0
+        for token, (start, _) in zip(enc.ids, enc.offsets):
+            while start >= ends[i]:
+                i += 1
+            got[new[i]].append(token)
+        if len(self.memo) + len(new) > self.MAX_CHUNKS:
+            self.memo.clear()
+        if len(new) <= self.MAX_CHUNKS:
+            self.memo.update(got)
+        return got
 
 
 class TokenCounter:
@@ -209,8 +251,9 @@ class StaticEncoder:
               ) -> np.ndarray:
         """float32 embeddings, one row per text (zeros for a text with no token)."""
         out = np.zeros((len(texts), self.dim), np.float32)
-        starts = tqdm(range(0, len(texts), batch_size), desc="embedding", unit="batch",
-                      disable=not progress)
+        starts: Iterable[int] = range(0, len(texts), batch_size)
+        if progress:  # a disabled bar still costs about 20 us, a tenth of a call
+            starts = tqdm(starts, desc="embedding", unit="batch")
         for i in starts:
             for j, ids in enumerate(self.token_ids(texts[i:i + batch_size]), i):
                 if ids:

@@ -2,8 +2,10 @@
 
 scikit-learn predicts tree by tree (a Python call per tree and per batch: about 20 ms for
 the length forest's 100 trees at batch 1 on one CPU core); the same trees as flat node
-arrays are walked level by level with a few numpy operations per level for the whole
-(batch x trees) grid, well under a millisecond. Each leaf holds one value fixed at
+arrays are walked by one compiled loop (numba) over every (row, tree) pair, each path
+stopping at its leaf: tens of microseconds at batch 1 for 100 trees of depth 21 (a numpy
+walk of the whole grid level by level, its first form, cost about 0.25 ms: a few array
+operations per level, each paying numpy's call overhead). Each leaf holds one value fixed at
 training time: here a quantile of the training targets that fall in it, so the forest
 predicts the mean over trees of the leaf quantiles (quantile-forest's
 ``aggregate_leaves_first=False``), not the quantile of the pooled leaf samples of a
@@ -15,7 +17,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numba
 import numpy as np
+
+
+@numba.njit(cache=True, nogil=True)
+def leaves(x: np.ndarray, feature: np.ndarray, threshold: np.ndarray, children: np.ndarray,
+           roots: np.ndarray) -> np.ndarray:
+    """(rows, trees) the leaf each row of ``x`` (float32) reaches in each tree: from the
+    root, right when ``x[feature] > threshold``, until a node that is its own child."""
+    out = np.empty((x.shape[0], roots.shape[0]), np.intp)
+    for r in range(x.shape[0]):
+        for t in range(roots.shape[0]):
+            node = roots[t]
+            while children[2 * node] != node:
+                node = children[2 * node + (x[r, feature[node]] > threshold[node])]
+            out[r, t] = node
+    return out
 
 
 @dataclass(frozen=True)
@@ -32,7 +50,7 @@ class FlatForest:
     roots: np.ndarray
     """(trees,) global index of each tree's root."""
     depth: int
-    """The deepest tree's depth: levels walked."""
+    """The deepest tree's depth."""
 
     @classmethod
     def of(cls, trees: Sequence[Any], x: np.ndarray, y: np.ndarray, quantile: float
@@ -67,11 +85,6 @@ class FlatForest:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """(rows,) the mean over trees of the leaf values ``x``'s rows reach."""
-        x = np.asarray(x, dtype=np.float32)  # scikit-learn compares in float32 too
-        flat = x.ravel()
-        start = (np.arange(len(x)) * x.shape[1])[:, None]
-        node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
-        for _ in range(self.depth):
-            right = flat[start + self.feature[node]] > self.threshold[node]
-            node = self.children[2 * node + right]
-        return self.value[node].mean(axis=1)
+        x = np.ascontiguousarray(x, dtype=np.float32)  # scikit-learn compares in float32 too
+        return self.value[leaves(x, self.feature, self.threshold, self.children,
+                                 self.roots)].mean(axis=1)

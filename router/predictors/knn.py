@@ -63,10 +63,16 @@ def weighted_means(labels: np.ndarray, weights: np.ndarray, fallback: np.ndarray
     """(queries, models): sum_i w_i y_im / sum_i w_i over known y_im; ``fallback`` else.
 
     ``labels`` is (queries, k, models) with NaN for unknown, ``weights`` (queries, k)."""
-    known = ~np.isnan(labels)
+    return known_weighted_means(np.nan_to_num(labels), ~np.isnan(labels), weights, fallback)
+
+
+def known_weighted_means(values: np.ndarray, known: np.ndarray, weights: np.ndarray,
+                         fallback: np.ndarray) -> np.ndarray:
+    """``weighted_means`` of labels already split into ``values`` (unknowns as 0) and the
+    ``known`` mask (the training table's, split once at load)."""
     w = weights[:, :, None] * known
     total = w.sum(1)
-    est = (np.nan_to_num(labels) * w).sum(1) / np.where(total > 0, total, 1)
+    est = (values * w).sum(1) / np.where(total > 0, total, 1)
     return np.where(total > 0, est, fallback[None, :])
 
 
@@ -96,6 +102,9 @@ class KnnEstimator:
         self.settings, self.meta = settings, meta
         self.quality_mean = np.nan_to_num(base_rates(quality))
         self.tokens_mean = np.nan_to_num(base_rates(tokens))
+        self._known = {"quality": (np.nan_to_num(quality), ~np.isnan(quality)),
+                       "tokens": (np.nan_to_num(tokens), ~np.isnan(tokens))}
+        """Each label table split once: values with unknowns as 0, and the known mask."""
 
     def arrays(self, feats: Sequence[RequestFeatures]) -> tuple[np.ndarray, np.ndarray]:
         """(queries, models) quality and output-token estimates."""
@@ -109,8 +118,9 @@ class KnnEstimator:
             index, rows = self.indexes[stage]
             sim, pos = index.search(emb[mine], min(self.settings.k, index.ntotal))
             idx, w = rows[pos], inverse_distance_weights(sim, self.settings.eps)
-            q[mine] = weighted_means(self.quality[idx], w, self.quality_mean)
-            n[mine] = weighted_means(self.tokens[idx], w, self.tokens_mean)
+            (qv, qk), (nv, nk) = self._known["quality"], self._known["tokens"]
+            q[mine] = known_weighted_means(qv[idx], qk[idx], w, self.quality_mean)
+            n[mine] = known_weighted_means(nv[idx], nk[idx], w, self.tokens_mean)
         return q, n
 
     def predict(self, feats: Sequence[RequestFeatures]

@@ -98,29 +98,36 @@ class LengthPredictor:
         self.settings, self.meta = settings, meta
         self._categories = [{c: i for i, c in enumerate(cats)} for cats in onehot.categories_]
         self._analyze = tfidf.build_analyzer()
+        self._term_components = np.ascontiguousarray(svd.components_.T)
+        """(vocabulary, components): a term's SVD loadings in one row (a few cache lines;
+        a column of ``components_`` spans one line per component)."""
 
     # ---- features ----
 
     def _matrix(self, feats: Sequence[RequestFeatures], models: Sequence[str]) -> np.ndarray:
-        """One row per (feature, model) pair, in that order. The text columns are computed
-        once per distinct request (``quantiles`` repeats each for every model); the one-hot
-        and the TF-IDF sketch as the fitted scikit-learn transforms compute them (tested
-        equal), without their per-call validation (milliseconds at batch 1)."""
+        """One row per (feature, model) pair, in that order: token counts, one-hot, sketch,
+        stage index. The text columns are computed once per distinct request
+        (``quantiles`` repeats each for every model); the one-hot and the TF-IDF sketch as
+        the fitted scikit-learn transforms compute them (tested equal), without their
+        per-call validation (milliseconds at batch 1)."""
         index: dict[int, int] = {}
         distinct: list[RequestFeatures] = []
         for f in feats:
             if id(f) not in index:
                 index[id(f)] = len(distinct)
                 distinct.append(f)
-        text = self._text_columns(distinct)[[index[id(f)] for f in feats]]
-        cols = [text[:, :3], self._onehot([(f.workflow, f.stage, m)
-                                           for f, m in zip(feats, models)]), text[:, 3:]]
+        rows = [index[id(f)] for f in feats]
+        counts, sketch = self._text_columns(distinct)
+        onehot = self._onehot([(f.workflow, f.stage, m) for f, m in zip(feats, models)])
+        a, b = 3 + onehot.shape[1], 3 + onehot.shape[1] + sketch.shape[1]
+        x = np.empty((len(feats), b + self.settings.stage_index))
+        x[:, :3], x[:, 3:a], x[:, a:b] = counts[rows], onehot, sketch[rows]
         if self.settings.stage_index:
-            cols.append(np.array([[f.stage_index] for f in feats], dtype=np.float64))
-        return np.hstack(cols)
+            x[:, b] = [f.stage_index for f in feats]
+        return x
 
-    def _text_columns(self, feats: Sequence[RequestFeatures]) -> np.ndarray:
-        """Per request: system, user and full-input token counts, then the sketch."""
+    def _text_columns(self, feats: Sequence[RequestFeatures]) -> tuple[np.ndarray, np.ndarray]:
+        """Per request: system, user and full-input token counts; the sketch."""
         n = len(feats)
         unknown = [i for i, f in enumerate(feats) if f.prompt_tokens <= 0]
         counted = self.counter.counts([f.system_text for f in feats] +
@@ -130,7 +137,7 @@ class LengthPredictor:
         for i, c in zip(unknown, counted[2 * n:]):
             full_n[i] = c
         counts = np.array([counted[:n], counted[n:2 * n], full_n], dtype=np.float64).T
-        return np.hstack([counts, self._sketch([f.user_text for f in feats])])
+        return counts, self._sketch([f.user_text for f in feats])
 
     def _onehot(self, rows: Sequence[tuple[str, str, str]]) -> np.ndarray:
         """``OneHotEncoder(handle_unknown="ignore").transform``: an unseen value is zeros."""
@@ -147,15 +154,17 @@ class LengthPredictor:
     def _sketch(self, texts: Sequence[str]) -> np.ndarray:
         """``svd.transform(tfidf.transform(texts))``: sublinear TF x IDF over the fitted
         vocabulary, L2-normalised, projected on the SVD's components."""
-        vocab, idf, comps = self.tfidf.vocabulary_, self.tfidf.idf_, self.svd.components_
-        out = np.zeros((len(texts), comps.shape[0]))
+        vocab, idf, terms = self.tfidf.vocabulary_, self.tfidf.idf_, self._term_components
+        out = np.zeros((len(texts), terms.shape[1]))
         for i, text in enumerate(texts):
-            grams = Counter(g for g in self._analyze(text) if g in vocab)
+            grams = Counter(filter(vocab.__contains__, self._analyze(text)))
             if not grams:
                 continue
-            ids = np.fromiter((vocab[g] for g in grams), np.intp, len(grams))
+            ids = np.fromiter(map(vocab.__getitem__, grams), np.intp, len(grams))
             w = (1 + np.log(np.fromiter(grams.values(), np.float64, len(grams)))) * idf[ids]
-            out[i] = comps[:, ids] @ (w / np.linalg.norm(w))
+            # the operand components_[:, ids] is, in the same (Fortran) layout: the same
+            # product, bit for bit
+            out[i] = terms[ids].T @ (w / np.linalg.norm(w))
         return out
 
     def _forest_quantiles(self, x: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
@@ -185,8 +194,19 @@ class LengthPredictor:
                 for i in range(len(feats))]
 
     def predict(self, feats: Sequence[RequestFeatures]) -> list[Mapping[str, float]]:
-        return [{m: q[0] for m, q in row.items()}
-                for row in self.quantiles(feats, [self.settings.quantile])]
+        """The served quantile per request and model (``quantiles`` of it alone; from the
+        flat forest without the general path's per-quantile bookkeeping)."""
+        if self.flat is None:
+            return [{m: q[0] for m, q in row.items()}
+                    for row in self.quantiles(feats, [self.settings.quantile])]
+        if not feats:
+            return []
+        ms = self.model_list
+        pred = self.flat.predict(self._matrix([f for f in feats for _ in ms], ms * len(feats)))
+        if self.settings.log_target:
+            pred = np.expm1(pred)
+        return [dict(zip(ms, pred[i * len(ms):(i + 1) * len(ms)].tolist()))
+                for i in range(len(feats))]
 
     def predict_own(self, records: Sequence[StageRecord],
                     quantiles: Sequence[float]) -> np.ndarray:

@@ -131,8 +131,9 @@ class SemanticRouter:
                 ) -> list[Mapping[str, float]]:
         out: list[Mapping[str, float]] = []
         for i in range(0, len(feats), batch_size):
-            q = torch.sigmoid(self.head(self._embed([f.user_text
-                                                     for f in feats[i:i + batch_size]])))
+            emb = self._embed([f.user_text for f in feats[i:i + batch_size]])
+            # the head's own forward (``self.head(emb)``) without the module call's hooks
+            q = torch.sigmoid(torch.nn.functional.linear(emb, self.head.weight, self.head.bias))
             out += [dict(zip(self.model_list, map(float, row))) for row in q.numpy()]
         return out
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, overload
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence, cast, overload
 
 from router.state.kv_hash import BlockHasher, cached_prefix_tokens
 
@@ -77,7 +77,8 @@ def engine_view(e: EngineState, ledger: InflightLedger, now: float) -> EngineVie
 
 class Candidates(Sequence[EngineView]):
     """The candidate engines of one request, in name order, each viewed on first access
-    (a policy that picks by position, like round robin, views only the one it picks)."""
+    (a policy that picks by position, like round robin, views only the one it picks; one
+    that picks a model first views only that model's engines: ``models``, ``of_model``)."""
 
     __slots__ = ("_engines", "_views", "_view")
 
@@ -86,6 +87,17 @@ class Candidates(Sequence[EngineView]):
         self._engines = engines
         self._views: list[EngineView | None] = [None] * len(engines)
         self._view = view
+
+    def models(self) -> list[str]:
+        """Distinct models of the candidates, in name order (no engine viewed)."""
+        return sorted({e.model for e in self._engines})
+
+    def of_model(self, model: str) -> Candidates:
+        """The candidates serving ``model``, in name order (views already made kept)."""
+        keep = [i for i, e in enumerate(self._engines) if e.model == model]
+        out = Candidates([self._engines[i] for i in keep], self._view)
+        out._views = [self._views[i] for i in keep]
+        return out
 
     def __len__(self) -> int:
         return len(self._engines)
@@ -105,7 +117,12 @@ class Candidates(Sequence[EngineView]):
         return v
 
     def __iter__(self) -> Iterator[EngineView]:
-        return (self[i] for i in range(len(self._engines)))
+        """Every candidate viewed (once: a policy iterating again reads the same list)."""
+        views = self._views
+        for i, v in enumerate(views):
+            if v is None:
+                views[i] = self._view(self._engines[i])
+        return cast(Iterator[EngineView], iter(views))
 
 
 class StateView:

@@ -12,14 +12,14 @@ import pytest
 
 from engine_ext.telemetry import BlockStored, KVEventBatch, SchedulerSnapshot
 from router.policies import POLICIES, validate_settings
-from router.policies.base import priority_for
+from router.policies.base import models_of, of_model, priority_for
 from router.policies.registry import build_policy
 from router.predictors.base import PredictorSet
 from router.state.engines import EngineTable
 from router.state.inflight import InflightLedger, InflightRecord
 from router.state.kv_hash import BlockHasher
 from router.state.programs import ProgramTable
-from router.state.view import EngineView, StateView, engine_view
+from router.state.view import Candidates, EngineView, StateView, engine_view
 from router.types import ClusterInfo, Decision, RoutingRequest, WorkflowMeta
 from scheduler_patches.contract import PRIORITY_MAX
 
@@ -174,3 +174,27 @@ def test_predictor_that_does_not_know_a_model_is_rejected() -> None:
 def test_bad_sub_policy_table_fails_the_build() -> None:
     with pytest.raises(ValueError, match="router.policies.lmetric.hot_top_k"):
         World({"e0": "a"}).build("round_robin", others={"lmetric": {"hot_top_k": 0}})
+
+
+def test_candidates_view_an_engine_when_read_and_once() -> None:
+    """``Candidates`` (what the router gives policies): the models and one model's
+    candidates without viewing any engine, iteration views each once, and policies' helpers
+    answer the same for them as for a plain list."""
+    w = World({"a0": "a", "b0": "b", "a1": "a", "b1": "b"})
+    w.load("a1", batch=3)
+    viewed: list[str] = []
+
+    def view(e: Any) -> EngineView:
+        viewed.append(e.name)
+        return engine_view(e, w.ledger, w.now)
+
+    cands = Candidates(list(w.table.engines.values()), view)
+    assert models_of(cands) == models_of(w.cands()) == ["a", "b"] and viewed == []
+    mine = of_model(cands, "a")
+    assert viewed == []
+    assert list(mine) == list(of_model(w.cands(), "a")) == w.cands("a")
+    assert viewed == ["a0", "a1"]
+    assert cands[0] == w.cands()[0] and viewed == ["a0", "a1", "a0"]  # views are per list
+    assert list(cands) == list(cands) == w.cands()
+    assert viewed == ["a0", "a1", "a0", "a1", "b0", "b1"]
+    assert list(of_model(cands, "b")) == w.cands("b") and len(viewed) == 6  # kept

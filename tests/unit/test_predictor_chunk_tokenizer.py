@@ -50,6 +50,31 @@ def test_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         chunks.ids(f"w{i} x{i} y{i}")
         assert len(chunks.memo) <= 10
     assert chunks.ids("w1 x1") == WHOLE.encode("w1 x1", add_special_tokens=False).ids
+    many = " ".join(f"v{i}" for i in range(30))  # more new chunks than the memo holds
+    assert chunks.ids(many) == WHOLE.encode(many, add_special_tokens=False).ids
+    assert len(chunks.memo) <= 10
+    assert chunks.ids(many, 5) == WHOLE.encode(many, add_special_tokens=False).ids[:5]
+
+
+def test_new_chunks_tokenized_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text's unknown chunks (repeats, accents, CJK, a chunk with no token, one longer
+    than WordPiece's 100 characters) go to the tokenizer in one call, split back to each
+    chunk's own ids; with a limit, only the chunks that can count."""
+    chunks = ChunkTokenizer(BERT)
+    calls: list[str] = []
+    encode = chunks.tokenizer.encode
+    monkeypatch.setattr(chunks, "tokenizer", type("T", (), {"encode": lambda self, t, **kw: (
+        calls.append(t), encode(t, **kw))[1]})())
+    text = "Héllo, wörld! 中文 \u200b x" + "y" * 120 + " don't naïve Héllo, e\u0301"
+    assert chunks.ids(text) == WHOLE.encode(text, add_special_tokens=False).ids
+    assert len(calls) == 1
+    for chunk in text.split():
+        assert chunks.memo[chunk] == WHOLE.encode(chunk, add_special_tokens=False).ids
+    assert chunks.memo["\u200b"] == []
+    calls.clear()
+    assert chunks.ids("known Héllo, new1 new2 new3 new4", 3) == \
+        WHOLE.encode("known Héllo, new1", add_special_tokens=False).ids[:3]
+    assert calls == ["known new1"]  # not the chunks past the limit
 
 
 def test_other_pre_tokenizers_take_the_whole_text() -> None:

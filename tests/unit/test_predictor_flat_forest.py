@@ -1,15 +1,18 @@
 """Flat forest (issue 33): fitted trees as arrays, each leaf the quantile of the training
 targets reaching it, equal to that computed tree by tree (and to quantile-forest's
 per-leaf quantiles where they mean the same); rows on a split threshold go where
-scikit-learn sends them. The length predictor's fast features equal the scikit-learn
-transforms, its flat median ranks as well as the forest's, and an artifact from before
-the flat forest loads and predicts with the forest."""
+scikit-learn sends them. The compiled walk reaches the leaves ``apply`` names and predicts
+bit for bit what the first, numpy walk predicted. The length predictor's fast features
+equal the scikit-learn transforms (the sketch bit for bit its first form's), its flat
+median ranks as well as the forest's, and an artifact from before the flat forest loads
+and predicts with the forest."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import pickle
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,7 @@ from quantile_forest import RandomForestQuantileRegressor
 from sklearn.ensemble import RandomForestRegressor
 
 from router.predictors.features import from_record
-from router.predictors.flat_forest import FlatForest
+from router.predictors.flat_forest import FlatForest, leaves
 from router.predictors.length import LengthPredictor, LengthSettings
 from router.predictors.metrics import kendall_tau_distance
 from tests.fixtures.predictors import split
@@ -33,6 +36,18 @@ def reference(trees: list, x: np.ndarray, y: np.ndarray, q: float, rows: np.ndar
         train_leaf, leaf = est.apply(x.astype(np.float32)), est.apply(rows.astype(np.float32))
         out += [np.quantile(y[train_leaf == node], q) for node in leaf]
     return out / len(trees)
+
+
+def numpy_walk(flat: FlatForest, x: np.ndarray) -> np.ndarray:
+    """The flat forest's first walk: every (row, tree) pair one level a step, ``depth``
+    steps (leaves point at themselves)."""
+    x = np.asarray(x, dtype=np.float32)
+    rows = x.ravel()
+    start = (np.arange(len(x)) * x.shape[1])[:, None]
+    node = np.broadcast_to(flat.roots, (len(x), len(flat.roots))).copy()
+    for _ in range(flat.depth):
+        node = flat.children[2 * node + (rows[start + flat.feature[node]] > flat.threshold[node])]
+    return flat.value[node].mean(axis=1)
 
 
 def data(seed: int, n: int = 300, cols: int = 6) -> tuple[np.ndarray, np.ndarray]:
@@ -56,6 +71,30 @@ def test_equals_the_tree_by_tree_computation(seed: int, q: float) -> None:
     assert flat.depth == max(e.tree_.max_depth for e in deep.estimators_)
     assert np.allclose(flat.predict(rows), reference(deep.estimators_, x, y, q, rows),
                        rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_compiled_walk_reaches_the_leaves_apply_names(seed: int) -> None:
+    """Leaf by leaf, ``apply``'s node in every tree (global ids less each tree's root),
+    for new rows, training rows and a row on a threshold; predictions bit for bit the
+    numpy walk's, whatever the rows' dtype and layout, NaN and infinities too (which
+    ``apply`` refuses)."""
+    x, y = data(seed)
+    forest = RandomForestQuantileRegressor(n_estimators=12, min_samples_leaf=3,
+                                           max_features=0.5, random_state=seed).fit(x, y)
+    flat = FlatForest.of(forest.estimators_, x, y, 0.5)
+    t = forest.estimators_[0].tree_
+    edge = np.tile(x[:1], (4, 1))
+    edge[0, t.feature[0]] = t.threshold[0]
+    edge[1, 0], edge[2, 1], edge[3, 2] = np.nan, np.inf, -np.inf
+    rows = np.vstack([data(seed + 20, 100)[0], x[:40], edge])
+    finite = rows[:-3].astype(np.float32)
+    got = leaves(finite, flat.feature, flat.threshold, flat.children, flat.roots)
+    for k, est in enumerate(forest.estimators_):
+        assert np.array_equal(got[:, k] - flat.roots[k], est.apply(finite))
+    for r in (rows, rows.astype(np.float32), np.asfortranarray(rows), rows[::2], rows[:1]):
+        assert np.array_equal(flat.predict(r), numpy_walk(flat, r))
+    assert flat.predict(rows[:0]).shape == (0,)
 
 
 @pytest.mark.parametrize("q", [0.5, 0.25, 0.9])
@@ -152,6 +191,37 @@ def test_fast_sketch_equals_the_transforms(length: LengthPredictor) -> None:
     assert fast.shape == slow.shape
     assert np.allclose(fast, slow, rtol=1e-9, atol=1e-12)
     assert np.array_equal(fast[150:154], np.zeros((4, fast.shape[1])))
+
+
+def test_sketch_and_median_bit_for_bit_their_first_forms(length: LengthPredictor) -> None:
+    """The sketch from the term-major loadings and the median from the compiled walk
+    equal, bit for bit, the sketch from ``components_`` columns and the numpy walk, on
+    every held-out request (alone and as one batch)."""
+    _, test = split()
+    vocab, idf, comps = length.tfidf.vocabulary_, length.tfidf.idf_, length.svd.components_
+
+    def first_sketch(text: str) -> np.ndarray:
+        grams = Counter(g for g in length._analyze(text) if g in vocab)
+        if not grams:
+            return np.zeros(comps.shape[0])
+        ids = np.fromiter((vocab[g] for g in grams), np.intp, len(grams))
+        w = (1 + np.log(np.fromiter(grams.values(), np.float64, len(grams)))) * idf[ids]
+        return comps[:, ids] @ (w / np.linalg.norm(w))
+
+    texts = [r.user_text for r in test] + ["", "zzqqx", "the the the"]
+    assert np.array_equal(length._sketch(texts), np.vstack([first_sketch(t) for t in texts]))
+    x = length._matrix([from_record(r) for r in test], [r.model for r in test])
+    assert length.flat is not None
+    assert np.array_equal(length.flat.predict(x), numpy_walk(length.flat, x))
+    for i in range(0, len(test), 37):
+        assert np.array_equal(length.flat.predict(x[i:i + 2]), numpy_walk(length.flat, x[i:i + 2]))
+    # predict's straight path: the served quantile of the general one, bit for bit
+    feats = [from_record(r) for r in test[:60]]
+    general = [{m: q[0] for m, q in row.items()}
+               for row in length.quantiles(feats, [length.settings.quantile])]
+    assert length.predict(feats) == general
+    assert [length.predict([f])[0] for f in feats[:10]] == general[:10]
+    assert length.predict([]) == []
 
 
 def test_feature_rows_are_each_requests_own(length: LengthPredictor) -> None:

@@ -9,7 +9,8 @@ import torch
 from engine_ext.telemetry import SchedulerSnapshot
 from router.predictors import metrics
 from router.predictors.features import language, length_bucket, task_type
-from router.predictors.knn import inverse_distance_weights, weighted_means
+from router.predictors.knn import (inverse_distance_weights, known_weighted_means,
+                                  weighted_means)
 from router.predictors.records import held_out
 from router.predictors.semantic import logit, masked_bce
 from router.predictors.tpot import samples, tpot_ms
@@ -48,6 +49,23 @@ def test_knn_weights_and_means() -> None:
     labels = np.array([[[1.0, np.nan], [0.0, np.nan]]])  # 1 query, k=2, 2 models
     got = weighted_means(labels, np.array([[3.0, 1.0]]), fallback=np.array([0.5, 0.25]))
     assert got[0] == pytest.approx([0.75, 0.25])  # (3 x 1 + 1 x 0) / 4; model 2: fallback
+
+
+def test_knn_means_over_labels_split_at_load_are_the_same() -> None:
+    """The estimator splits its label tables once (values, known mask) and gathers both:
+    bit for bit the means of the gathered NaN table, on random tables with gaps."""
+    rng = np.random.default_rng(0)
+    table = rng.normal(100, 50, size=(300, 3))
+    table[rng.random(table.shape) < 0.3] = np.nan
+    table[:5] = np.nan  # rows no model has
+    idx = rng.integers(0, 300, size=(40, 10))
+    idx[0] = np.arange(5).repeat(2)  # a query whose neighbours know nothing
+    w = inverse_distance_weights(rng.random((40, 10)), 1e-3)
+    fallback = np.nan_to_num(np.nanmean(table, axis=0))
+    values, known = np.nan_to_num(table), ~np.isnan(table)
+    split = known_weighted_means(values[idx], known[idx], w, fallback)
+    assert np.array_equal(split, weighted_means(table[idx], w, fallback))
+    assert np.array_equal(split[0], fallback)
 
 
 def test_semantic_router_loss_and_bias_init() -> None:
