@@ -196,3 +196,17 @@ def test_a_retention_replay_in_the_twin_and_its_report(profiles: Path,
     assert "recomputed prompt tokens" in report.tables(res)
     report.plot([res], tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_the_reports_token_counts_on_hand_made_calls() -> None:
+    def call(stage: int, prompt: int, cached: int, attempt: int = 1) -> dict[str, Any]:
+        return {"attempt": attempt, "stage_index": stage, "prompt_tokens": prompt,
+                "cached_tokens": cached, "send_s": 0.0, "first_token_s": 0.1}
+
+    calls = [call(0, 100, 0), call(1, 300, 64), call(2, 350, 300)]
+    # stage 1: 96 of the previous 100 prompt tokens are in full blocks, 64 hit -> 32;
+    # stage 2: 288 in full blocks, 300 hit -> 0
+    assert report.recomputed_prefix(calls, 16) == 32.0
+    assert report.recomputed(calls) == 236.0 + 50.0
+    assert report.recomputed_prefix([*calls, call(1, 300, 0, attempt=2)], 16) == 32.0
+    assert report.recomputed([call(0, 100, 0), {**call(1, 50, 0), "cached_tokens": None}]) is None
