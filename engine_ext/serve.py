@@ -9,7 +9,8 @@ Takes every ordinary vLLM server argument, plus:
   --quantum Q                  STJF aging quantum Q
   --mlfq-levels N / --mlfq-base-quantum T
   --retention-ttl-s S / --retention-slack F / --max-protected-programs N /
-  --max-protected-fraction F   KV retention between a program's calls
+  --max-protected-fraction F / --retention-ttl-only
+                               KV retention between a program's calls
                                (scheduler_patches.protected.RetentionSettings)
   --telemetry-endpoint EP      scheduler snapshots (ipc:// or tcp://127.0.0.1:PORT)
   --telemetry-interval-ms MS   rate limit while busy (default 20)
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="programs protected at once (default 256; 0: off)")
     p.add_argument("--max-protected-fraction", type=float, default=None, metavar="F",
                    help="protected blocks at most this fraction of the KV pool (0.5)")
+    p.add_argument("--retention-ttl-only", action="store_const", const=True, default=None,
+                   help="baseline (Continuum's rule): ignore the hints' expected return, "
+                   "protect every non-final call for the TTL")
     p.add_argument("--telemetry-endpoint", default=None)
     p.add_argument("--telemetry-interval-ms", type=float, default=DEFAULT_INTERVAL_S * 1e3)
     p.add_argument("--kv-events-endpoint", default=None)

@@ -82,6 +82,7 @@ ENGINE_FLAGS: dict[str, str] = {
     "retention_slack": "--retention-slack",
     "max_protected_programs": "--max-protected-programs",
     "max_protected_fraction": "--max-protected-fraction",
+    "retention_ttl_only": "--retention-ttl-only",
     "max_num_seqs": "--max-num-seqs",
     "max_model_len": "--max-model-len",
     "max_num_batched_tokens": "--max-num-batched-tokens",

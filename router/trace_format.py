@@ -39,7 +39,7 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     content: str
 
 
-class Stage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Stage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One LLM call of a workflow run."""
 
     index: NonNeg
@@ -55,6 +55,9 @@ class Stage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``stop`` or ``length`` (hit ``max_tokens``), as the engine reported it."""
     latency_s: NonNegF
     """Wall time of the call as the builder saw it (depends on the load of the build)."""
+    tool_gap_s: NonNegF | None = None
+    """Seconds the agent spent after this call before its next one (a tool's run, its own
+    work), where the trace records it; None: not recorded (the shipped traces)."""
 
 
 class Unit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="unit", tag_field="kind"):

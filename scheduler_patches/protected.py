@@ -53,6 +53,10 @@ class RetentionSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_protected_fraction: Annotated[float, Meta(gt=0, le=1)] = 0.5
     """Protected blocks (counted once per program that holds them) are at most this
     fraction of the KV pool; above it the program expected back last is released."""
+    retention_ttl_only: bool = False
+    """A baseline (Continuum's rule): ignore the hints' expected return, so every
+    non-final call is protected for ``retention_ttl_s`` and, when one must go, the
+    protection that ends last goes first (the order of hints without an expected return)."""
 
     @property
     def enabled(self) -> bool:
@@ -60,7 +64,7 @@ class RetentionSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def ttl_s(self, expected_return_s: float | None) -> float:
         """How long a call's blocks stay protected after it ends."""
-        if expected_return_s is None:
+        if expected_return_s is None or self.retention_ttl_only:
             return self.retention_ttl_s
         return min(self.retention_ttl_s, self.retention_slack * expected_return_s)
 
@@ -123,6 +127,8 @@ class ProtectedPrograms:
         """Protect ``blocks`` (held by a request that is ending: ``ref_cnt >= 1``) for
         ``program_id``, replacing its earlier protection; whether it is protected."""
         now = self.clock()
+        if self.settings.retention_ttl_only:
+            expected_return_s = None
         ttl = self.settings.ttl_s(expected_return_s)
         next_use = now + (ttl if expected_return_s is None else expected_return_s)
         old = self.programs.get(program_id)

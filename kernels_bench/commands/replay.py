@@ -20,7 +20,8 @@ from kernels_bench.replay.report import markdown_tables
 from kernels_bench.replay.run import ReplayOptions, replay
 from kernels_bench.replay.spec import (STOCK_PREFIX, SpecError, parse_model_map,
                                        parse_policies)
-from kernels_bench.replay.workload import PROBLEMS, WorkloadError, merge_traces
+from kernels_bench.replay.gaps import parse_tool_gap
+from kernels_bench.replay.workload import CONTEXTS, PROBLEMS, WorkloadError, merge_traces
 from launcher import LaunchError
 from launcher.settings import LaunchConfig, load_launch_config
 from router.config.cluster import ConfigError
@@ -40,9 +41,10 @@ def build_parser(prog: str = "python -m kernels_bench replay", description: str 
     """The replay's options; ``live=False``: without those of live engines (the twin's)."""
     p = argparse.ArgumentParser(
         prog=prog, description=description or __doc__.split("\n\n")[0],
-        epilog="Policy specs: ROUTER[:SCHED][+oracle]; 'oracle' = chimera:stjf+oracle. "
-        "SCHED sets every engine's scheduler (stjf, fcfs, priority, mlfq); without it the "
-        "cluster file's applies.")
+        epilog="Policy specs: ROUTER[:SCHED][+oracle][@KEY=VALUE,...]; 'oracle' = "
+        "chimera:stjf+oracle. SCHED sets every engine's scheduler (stjf, fcfs, priority, "
+        "mlfq); without it the cluster file's applies. KEY: a setting of the router policy, "
+        "or an engine's KV retention key (max_protected_programs, retention_ttl_only, ...).")
     p.add_argument("--cluster", type=Path, required=True, help="cluster file (TOML)")
     p.add_argument("--trace", type=Path, nargs="+", required=True, metavar="TRACE",
                    help="workflow trace(s) (.jsonl[.gz]); several are replayed as one mixed "
@@ -63,6 +65,14 @@ def build_parser(prog: str = "python -m kernels_bench replay", description: str 
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     p.add_argument("--model-map", action="append", default=[], metavar="SERVED=TRACE,...",
                    help="trace model replayed by each served model (default: same name)")
+    p.add_argument("--tool-gap", default="none", metavar="DIST[:P1,P2]",
+                   help="the agent's time between a program's calls, seeded by --seed: "
+                   "none (default), fixed:S, exp:MEAN, uniform:LO,HI, lognormal:MEDIAN,SIGMA "
+                   "(seconds), or trace (the trace's tool_gap_s); the client announces each "
+                   "gap to the router as the call's expected_return_s")
+    p.add_argument("--context", choices=CONTEXTS, default="trace",
+                   help="stage context: the trace's messages (default), or chat: one "
+                   "growing conversation, each stage's prompt extending the previous one's")
     p.add_argument("--retries", type=int, default=0, metavar="R",
                    help="retry a workflow whose answer is wrong up to R times (TTCA)")
     p.add_argument("--repeats", type=int, default=1, metavar="N",
@@ -155,7 +165,8 @@ def replay_options(a: argparse.Namespace, out: Path) -> ReplayOptions:
         run_attempts=getattr(a, "run_attempts", 1), repeats=a.repeats, problems=a.problems,
         artifacts=artifact_folders(a.artifacts) if a.artifacts else [],
         priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
-        run_dir=getattr(a, "run_dir", None) or out / "cluster")
+        run_dir=getattr(a, "run_dir", None) or out / "cluster",
+        tool_gaps=parse_tool_gap(a.tool_gap, a.seed), context=a.context)
 
 
 Runner = Callable[[LaunchConfig, Trace, str, ReplayOptions, str], dict[str, Any]]

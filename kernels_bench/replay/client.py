@@ -1,11 +1,17 @@
 """The agentic client: replays workflows through the router as an agent framework would.
 
 Each workflow starts at its arrival time; each stage is sent when the previous one has
-finished, with the accumulated context (``workload.stage_messages``), the workflow
+finished, with the accumulated context (``workload.context_messages``), the workflow
 metadata, ``model = "auto"``, and the trace's output length of every served model in
 ``per_model.max_tokens`` (the router applies the one of the model it picks; with
 ``ignore_eos`` the engine generates exactly that many tokens). Oracle runs also send the
 true remaining tokens per model in ``per_model.priority``.
+
+Tool gaps (``--tool-gap``, ``gaps.ToolGaps``): after a non-final stage the client waits
+the stage's gap before it sends the next one, and tells the router the gap in advance as
+the call's ``workflow.expected_return_s`` (the engine keeps the program's KV cache about
+that long). The context is the trace's messages or one growing conversation
+(``workload.CONTEXTS``).
 
 Retries (TTCA): an attempt whose final answer is wrong (the trace's correctness of the
 model that served its final stage) is run again, up to ``max_attempts`` in all, as a new
@@ -25,9 +31,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from kernels_bench.replay.gaps import ToolGaps
 from kernels_bench.replay.records import RequestRecord, WorkflowRecord
-from kernels_bench.replay.workload import (Job, forced_tokens, outcome, per_model,
-                                           remaining_tokens, stage_messages)
+from kernels_bench.replay.workload import (Job, context_messages, forced_tokens, outcome,
+                                           per_model, remaining_tokens)
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,10 @@ class ClientSettings:
     """Served model -> trace model."""
     oracle: bool = False
     max_attempts: int = 1
+    tool_gaps: ToolGaps = ToolGaps()
+    """The gap after each non-final stage (default: none)."""
+    context: str = "trace"
+    """The context form of the stages (``workload.CONTEXTS``)."""
 
 
 @dataclass
@@ -48,6 +59,7 @@ class CallResult:
     predicted_remaining_tokens: float | None = None
     output_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int | None = None
     first_token_s: float | None = None
     end_s: float = 0.0
     error: str | None = None
@@ -64,9 +76,10 @@ def stage_body(job: Job, attempt: int, stage: int, served: Sequence[str],
     attempts)."""
     run = job.run
     lengths = per_model(s.model_map, forced_tokens, run, stage)
+    final = stage == job.num_stages - 1
     body: dict[str, Any] = {
         "model": "auto",
-        "messages": stage_messages(run, stage, served),
+        "messages": context_messages(s.context, run, stage, served),
         "max_tokens": max(lengths.values()),
         "ignore_eos": True,
         "temperature": 0.0,
@@ -79,11 +92,14 @@ def stage_body(job: Job, attempt: int, stage: int, served: Sequence[str],
             "stage": run.roles[stage],
             "stage_index": stage,
             "num_stages": job.num_stages,
-            "final": stage == job.num_stages - 1,
+            "final": final,
             "attempt": attempt,
             "tried_models": list(tried),
         },
     }
+    if s.tool_gaps.on and not final:
+        body["workflow"]["expected_return_s"] = s.tool_gaps.expected(
+            job.job_id, run, attempt, stage, s.model_map)
     if s.oracle:
         body["per_model"]["priority"] = per_model(s.model_map, remaining_tokens, run, stage)
     return body
@@ -133,6 +149,10 @@ class AgenticClient:
                     return wf
                 served.append(rec.trace_model)
                 tried[stage].append(rec.model)
+                if self.settings.tool_gaps.on and stage < job.num_stages - 1:
+                    rec.tool_gap_s = self.settings.tool_gaps.after(
+                        job.job_id, run, attempt, stage, rec.trace_model)
+                    await asyncio.sleep(rec.tool_gap_s)
             wf.final_models.append(tried[-1][-1])
             wf.correct, wf.score = outcome(run, served[-1])
             if wf.correct:
@@ -158,7 +178,8 @@ class AgenticClient:
             output_tokens=res.output_tokens, prompt_tokens=res.prompt_tokens,
             trace_prompt_tokens=(job.run.models[trace_model].stages[stage].prompt_tokens
                                  if trace_model else 0),
-            error=res.error)
+            cached_tokens=res.cached_tokens,
+            expected_return_s=body["workflow"].get("expected_return_s"), error=res.error)
         if rec.error is None and not trace_model:
             rec.error = f"the router chose model {res.model!r}, which the replay does not map"
         elif rec.error is None and rec.output_tokens != rec.forced_tokens:
@@ -227,6 +248,8 @@ async def _read_stream(resp: httpx.Response, res: CallResult,
         if usage:
             res.output_tokens = int(usage.get("completion_tokens") or 0)
             res.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            res.cached_tokens = None if cached is None else int(cached)
 
 
 def run_clock() -> Callable[[], float]:

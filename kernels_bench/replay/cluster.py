@@ -17,6 +17,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -29,6 +30,7 @@ from launcher.settings import LaunchConfig
 from launcher.supervisor import Managed, State, Supervisor
 from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import HETSERVE_ONLY_KEYS, EngineConfig, EngineInstance
+from scheduler_patches.protected import retention_settings
 
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 """Lets the replay reset an engine's prefix cache between runs (loopback endpoints)."""
@@ -40,20 +42,24 @@ class ClusterError(RuntimeError):
     """A process of the cluster failed; the message holds the tail of its log."""
 
 
-def engine_variant(cfg: ClusterConfig, sched: str | None) -> list[EngineConfig]:
+def engine_variant(cfg: ClusterConfig, sched: str | None,
+                   settings: Sequence[tuple[str, Any]] = ()) -> list[EngineConfig]:
     """The engines of a run: every local engine with scheduler ``sched`` (if given; a
     stock vLLM server for ``vllm-fcfs`` and ``vllm-priority``, without the settings of
-    hetserve's patch) and the prefix-cache reset endpoint on; remote engines as they are."""
+    hetserve's patch), the engine ``settings`` of the spec (retention keys, checked) and
+    the prefix-cache reset endpoint on; remote engines as they are."""
+    if settings:
+        retention_settings(dict(settings))  # out of bounds: ValueError naming the key
     out = []
     for e in cfg.engines:
         if e.remote:
-            if sched is not None:
+            if sched is not None or settings:
                 raise ClusterError(f"engines.{e.name} is remote: the replay cannot set its "
-                                   f"scheduler to {sched!r}; run such policies without "
-                                   ":SCHED on a cluster of local engines")
+                                   f"scheduler or retention; run such policies without "
+                                   ":SCHED or @settings on a cluster of local engines")
             out.append(e)
             continue
-        e = dataclasses.replace(e, env={**e.env, **DEV_MODE_ENV})
+        e = dataclasses.replace(e, env={**e.env, **DEV_MODE_ENV}, **dict(settings))
         if sched is not None and sched.startswith(STOCK_PREFIX):
             e = dataclasses.replace(e, kind="vllm", sched_policy=sched.removeprefix(
                 STOCK_PREFIX), **{k: None for k in HETSERVE_ONLY_KEYS})

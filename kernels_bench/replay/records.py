@@ -43,6 +43,14 @@ class RequestRecord:
     """Prompt tokens as the engine counted them."""
     trace_prompt_tokens: int = 0
     """Prompt tokens of the same stage in the trace (the trace model's tokenizer)."""
+    cached_tokens: int | None = None
+    """Prompt tokens the engine found in its prefix cache (``usage.prompt_tokens_details.
+    cached_tokens``; the twin: when first scheduled); None: not reported."""
+    expected_return_s: float | None = None
+    """The gap the client announced to the router (``workflow.expected_return_s``)."""
+    tool_gap_s: float | None = None
+    """The tool gap the client waited after this call (``--tool-gap``); None: none
+    followed (a final stage, or gaps off)."""
     error: str | None = None
 
 

@@ -32,6 +32,7 @@ from kernels_bench.replay import engine_metrics as em
 from kernels_bench.replay.arrivals import arrival_times
 from kernels_bench.replay.client import AgenticClient, ClientSettings, http_sender, run_clock
 from kernels_bench.replay.cluster import ReplayCluster, engine_variant
+from kernels_bench.replay.gaps import ToolGaps, check_trace_gaps
 from kernels_bench.replay.metrics import summarize
 from kernels_bench.replay.output import write_run, write_summary
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
@@ -74,6 +75,17 @@ class ReplayOptions:
     out: Path
     run_dir: Path
     """Where the engines' and routers' logs and sockets go."""
+    tool_gaps: ToolGaps = ToolGaps()
+    """The agent's time between a program's calls (``--tool-gap``; default none)."""
+    context: str = "trace"
+    """The stages' context form (``--context``, ``workload.CONTEXTS``)."""
+
+
+def client_settings(opts: ReplayOptions, spec: PolicySpec,
+                    model_map: dict[str, str]) -> ClientSettings:
+    """The agentic client of one run of ``spec``."""
+    return ClientSettings(model_map, spec.oracle, opts.max_attempts, opts.tool_gaps,
+                          opts.context)
 
 
 def served_models(cfg: ClusterConfig) -> list[str]:
@@ -261,6 +273,7 @@ def prepare_fold(cfg: ClusterConfig, trace: Trace, opts: ReplayOptions,
     for s in opts.policies:
         check_variant(cfg, routers[s.label], s)
     jobs = make_jobs(trace, list(model_map.values()), opts, splits, first)
+    check_trace_gaps(opts.tool_gaps, [j.run for js in jobs.values() for j in js], model_map)
     return Fold(routers, jobs, splits, priors)
 
 
@@ -274,7 +287,8 @@ def prepare(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptio
              for k, a in enumerate(opts.artifacts or [{}])]
     if len(folds) > 1:
         check_folds(folds, opts.problems)
-    engines = {s.label: engine_variant(cfg, s.sched) for s in opts.policies}
+    engines = {s.label: engine_variant(cfg, s.sched, s.engine_overrides)
+               for s in opts.policies}
     summary: dict[str, Any] = {
         "meta": run_meta(cfg, trace, trace_name, opts, model_map,
                          folds[0].priors if len(folds) == 1 else [f.priors for f in folds],
@@ -356,14 +370,14 @@ def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec
     before = {i.name: em.scrape(cluster.http, i.url) for i in instances}
     downs_before = em.router_down_events(cluster.http, url)
     decisions_before, cpu_before = em.router_decisions(cluster.http, url), cluster.router_cpu_s()
-    client_settings = ClientSettings(model_map, spec.oracle, opts.max_attempts)
+    settings = client_settings(opts, spec, model_map)
 
     async def go() -> AgenticClient:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                      limits=limits) as http:
             clock = run_clock()
-            client = AgenticClient(client_settings,
+            client = AgenticClient(settings,
                                    http_sender(http, f"{url}/v1/chat/completions", clock),
                                    clock)
             with tqdm(total=len(jobs), desc=desc, unit="wf", leave=False) as bar:
@@ -425,6 +439,7 @@ def run_meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOpti
         "rates": opts.rates, "arrival": opts.arrival,
         "cv": opts.cv if opts.arrival == "gamma" else 1.0,
         "workflows": opts.workflows, "seed": opts.seed, "max_attempts": opts.max_attempts,
+        "tool_gap": opts.tool_gaps.label(), "context": opts.context,
         "repeats": opts.repeats,
         "run_attempts": opts.run_attempts,
         "baseline": opts.baseline, "priors_from_trace": priors,

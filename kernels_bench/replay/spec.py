@@ -15,7 +15,10 @@ Policy spec grammar: ``ROUTER[-static][:SCHED][+oracle][@KEY=VALUE,...]``.
   it picks (``allow_client_priority`` is turned on for that run);
 - ``@KEY=VALUE,...``: settings of the router policy for this spec only, over the cluster
   file's ``[router.policies.ROUTER]`` (values in TOML syntax, without commas), e.g.
-  ``chimera:stjf@tau=0.5,delta_s=0.1``: a sweep on one engine start.
+  ``chimera:stjf@tau=0.5,delta_s=0.1``: a sweep on one engine start. The KV retention
+  keys of the engines (``router.config.engines.RETENTION_KEYS``) set every local engine
+  instead, e.g. ``chimera:stjf@max_protected_programs=0`` (retention off: vLLM's LRU
+  alone) or ``chimera:stjf@retention_ttl_only=true``.
 
 ``oracle`` alone is ``chimera:stjf+oracle``: Chimera's routing with STJF on true lengths
 (``oracle-static``: on static priors).
@@ -28,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from router.config.engines import RETENTION_KEYS
 from router.predictors import sources
 
 ORACLE = "oracle"
@@ -56,6 +60,8 @@ class PolicySpec:
     """Static priors instead of trained predictors (the ``-static`` ablation)."""
     overrides: tuple[tuple[str, Any], ...] = ()
     """Policy settings of this spec, over the cluster file's."""
+    engine_overrides: tuple[tuple[str, Any], ...] = ()
+    """Engine settings of this spec (``RETENTION_KEYS``), over every local engine's."""
 
 
 def parse_policy(text: str, routers: Iterable[str], scheds: Iterable[str]) -> PolicySpec:
@@ -63,7 +69,9 @@ def parse_policy(text: str, routers: Iterable[str], scheds: Iterable[str]) -> Po
     ``oracle[-static][:SCHED]...``) against the known names."""
     routers, scheds = list(routers), list(scheds)
     head, _, settings = text.partition("@")
-    overrides = parse_overrides(text, settings)
+    given = parse_overrides(text, settings)
+    overrides = tuple((k, v) for k, v in given if k not in RETENTION_KEYS)
+    engine_overrides = tuple((k, v) for k, v in given if k in RETENTION_KEYS)
     body, plus, suffix = head.partition("+")
     if plus and suffix != ORACLE:
         raise SpecError(f"policy {text!r}: the only suffix is '+{ORACLE}'")
@@ -81,7 +89,10 @@ def parse_policy(text: str, routers: Iterable[str], scheds: Iterable[str]) -> Po
     if colon and sched not in scheds:
         raise SpecError(f"policy {text!r}: unknown engine scheduler {sched!r}; known: "
                         f"{', '.join(scheds)}")
-    return PolicySpec(text, router, sched or None, oracle, static, overrides)
+    if engine_overrides and (sched or "").startswith(STOCK_PREFIX):
+        raise SpecError(f"policy {text!r}: stock vLLM engines have no KV retention to set")
+    return PolicySpec(text, router, sched or None, oracle, static, overrides,
+                      engine_overrides)
 
 
 def parse_overrides(text: str, settings: str) -> tuple[tuple[str, Any], ...]:

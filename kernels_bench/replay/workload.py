@@ -14,6 +14,16 @@ each stage anew, so a stage may go to another model than the one before it. The 
   that served its final stage;
 - **oracle priority**: the true remaining output tokens of the attempt, from the current
   stage on, if model m serves the rest of it.
+
+The context takes one of two forms (``CONTEXTS``, ``--context``):
+
+- ``trace`` (default): as above, the trace's own messages: each stage opens with its role's
+  system prompt, so two stages of a program share no prefix beyond the first few tokens;
+- ``chat``: one growing conversation, as an agent framework keeps it: stage 0's messages,
+  then for every later stage j the output of stage j-1 (by the model that served it) as
+  an assistant turn and stage j's system prompt as a user turn. Each stage's prompt then
+  extends the previous one's prompt and output (what KV retention between calls is for);
+  the forced lengths and outcomes stay the trace's.
 """
 
 from __future__ import annotations
@@ -131,6 +141,39 @@ def stage_messages(run: WorkflowRun, stage: int, served: Sequence[str]) -> list[
                     m["content"] = m["content"].replace(old, new, 1)
                     break
     return messages
+
+
+CONTEXTS = ("trace", "chat")
+"""How a stage's context is built: the trace's messages, or one growing conversation."""
+
+
+def chat_messages(run: WorkflowRun, stage: int, served: Sequence[str]) -> list[dict[str, str]]:
+    """The ``chat`` context of ``stage`` after earlier stages were served by ``served[j]``
+    (trace models): stage 0's messages, then per later stage j the output of stage j-1 as
+    an assistant turn and stage j's system prompt (else its first message) as a user
+    turn."""
+    if len(served) != stage:
+        raise ValueError(f"stage {stage} needs the models of {stage} earlier stages, "
+                         f"got {len(served)}")
+    first = next(iter(run.models.values())).stages
+    messages = [{"role": m.role, "content": m.content} for m in first[0].messages]
+    for j in range(1, stage + 1):
+        messages.append({"role": "assistant",
+                         "content": run.models[served[j - 1]].stages[j - 1].output_text})
+        messages.append({"role": "user", "content": next(
+            (m.content for m in first[j].messages if m.role == "system"),
+            first[j].messages[0].content)})
+    return messages
+
+
+def context_messages(context: str, run: WorkflowRun, stage: int,
+                     served: Sequence[str]) -> list[dict[str, str]]:
+    """The messages of ``stage`` in the ``context`` form (``CONTEXTS``)."""
+    if context == "chat":
+        return chat_messages(run, stage, served)
+    if context != "trace":
+        raise WorkloadError(f"--context {context!r}: expected one of {', '.join(CONTEXTS)}")
+    return stage_messages(run, stage, served)
 
 
 def outcome(run: WorkflowRun, final_model: str) -> tuple[bool, float]:

@@ -4,9 +4,12 @@ forward pass.
 The scheduler is the class the engine runs (``engine_ext.schedulers.scheduler_type`` for
 its ``sched_policy``, the synchronous variant, as on CPU), built with no model executor
 (``kernels_bench.lib.scheduler_harness``), sized by an ``EngineSpec``, with prefix caching on.
-A step is what vLLM's ``EngineCore`` does: take the requests that arrived, ``schedule()``,
-run the model (here: wait ``StepTimeModel.step_ms``), ``update_from_output`` with one
-made-up sampled token per request whose step reaches its last token.
+KV retention (``scheduler_patches.retention``, in every hetserve scheduler class) runs on
+the virtual clock: the twin sets ``scheduler.retention.clock``, which is the engine's
+monotonic clock live. A step is what vLLM's ``EngineCore`` does: take the requests that
+arrived, ``schedule()``, run the model (here: wait ``StepTimeModel.step_ms``),
+``update_from_output`` with one made-up sampled token per request whose step reaches its
+last token.
 
 A stock vLLM engine (``EngineSpec.stock``) runs vLLM's own ``Scheduler`` class, unpatched,
 and publishes vLLM's KV events but no snapshots; what its ``/metrics`` would show is
@@ -55,6 +58,9 @@ class EngineTwin:
             max_model_len=spec.max_model_len,
             kv_cache_events=telemetry_interval_s is not None,
         )
+        retention = getattr(self.scheduler, "retention", None)
+        if retention is not None:
+            retention.clock = clock
         self.snapshots: SnapshotFrames | None = None
         self.kv_events: KVEventFrames | None = None
         if telemetry_interval_s is not None:
@@ -95,7 +101,9 @@ class EngineTwin:
         self._inbox.append(Request(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
-            sampling_params=SamplingParams(max_tokens=request.output_tokens, ignore_eos=True),
+            sampling_params=SamplingParams(
+                max_tokens=request.output_tokens, ignore_eos=True,
+                extra_args=request.retention.xargs() if request.retention else None),
             pooling_params=None,
             arrival_time=now,
             priority=request.priority,

@@ -21,7 +21,8 @@ from typing import Any
 from engine_ext.serve import build_parser
 from kernels_bench.lib.model_config import kv_bytes_per_token, model_config
 from router.config.cluster import ClusterConfig
-from router.config.engines import STOCK_SCHED_POLICIES, LocalEngine, default_kv_cache_bytes
+from router.config.engines import (RETENTION_KEYS, STOCK_SCHED_POLICIES, LocalEngine,
+                                   default_kv_cache_bytes)
 
 CPU_BLOCK_SIZE = 128
 """vLLM's block size on CPU when none is given (``vllm/platforms/cpu.py``; 16 on CUDA)."""
@@ -29,8 +30,8 @@ CPU_MAX_NUM_BATCHED_TOKENS = 2048
 """vLLM's OpenAI server default on CPU (``EngineArgs.get_batch_defaults``; chunked prefill)."""
 CPU_MAX_NUM_SEQS = 128
 """vLLM's OpenAI server default on CPU."""
-_AGING_KEYS = ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
-               "mlfq_base_quantum")
+_SCHEDULER_KEYS = ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
+                   "mlfq_base_quantum", *RETENTION_KEYS)
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,8 @@ class EngineSpec:
     block_size: int
     num_blocks: int
     settings: dict[str, Any] = field(default_factory=dict)
-    """The scheduler's settings (aging S and Q, MLFQ levels), as ``engine_ext.serve``
-    passes them in the ``hetserve`` table."""
+    """The scheduler's settings (aging S and Q, MLFQ levels, KV retention), as
+    ``engine_ext.serve`` passes them in the ``hetserve`` table."""
     stock: bool = False
     """A stock vLLM server: vLLM's own ``Scheduler`` with its ``--scheduling-policy``
     (``sched_policy``, one of ``STOCK_SCHED_POLICIES``), vLLM's KV events and no snapshots (the
@@ -94,5 +95,5 @@ def _spec(e: LocalEngine, replica: int, base_dir: Path, default_policy: str) -> 
         max_num_seqs=min(max_num_seqs, batched) if e.max_num_seqs is None else max_num_seqs,
         max_num_batched_tokens=batched, max_model_len=max_model_len,
         block_size=block_size, num_blocks=num_blocks,
-        settings={k: getattr(e, k) for k in _AGING_KEYS if getattr(e, k) is not None},
+        settings={k: getattr(e, k) for k in _SCHEDULER_KEYS if getattr(e, k) is not None},
     )

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler_patches.contract import NO_PRIORITY
+from scheduler_patches.contract import NO_PRIORITY, RetentionHint
 
 
 @dataclass(frozen=True)
 class TwinRequest:
     """One call as the engine receives it: real prompt token ids (prefix caching and block
-    hashes are real), the forced output length (``max_tokens`` with ``ignore_eos``) and
-    the router's priority (``scheduler_patches.contract``; absent: ``NO_PRIORITY``)."""
+    hashes are real), the forced output length (``max_tokens`` with ``ignore_eos``), the
+    router's priority (``scheduler_patches.contract``; absent: ``NO_PRIORITY``) and its
+    KV retention hint (``vllm_xargs``; absent: none)."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     output_tokens: int
     priority: int = NO_PRIORITY
+    retention: RetentionHint | None = None
 
 
 @dataclass

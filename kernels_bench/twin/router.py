@@ -4,11 +4,13 @@
 clock, and takes the place of the HTTP route and the upstream: a chat body goes through
 the front's ``admission.admit`` (validation, tokenization) and ``proxy.route`` (policy,
 predictors, router state), then to the chosen engine twin with the priority and length
-``router.proxy.engine_settings`` gives it; the core hears of the call's end through
-``routing.on_complete``, as after a real stream. The frames the engine twins make go through the
-core's own subscribers (``StreamSubscriber.feed``: decoders, sequence checks, state
-updates); idle engines send heartbeats as the engines' publisher does. A stock vLLM engine
-(``EngineSpec.stock``) sends no snapshots: every ``scrape_interval_s`` of virtual time the
+``router.proxy.engine_settings`` gives it and the KV retention hint of
+``router.proxy.retention_for`` (what ``upstream_body`` puts in ``vllm_xargs``); the core
+hears of the call's end through ``routing.on_complete``, as after a real stream. The
+frames the engine twins make go through the core's own subscribers
+(``StreamSubscriber.feed``: decoders, sequence checks, state updates); idle engines
+send heartbeats as the engines' publisher does. A stock vLLM engine (``EngineSpec.stock``)
+sends no snapshots: every ``scrape_interval_s`` of virtual time the
 router reads its ``/metrics`` (``EngineTwin.metrics``, with no delay) and makes the
 snapshot ``router.state.vllm_metrics.stock_snapshot`` makes of it, with its own ledger's
 estimates, fed to the same subscriber.
@@ -40,7 +42,7 @@ from router.app import Front
 from router.config.engines import scheduler_takes_priority
 from router.dispatch.core import RouterCore
 from router.predictors.base import PredictorSet
-from router.proxy import engine_settings
+from router.proxy import engine_settings, retention_for
 from router.request import ParsedRequest, RequestError
 from router.state.vllm_metrics import stock_snapshot
 from router.types import RoutingRequest
@@ -150,7 +152,8 @@ class TwinRouter:
             await asyncio.sleep(delay)
         request = TwinRequest(routing.request_id, prompt,
                               max_tokens or twin.spec.max_model_len - len(prompt),
-                              NO_PRIORITY if priority is None else priority)
+                              NO_PRIORITY if priority is None else priority,
+                              retention_for(parsed.workflow))
         future: asyncio.Future[RequestRecord] = self.loop.create_future()
         try:
             self.sim.receive(decision.instance, request)
@@ -163,6 +166,7 @@ class TwinRouter:
         record = await future
         self.core.routing.on_complete(decision, record.generated, None)
         res.output_tokens, res.prompt_tokens = record.generated, record.prompt_tokens
+        res.cached_tokens = record.cached_tokens
         res.first_token_s, res.end_s = record.first_token, self.sim.now()
         return res
 

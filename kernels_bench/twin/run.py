@@ -28,7 +28,8 @@ from kernels_bench.replay.client import AgenticClient, ClientSettings
 from kernels_bench.replay.engine_metrics import EngineCounters
 from kernels_bench.replay.metrics import summarize
 from kernels_bench.replay.output import write_run, write_summary
-from kernels_bench.replay.run import ReplayOptions, one_line, prepare, run_tag
+from kernels_bench.replay.run import (ReplayOptions, client_settings, one_line, prepare,
+                                      run_tag)
 from kernels_bench.replay.spec import PolicySpec
 from kernels_bench.replay.workload import Job
 from kernels_bench.twin.engine import EngineTwin
@@ -75,8 +76,7 @@ class RunTask:
     fold: int
     rate: float
     jobs: list[Job]
-    model_map: dict[str, str]
-    max_attempts: int
+    client: ClientSettings
     twin: TwinOptions
 
 
@@ -146,8 +146,7 @@ def simulate(task: RunTask) -> dict[str, Any]:
     try:
         router = TwinRouter(task.cfg, loop, predictors_of(task.cfg), task.twin.costs,
                             scrape_interval_s=task.twin.scrape_interval_s)
-        client = AgenticClient(ClientSettings(task.model_map, task.spec.oracle,
-                                              task.max_attempts), router.send, loop.time)
+        client = AgenticClient(task.client, router.send, loop.time)
 
         async def go() -> None:
             router.start()
@@ -199,7 +198,7 @@ def twin(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
     tasks = [RunTask(run_config(cfg, p.engines[s.spec.label],
                                 p.folds[s.fold].routers[s.spec.label]),
                      s.spec, s.repeat, s.fold, s.rate, p.folds[s.fold].jobs[s.rate],
-                     p.model_map, opts.max_attempts, topts)
+                     client_settings(opts, s.spec, p.model_map), topts)
              for s in p.plan]
     opts.out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:

@@ -34,9 +34,12 @@ EngineKind = Literal["hetserve", "vllm"]
 (``router.dispatch.scraper``) and by vLLM's own KV events."""
 STOCK_SCHED_POLICIES = ("fcfs", "priority")
 """The schedulers of stock vLLM (its ``--scheduling-policy``)."""
+RETENTION_KEYS = ("retention_ttl_s", "retention_slack", "max_protected_programs",
+                  "max_protected_fraction", "retention_ttl_only")
+"""Engine keys of KV retention (``scheduler_patches.protected.RetentionSettings``); a
+replay's policy spec may set them per spec (``@max_protected_programs=0``)."""
 HETSERVE_ONLY_KEYS = ("telemetry_endpoint", "starvation_threshold", "quantum",
-                      "max_promotions", "mlfq_levels", "mlfq_base_quantum", "retention_ttl_s",
-                      "retention_slack", "max_protected_programs", "max_protected_fraction")
+                      "max_promotions", "mlfq_levels", "mlfq_base_quantum", *RETENTION_KEYS)
 """Keys of hetserve's engine patch, refused for a ``kind = "vllm"`` engine."""
 MAX_REPLICAS = 4096
 """Most replicas one ``[[engines]]`` entry may ask for."""
@@ -191,6 +194,9 @@ class LocalEngine(_Engine):
     """Programs whose KV cache is retained at once (0: off; default 256)."""
     max_protected_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     """Share of the KV pool retained blocks may hold (default 0.5)."""
+    retention_ttl_only: bool | None = None
+    """Baseline: retain every non-final call for the TTL, ignoring its expected return
+    (Continuum's rule; default false)."""
     max_num_batched_tokens: PositiveInt | None = None
     dtype: str | None = None
     enforce_eager: bool = False

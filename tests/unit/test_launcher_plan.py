@@ -385,7 +385,8 @@ def test_the_mixed_demo_runs_one_stock_engine(tmp_path: Path) -> None:
 
 def test_retention_keys_become_engine_flags(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, '[router]\npolicy = "round_robin"\n' + engine(
-        "p", "retention_ttl_s = 5\nmax_protected_programs = 0\n"))
+        "p", "retention_ttl_s = 5\nmax_protected_programs = 0\nretention_ttl_only = true\n"))
     argv = by_name(plan)["p-0"]
     assert flag(argv, "--retention-ttl-s") == "5.0"
     assert flag(argv, "--max-protected-programs") == "0"
+    assert "--retention-ttl-only" in argv
