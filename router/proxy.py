@@ -21,14 +21,14 @@ from aiohttp import web
 
 from router.auth import engine_key
 from router.config.cluster import RouterConfig
-from router.config.engines import EngineInstance
+from router.config.engines import EngineInstance, PriorityWire
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
 from router.request import ParsedRequest, RequestError, overloaded
 from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest
 from router.upstream import (StreamResult, StreamTimeouts, Upstream, UpstreamError,
                              completion_tokens)
-from scheduler_patches.contract import RETAIN_PREFIX, XARGS_FIELD, RetentionHint
+from scheduler_patches.contract import PRIORITY_MAX, RETAIN_PREFIX, XARGS_FIELD, RetentionHint
 
 MAX_ROUTE_ATTEMPTS = 3
 """Routing attempts per request when the chosen engine cannot be reached or fails before
@@ -120,8 +120,8 @@ class Proxy:
                        completion: _Completion) -> web.StreamResponse:
         decision = completion.decision
         inst = self.core.membership.instances.get(decision.instance)
-        priority, max_tokens = engine_settings(parsed, decision,
-                                               inst is None or inst.takes_priority)
+        priority, max_tokens = engine_settings(
+            parsed, decision, "hetserve" if inst is None else inst.priority_wire)
         body = upstream_body(parsed, decision.model, priority, max_tokens)
         path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
         headers = {"content-type": "application/json", "x-request-id": request_id}
@@ -194,16 +194,18 @@ class Proxy:
 
 
 def engine_settings(parsed: ParsedRequest, decision: Decision,
-                    takes_priority: bool = True) -> tuple[int | None, int | None]:
+                    wire: PriorityWire = "hetserve") -> tuple[int | None, int | None]:
     """(priority, max_tokens) sent to the engine: the client's priority (when allowed),
-    else its ``per_model.priority`` for the chosen model, else the policy's, and none to
-    an engine whose scheduler takes none (``takes_priority``: FCFS, which ignores it); the client's ``per_model.max_tokens`` for the chosen model
-    within the policy's clamp."""
+    else its ``per_model.priority`` for the chosen model, else the policy's, as the
+    engine's ``wire`` takes it (``router.config.engines.priority_wire``); the client's
+    ``per_model.max_tokens`` for the chosen model within the policy's clamp."""
     priority = parsed.client_priority
     if priority is None:
         priority = parsed.model_priority.get(decision.model, decision.priority)
-    if not takes_priority:
+    if wire == "none":
         priority = None
+    elif wire == "stock" and not priority:
+        priority = PRIORITY_MAX
     max_tokens = decision.max_tokens
     forced = parsed.model_max_tokens.get(decision.model)
     if forced is not None:

@@ -39,7 +39,7 @@ from kernels_bench.twin.loop import VirtualLoop
 from kernels_bench.twin.request import RequestRecord, TwinRequest
 from kernels_bench.twin.telemetry import Frame, frame
 from router.app import Front
-from router.config.engines import scheduler_takes_priority
+from router.config.engines import priority_wire
 from router.dispatch.core import RouterCore
 from router.predictors.base import PredictorSet
 from router.proxy import engine_settings, retention_for
@@ -143,8 +143,9 @@ class TwinRouter:
         res.model, res.engine = decision.model, decision.instance
         res.predicted_remaining_tokens = decision.predicted_remaining_tokens
         twin = self.sim.engines[decision.instance]
-        priority, max_tokens = engine_settings(  # an FCFS engine gets none, as live
-            parsed, decision, scheduler_takes_priority(twin.spec.sched_policy))
+        priority, max_tokens = engine_settings(  # as live
+            parsed, decision,
+            priority_wire("vllm" if twin.spec.stock else "hetserve", twin.spec.sched_policy))
         res.priority = priority
         prompt = await self._engine_prompt(parsed, routing, decision.model)
         delay = (spent if self.costs.charge_decision else 0.0) + self.costs.request_overhead_s

@@ -196,7 +196,7 @@ class ClusterConfig:
                     kv_events_endpoint=kv[i] if kv else None,
                     max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
                     remote=e.remote, api_key_env=e.api_key_env, node=e.node, kind=e.kind,
-                    takes_priority=e.takes_priority))
+                    priority_wire=e.priority_wire))
         return out
 
     def claimed_ports(self) -> set[int]:

@@ -65,11 +65,21 @@ Endpoint = Annotated[str, AfterValidator(_endpoint)]
 _ENDPOINT_KEYS = ("telemetry_endpoint", "kv_events_endpoint")
 
 
-def scheduler_takes_priority(sched_policy: str) -> bool:
-    """Whether the router sends a request's ``priority`` to an engine scheduled by
-    ``sched_policy``: every scheduler but FCFS orders by it; vLLM's FCFS ignores it, so the
-    router sends none there (live and in the twin)."""
-    return sched_policy != "fcfs"
+PriorityWire = Literal["none", "hetserve", "stock"]
+"""How the router sends a request's ``priority`` to an engine (``priority_wire``):
+``none``, not at all; ``hetserve``, as it is (``0``, no prediction, is the engine's
+``unprioritized_priority``); ``stock``, with no prediction sent as ``PRIORITY_MAX``."""
+
+
+def priority_wire(kind: EngineKind, sched_policy: str) -> PriorityWire:
+    """The ``PriorityWire`` of an engine of ``kind`` scheduled by ``sched_policy``, live and
+    in the twin. FCFS ignores priorities: none is sent. vLLM's own priority scheduler would
+    serve a call without a prediction (priority 0) first, where STJF serves it last (its
+    default ``unprioritized_priority``): the router sends it as ``PRIORITY_MAX`` there, so
+    stock and patched engines order such calls alike."""
+    if sched_policy == "fcfs":
+        return "none"
+    return "stock" if kind == "vllm" else "hetserve"
 
 
 @dataclass(frozen=True, config=STRICT, kw_only=True)
@@ -109,11 +119,11 @@ class _Engine(Verified):
     """Whether another host runs it (an entry with ``url``)."""
 
     @property
-    def takes_priority(self) -> bool:
-        """``scheduler_takes_priority`` of the engine's scheduler (stock vLLM's default is
-        FCFS, hetserve's STJF)."""
-        return scheduler_takes_priority(self.sched_policy or
-                                        ("fcfs" if self.kind == "vllm" else "stjf"))
+    def priority_wire(self) -> PriorityWire:
+        """``priority_wire`` of the engine's scheduler (stock vLLM's default is FCFS,
+        hetserve's STJF)."""
+        return priority_wire(self.kind, self.sched_policy or
+                             ("fcfs" if self.kind == "vllm" else "stjf"))
 
     @property
     def telemetry_endpoints(self) -> list[str] | None:
@@ -316,8 +326,8 @@ class EngineInstance:
     api_key_env: str | None = None
     node: str | None = None
     kind: EngineKind = "hetserve"
-    takes_priority: bool = True
-    """Whether the router sends it a request's ``priority`` (``_Engine.takes_priority``)."""
+    priority_wire: PriorityWire = "hetserve"
+    """How the router sends it a request's ``priority`` (``_Engine.priority_wire``)."""
 
 
 def decode_engine(raw: Any, index: int, base_dir: Path) -> EngineConfig:

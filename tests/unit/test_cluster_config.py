@@ -454,15 +454,15 @@ STOCK = ('[[engines]]\nname = "s"\nkind = "vllm"\nmodel = "builtin:tiny-a"\n'
 def test_a_remote_stock_engine_needs_no_telemetry(tmp_path: Path) -> None:
     (inst,) = load(tmp_path, ROUTER + STOCK).instances()
     assert (inst.kind, inst.telemetry_endpoint, inst.kv_events_endpoint) == ("vllm", None, None)
-    assert not inst.takes_priority  # vLLM's default scheduler, FCFS, ignores priorities
+    assert inst.priority_wire == "none"  # vLLM's default scheduler, FCFS, ignores priorities
     (inst,) = load(tmp_path, ROUTER + STOCK + 'sched_policy = "priority"\n'
                    'kv_events_endpoint = "ipc:///tmp/s.kv"\n').instances()
-    assert inst.takes_priority and inst.kv_events_endpoint == "ipc:///tmp/s.kv"
+    assert inst.priority_wire == "stock" and inst.kv_events_endpoint == "ipc:///tmp/s.kv"
 
 
 def test_patched_engines_take_priorities_unless_fcfs(tmp_path: Path) -> None:
     cfg = load(tmp_path, ROUTER + ENGINE_A + ENGINE_B + 'sched_policy = "fcfs"\n')
-    assert [e.takes_priority for e in cfg.engines] == [True, False]
+    assert [e.priority_wire for e in cfg.engines] == ["hetserve", "none"]
 
 
 @pytest.mark.parametrize("line, key, problem", [

@@ -39,11 +39,11 @@ def test_engine_variant_sets_the_scheduler_and_dev_mode(cfg: ClusterConfig) -> N
 
 def test_engine_variant_makes_stock_vllm_engines(cfg: ClusterConfig) -> None:
     stock = engine_variant(cfg, "vllm-priority")
-    assert [(e.kind, e.sched_policy, e.takes_priority) for e in stock] == \
-        [("vllm", "priority", True)] * 2
+    assert [(e.kind, e.sched_policy, e.priority_wire) for e in stock] == \
+        [("vllm", "priority", "stock")] * 2
     assert all(e.env["VLLM_SERVER_DEV_MODE"] == "1" for e in stock)
     fcfs = engine_variant(cfg, "vllm-fcfs")
-    assert [(e.kind, e.takes_priority) for e in fcfs] == [("vllm", False)] * 2
+    assert [(e.kind, e.priority_wire) for e in fcfs] == [("vllm", "none")] * 2
     assert [e.label for e in parse_policies(["chimera:vllm-priority"], POLICIES,
                                             [*SCHED_POLICIES, "vllm-priority"])] == \
         ["chimera:vllm-priority"]
