@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_ext.builtin_models import resolve_model
 from router.state.vllm_metrics import VllmMetrics, parse_metrics
+from scheduler_patches.contract import PRIORITY_MAX
 from tests.engine_proc import TINY_ENGINE_ARGS, free_port, kill_group, spawn, wait_healthy
 
 pytestmark = pytest.mark.engine
@@ -243,14 +244,16 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
             _until(lambda: cluster.stock_metrics().running == 1, 60)
             jobs = [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
             _until(lambda: cluster.stock_metrics().waiting == 3, 60)
-            jobs.append(pool.submit(send, "high", 0, 20))
+            jobs.append(pool.submit(send, "high", 1, 20))  # 0: none, sent last
             _until(lambda: cluster.stock_metrics()[:2] == (1, 4), 60)  # all queued, in time
             stop.set()
             holder.result()
             responses = [j.result() for j in jobs]
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
-        assert responses[-1].headers["x-hetserve-priority"] == "0"
+        assert responses[-1].headers["x-hetserve-priority"] == "1"
         assert done.index("high") < min(done.index(f"low{i}") for i in range(3)), done
+        unranked = cluster.complete("priority none", 4)  # no prediction: last, as STJF
+        assert unranked.headers["x-hetserve-priority"] == str(PRIORITY_MAX), unranked.text
     finally:
         stop.set()
         cluster.admin("patched-0", "up")
