@@ -118,19 +118,27 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(len(panels) + 1, 1, figsize=(11, 2.2 * (len(panels) + 1)),
                              sharex=True)
     processes = sorted({s["process"] for s in result["samples"]})
+    color = {p: f"C{i}" for i, p in enumerate(processes)}
     for ax, (source, key, title) in zip(axes, panels):
         for process in processes:
             pts = _series(result, process, source, key)
             if pts:
                 scale = 2**20 if key == "rss_bytes" else 1
                 ax.plot([t for t, _ in pts], [v / scale for _, v in pts], label=process,
-                        lw=1)
+                        lw=1, marker=".", ms=2, color=color[process])
         ax.set_ylabel(title, fontsize=8)
     axes[0].legend(fontsize=7, ncol=4, loc="upper left")
     ax = axes[-1]
-    ends = sorted(c["ended"] - result["t_start"] for c in result["not_ok"])
-    ax.hist(ends, bins=max(10, int(result["duration_s"] // 10)), color="tab:red")
-    ax.set_ylabel("requests not ok\n(per bin)", fontsize=8)
+    width = result["timeline_s"]
+    bins = sorted(int(k) for k in result["timeline"])
+    for outcome, color in (("ok", "tab:green"), ("refused", "tab:orange"),
+                           ("cut", "tab:red"), ("error", "tab:purple"), ("lost", "black")):
+        ax.plot([b * width for b in bins],
+                [result["timeline"][str(b)].get(outcome, 0) / width for b in bins],
+                label=outcome, color=color, lw=1)
+    ax.set_yscale("symlog")
+    ax.legend(fontsize=7, ncol=5, loc="upper left")
+    ax.set_ylabel(f"requests/s ended\n({width:g} s bins)", fontsize=8)
     ax.set_xlabel("seconds since the load started")
     colors = {"kill-engine": "black", "stop-engine": "tab:purple",
               "kill-router-worker": "tab:orange", "restart-launcher": "tab:green"}

@@ -47,6 +47,11 @@ DEFAULT_CLUSTER = ROOT / "examples" / "soak.toml"
 SCHEDULE = ("kill-engine", "stop-engine", "kill-router-worker", "restart-launcher")
 KINDS = ("chat", "stream", "program", "abandon")
 PROGRAM_STAGES = 3
+PREAMBLE = " ".join(f"Rule {i}: answer briefly and count carefully." for i in range(12))
+"""A shared system prompt of some 250 tokens: longer than a KV block, so engines publish
+KV events and the router's KV index has blocks."""
+TIMELINE_S = 10.0
+"""Width of the bins of the outcomes' timeline."""
 ROUTER_GAUGES = {
     "rss_bytes": "process_resident_memory_bytes",
     "fds": "process_open_fds",
@@ -130,7 +135,8 @@ class Clients:
         stream = kind in ("stream", "abandon")
         body: dict[str, object] = {
             "model": self.model, "max_tokens": 24, "stream": stream,
-            "messages": [{"role": "user", "content": "Count from one to twenty."}]}
+            "messages": [{"role": "system", "content": PREAMBLE},
+                         {"role": "user", "content": "Count from one to twenty."}]}
         if workflow is not None:
             body["workflow"] = workflow
         try:
@@ -363,6 +369,9 @@ class Soak:
         for f, w in zip(self.faults, windows):
             f.outcomes = {o: w[o] for o in (*OUTCOMES, "abandoned")}
         total = Counter(c.outcome for c in calls)
+        timeline: dict[int, Counter[str]] = {}
+        for c in calls:
+            timeline.setdefault(int((c.ended - t_start) // TIMELINE_S), Counter())[c.outcome] += 1
         return {"cluster": str(self.args.cluster.name), "concurrency": self.args.concurrency,
                 "duration_s": self.args.duration_s, "sample_s": self.args.sample_s,
                 "t_start": t_start, "engines": self.engines,
@@ -372,8 +381,10 @@ class Soak:
                 "steady": {o: steady[o] for o in (*OUTCOMES, "abandoned")},
                 "faults": [asdict(f) for f in self.faults],
                 "samples": self.sampler.samples, "launcher_events": self.events,
+                "timeline_s": TIMELINE_S,
+                "timeline": {str(k): dict(v) for k, v in sorted(timeline.items())},
                 "not_ok": [asdict(c) for c in calls
-                           if c.outcome not in ("ok", "abandoned")][:300]}
+                           if c.outcome not in ("ok", "abandoned", "refused")][:5000]}
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:

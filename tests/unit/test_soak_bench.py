@@ -30,7 +30,8 @@ def result() -> dict:
                 "rss_bytes": (100 + t) * 2**20, "fds": 40} for t in range(0, 600, 5)]
     return {"t_start": 100.0, "duration_s": 600.0, "concurrency": 4, "steady": outcomes,
             "outcomes": outcomes, "samples": samples,
-            "not_ok": [{"ended": 160.0}, {"ended": 170.0}],
+            "not_ok": [], "timeline_s": 10.0,
+            "timeline": {"0": {"ok": 30}, "5": {"ok": 20, "cut": 2}},
             "faults": [{"kind": "kill-router-worker", "target": "router-0", "at": 150.0,
                         "routed_around_s": None, "back_s": 8.25, "outcomes": outcomes},
                        {"kind": "stop-engine", "target": "tiny-a-1", "at": 250.0,
