@@ -289,7 +289,13 @@ class Soak:
             while time.time() + args.settle_s < t_end:
                 time.sleep(args.settle_s)
                 kind = SCHEDULE[n % len(SCHEDULE)]
-                self._inject(kind, n // len(SCHEDULE))
+                try:
+                    self._inject(kind, n // len(SCHEDULE))
+                except RuntimeError as exc:  # a target gone for good, a launcher that
+                    # exited: what was measured so far is kept, no further fault
+                    self.events.append(f"soak: {kind} stopped the schedule: {exc}"[:3000])
+                    print(self.events[-1], flush=True)
+                    break
                 n += 1
             time.sleep(max(0.0, t_end - time.time()))
         finally:
