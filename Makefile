@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup ray demo test test-unit bench-scheduler artifacts replay peers bench-front bench-faults
+.PHONY: setup ray demo test test-unit bench-scheduler artifacts replay peers bench-front bench-faults bench-soak
 
 setup:
 	@scripts/setup_venv.sh
@@ -37,6 +37,11 @@ bench-front: peers
 # Engines and the router killed and stopped under load (examples/faults.toml; ~12 min).
 bench-faults: setup
 	$(PY) -m kernels_bench faults
+
+# The fault schedule repeated for 10 minutes under load, every process sampled
+# (examples/soak.toml, two router workers; ~13 min): docs/reliability.md.
+bench-soak: setup
+	$(PY) -m kernels_bench soak --duration-s 600
 
 # Every predictor the replay's policies route on (semantic router, length forest, KNN,
 # capability), trained on the math and code traces together for the replay cluster's

@@ -29,6 +29,8 @@ COMMANDS = {
              "pass-through (one core each)",
     "faults": "engines and the router SIGKILLed and SIGSTOPped under load: requests "
               "completed, re-dispatched, failed clearly, lost",
+    "soak": "a fault schedule repeated under load for a set duration, every process sampled "
+            "(RSS, descriptors, tasks, table sizes)",
     "fuzz-telemetry": "the router's telemetry and KV-event subscribers against garbage frames "
                       "(loopback)",
     "scrape": "the router's CPU per stock vLLM engine scraped (/metrics every 100 ms), "

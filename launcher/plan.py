@@ -141,7 +141,7 @@ def engine_process(cfg: LaunchConfig, e: EngineConfig, inst: EngineInstance, run
             name=inst.name, argv=engine_argv(python, cfg, e, inst, gpu=gpu),
             env={**BASE_ENV, **env, **_key_env(cfg, e), **e.env},
             log_path=run_dir / f"{inst.name}.log", health_url=health_url, nice=e.nice,
-            placement=placement),
+            yield_nice=0 if gpu else cfg.launcher.restart_yield_nice, placement=placement),
         kind="engine", port=inst.port, devices=devices, model=e.served_model_name)
 
 

@@ -46,6 +46,10 @@ class ProcessSpec:
     """Healthy once this answers 200 (``None``: once started)."""
     nice: int = 0
     """Niceness added to the process (and so to its children)."""
+    yield_nice: int = 0
+    """Niceness added to its session's scheduling group (Linux autogroup) while another
+    process that yields restarts (``Supervisor``), so the restart is not starved by the
+    processes carrying its load; 0: it never yields."""
     placement: Any = None
     """Where a placed process runs (``launcher.backends.ray.RayPlacement``); None: here."""
 
@@ -70,6 +74,10 @@ class ProcessHandle(Protocol):
 
     def kill(self) -> None:
         """Kill whatever is left of its tree and release what it held (idempotent)."""
+
+    def renice(self, nice: int) -> bool:
+        """Set the niceness of its session's scheduling group (Linux autogroup) where the
+        backend can; whether it was set."""
 
     def tail(self, lines: int) -> str:
         """The last lines of its log."""
@@ -180,11 +188,23 @@ def _preexec(parent: int, nice: int) -> Callable[[], None]:
                 os._exit(1)
         if nice:
             os.nice(nice)
-            with contextlib.suppress(OSError):  # the session's scheduling group (Linux
-                with open("/proc/self/autogroup", "w") as f:  # autogroup): without it,
-                    f.write(str(nice))  # other sessions never see this niceness
+            # the session's scheduling group (Linux autogroup): without it, other
+            # sessions never see this niceness
+            set_session_nice("self", nice)
 
     return preexec
+
+
+def set_session_nice(pid: int | str, nice: int) -> bool:
+    """Set the niceness of the Linux autogroup of ``pid``'s session (``self``: this
+    process's); whether it was set (no autogroup, a process gone, or the kernel's limit of
+    ten changes a second for unprivileged callers: not)."""
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        return False
+    return True
 
 
 def marked(run_dir: Path) -> list[psutil.Process]:

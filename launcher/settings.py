@@ -46,6 +46,10 @@ class LauncherConfig:
     """Failed health checks in a row after which a process is wedged: killed, restarted."""
     stable_s: Positive = 600.0
     """A process up this long gets its restart budget and backoff back."""
+    restart_yield_nice: Annotated[int, Field(ge=0, le=19)] = 10
+    """Engines on CPU cores: while one restarts, the niceness added to the others that are
+    up (their session's Linux autogroup), so the engines carrying the load do not starve
+    the restart; 0: off."""
 
 
 @dataclass(frozen=True, config=STRICT)

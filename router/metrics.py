@@ -8,10 +8,12 @@ collector, so there is one source of truth for each number.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCollector,
+                               generate_latest)
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 from prometheus_client.registry import Collector
@@ -46,6 +48,14 @@ def _histogram(name: str, doc: str, labels: list[str], values: list[str],
     return family
 
 
+def _tasks() -> int:
+    """Tasks of the running event loop (scrapes run on it); 0 off the loop."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
+
+
 class _CoreCollector(Collector):
     """The core's engine table and counters, read at scrape time."""
 
@@ -73,6 +83,15 @@ class _CoreCollector(Collector):
         yield GaugeMetricFamily("hetserve_programs", "workflow programs in the program "
                                 "table (running, or waiting for their next stage)",
                                 value=len(self._core.state.programs))
+        yield GaugeMetricFamily("hetserve_inflight_ledger_entries", "requests in the "
+                                "router's in-flight ledger (every engine)",
+                                value=len(self._core.state.ledger))
+        yield GaugeMetricFamily("hetserve_open_requests", "requests the router has open on "
+                                "engines (every engine)",
+                                value=sum(self._core.state.open_requests.values()))
+        yield GaugeMetricFamily("hetserve_asyncio_tasks", "asyncio tasks of the router's "
+                                "event loop (0 when scraped off the loop)",
+                                value=_tasks())
         peers = self._core.membership.peers
         if peers is not None:
             events = CounterMetricFamily("hetserve_peer_events", "program-table and engine-"
@@ -176,6 +195,7 @@ class RouterMetrics:
             "hetserve_untrusted_fields_ignored", "ranking fields (workflow position, "
             "client priority) an untrusted API key sent, dropped", ["field"], registry=reg)
         reg.register(_CoreCollector(core, policy))
+        ProcessCollector(registry=reg)  # process_resident_memory_bytes, _open_fds, ...
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

@@ -41,10 +41,17 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """What a name (of an engine, a Ray namespace) may be."""
 
 
+MAX_NAME_CHARS = 256
+"""Longest name: what router workers' messages to each other carry
+(``router.dispatch.peers``)."""
+
+
 def _name(value: str) -> str:
     if NAME_PATTERN.match(value) is None:
         raise ValueError(f"{value[:80]!r}: use letters, digits, '_', '.' and '-', starting "
                          "with a letter or digit")
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"{value[:80]!r}...: at most {MAX_NAME_CHARS} characters")
     return value
 
 

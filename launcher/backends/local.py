@@ -22,7 +22,7 @@ from launcher.devices import Devices, format_ids
 from launcher.plan import Plan, PortPlan, ProcessPlan, engine_process, ipc_endpoint, one
 from launcher.ports import PortFree, free_port, port_is_free
 from launcher.process import (MARKER_ENV, ProcessHandle, ProcessSpec, ProcessTree,
-                              describe_exit, spawn, tail_file)
+                              describe_exit, set_session_nice, spawn, tail_file)
 from launcher.settings import EngineCluster, LaunchConfig, parse_launch_config
 from router.config.engines import EngineConfig
 
@@ -60,6 +60,9 @@ class LocalProcess:
     def kill(self) -> None:
         self.tree.kill()
         self.tree.reap()
+
+    def renice(self, nice: int) -> bool:
+        return set_session_nice(self.pid, nice)
 
     def tail(self, lines: int) -> str:
         return tail_file(self.log_path, lines)

@@ -232,6 +232,11 @@ class RayProcess:
     def tail(self, lines: int) -> str:
         return str(self._call("tail", "(its node is unreachable: no log)", lines))
 
+    def renice(self, nice: int) -> bool:
+        """Not done (False): Ray places an engine on its node's resources, not on cores it shares
+        with a restart (``yield_nice`` is for engines on this machine's cores)."""
+        return False
+
 
 class RayBackend(Backend):
     """The launcher's connection to a Ray cluster: places replicas, removes them."""

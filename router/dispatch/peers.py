@@ -34,6 +34,7 @@ import zmq.asyncio
 
 from router.config.engines import MAX_NODE_CHARS
 from router.request import MAX_LABEL_CHARS
+from router.settings import MAX_NAME_CHARS
 
 MAX_PEER_MESSAGE_BYTES = 64 << 10
 """Largest message a worker takes from a peer (an event is a few hundred bytes)."""
@@ -41,9 +42,11 @@ MAX_URL_CHARS = 1024
 """Longest engine URL a ``Moved`` event carries."""
 MAX_ENTRY_CHARS = 16384
 """Longest engine entry (JSON) an ``Added`` event carries."""
+MAX_REASON_CHARS = 1024
+"""Longest reason a ``Marked`` event carries (the admin API refuses longer ones)."""
 
 _Label = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_CHARS)]
-_Name = Annotated[str, msgspec.Meta(max_length=256)]
+_Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 
 
 class Routed(msgspec.Struct, tag="routed", array_like=True, frozen=True):
@@ -66,7 +69,7 @@ class Marked(msgspec.Struct, tag="marked", array_like=True, frozen=True):
 
     instance: _Name
     up: bool
-    reason: Annotated[str, msgspec.Meta(max_length=1024)]
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)]
 
 
 class Moved(msgspec.Struct, tag="moved", array_like=True, frozen=True):

@@ -13,6 +13,7 @@ from router.auth import Keys, engine_key
 from router.config.addresses import is_loopback
 from router.config.cluster import RouterConfig
 from router.dispatch.core import RouterCore
+from router.dispatch.peers import MAX_REASON_CHARS
 from router.proxy import Proxy
 from router.request import RequestError
 from router.routes.http import error_response, json_response, read_body
@@ -64,6 +65,9 @@ class AdminRoutes:
             return json_response({"instance": name, "url": self.core.state.table[name].url,
                                   "node": membership.nodes.get(name)})
         reason = request.query.get("reason", "admin")
+        if len(reason) > MAX_REASON_CHARS:  # the other workers could not take it
+            return error_response(RequestError(
+                400, f"reason: at most {MAX_REASON_CHARS} characters", param="reason"))
         membership.admin_mark(name, state == "up", reason)
         return json_response({"instance": name, "up": state == "up", "reason": reason})
 

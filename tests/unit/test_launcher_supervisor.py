@@ -25,7 +25,7 @@ from launcher.process import ProcessSpec
 from launcher.supervisor import Event, Managed, State, Supervisor
 
 STAND_IN = r'''
-import http.server, subprocess, sys
+import http.server, os, subprocess, sys
 port, mode = int(sys.argv[1]), sys.argv[2]
 print("stand-in starting", mode, flush=True)
 if mode == "crash":
@@ -36,7 +36,8 @@ subprocess.Popen([sys.executable, "-c",
                   "time.sleep(600)"], env={} if mode == "bare" else None)
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" and mode in ("ok", "bare") else 503)
+        healthy = mode in ("ok", "bare") or mode.startswith("gate=") and os.path.exists(mode[5:])
+        self.send_response(200 if self.path == "/health" and healthy else 503)
         self.end_headers()
     def log_message(self, *args):
         pass
@@ -229,3 +230,35 @@ def test_nice_lowers_the_priority_of_the_process_and_its_children(sup: Superviso
     group = Path(f"/proc/{m.pid}/autogroup")
     if group.exists():  # Linux autogroup: the niceness must reach the session's group too
         assert group.read_text().split()[-1] == "5"
+
+
+def test_engines_yield_the_cpu_to_a_restarting_one(tmp_path: Path) -> None:
+    """While one process that yields restarts, the others that yield and are up get their
+    ``yield_nice`` in their session's scheduling group, and their own niceness back once
+    it is up (issue 35: a restarting engine starved by the one carrying the load)."""
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("no Linux autogroup here")
+    gate = tmp_path / "healthy"
+    gate.touch()
+    sup = Supervisor(tmp_path, health_timeout_s=60, max_restarts=1, backoff_s=0.1,
+                     backoff_max_s=0.1)
+    try:
+        restarting, serving, router = (
+            sup.start(dataclasses.replace(spec(tmp_path, f"gate={gate}", name), yield_nice=y))
+            for name, y in (("a", 7), ("b", 7), ("router", 0)))
+
+        def nice(m: Managed) -> str:
+            return Path(f"/proc/{m.pid}/autogroup").read_text().split()[-1]
+
+        run_until(sup, lambda ev: all(m.state is State.UP for m in sup.procs))
+        assert [nice(m) for m in sup.procs] == ["0", "0", "0"]
+        gate.unlink()  # the restart stays unhealthy until the test lets it up
+        os.kill(restarting.pid, signal.SIGKILL)
+        run_until(sup, lambda ev: restarting.state is State.STARTING
+                  and restarting.restarts == 1)
+        assert (nice(restarting), nice(serving), nice(router)) == ("0", "7", "0")
+        gate.touch()
+        run_until(sup, lambda ev: restarting.state is State.UP)
+        assert [nice(m) for m in sup.procs] == ["0", "0", "0"]
+    finally:
+        sup.stop_all(grace_s=1)
