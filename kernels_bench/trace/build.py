@@ -225,6 +225,7 @@ def build(cluster: Path, s: Settings, out: Path, models: list[str] | None, workf
               file=sys.stderr, flush=True)
         if not todo:
             continue
-        with engine_session(cfg, name) as eng, TraceWriter(out) as writer:
+        seeded = any(k is not None for _, _, k in todo)
+        with engine_session(cfg, name, seeded) as eng, TraceWriter(out) as writer:
             asyncio.run(run_model(eng.base_url, eng.served_model_name, todo, s, writer))
     print(f"[trace] done: {out}", file=sys.stderr, flush=True)

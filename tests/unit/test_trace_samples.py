@@ -174,3 +174,21 @@ def test_shipped_traces_have_no_samples_and_describe_as_their_datasheet_says() -
             for m, mr in run.models.items():
                 assert run.p_correct(m) == float(mr.correct)
                 assert run.expected_score(m) == mr.score
+
+
+def test_seeded_sampling_engines_prefill_unchunked(tmp_path: Path) -> None:
+    from kernels_bench.trace.engines import UNCHUNKED, unchunked
+    from launcher.settings import load_launch_config
+
+    engine = ('[[engines]]\nname = "{name}"\nmodel = "builtin:tiny-a"\ndtype = "float32"\n'
+              'max_num_seqs = 4\n')
+    (tmp_path / "c.toml").write_text(
+        '[router]\npolicy = "round_robin"\n\n' + engine.format(name="a")
+        + "max_model_len = 2048\n\n" + engine.format(name="b"))
+    cfg = load_launch_config(tmp_path / "c.toml")
+    a = unchunked(cfg, "a").engine("a")
+    assert a.extra_args == [UNCHUNKED] and a.max_num_batched_tokens == 2048
+    assert unchunked(unchunked(cfg, "a"), "a").engine("a") == a  # once
+    assert unchunked(cfg, "a").engine("b") == cfg.engine("b")
+    with pytest.raises(SystemExit, match="needs `max_model_len` set"):
+        unchunked(cfg, "b")
