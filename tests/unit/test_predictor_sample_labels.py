@@ -87,3 +87,21 @@ def test_capability_fits_p_correct_as_a_soft_label() -> None:
     model = CapabilityModel.train(table, CapabilitySettings(c=1e4))
     q = model.arrays([_features("code"), _features("math")])
     assert q == pytest.approx(np.array([[0.2, 0.9], [0.7, 0.4]]), abs=0.01)
+
+
+def _quality_study():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "quality_study", ROOT / "scripts" / "quality_study.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quality_study_signals_on_the_shipped_traces_are_the_committed_ones() -> None:
+    study = _quality_study()
+    committed = json.loads((ROOT / "docs/predictors/quality/study.json").read_text())
+    assert study.workflow_signals(study.TRACES, 1000) == committed["workflow_signals"]
