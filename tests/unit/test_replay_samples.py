@@ -97,3 +97,22 @@ def test_run_metrics_have_the_expected_score_only_with_samples(tmp_path: Path) -
         assert ("expected_score" in s) is has
         if has:
             assert s["expected_score"] == pytest.approx(2 / 3)  # large: k % 3 != 2
+
+
+def test_make_jobs_replays_one_sample_per_model_the_same_at_every_rate(tmp_path: Path
+                                                                       ) -> None:
+    from kernels_bench.replay.run import ReplayOptions, make_jobs
+
+    opts = ReplayOptions(
+        policies=[], rates=[1.0, 2.0], arrival="poisson", cv=1.0, workflows=12, seed=0,
+        model_map=MAP, max_attempts=1, run_attempts=1, priors_from_trace=False,
+        baseline="vllm:fcfs", repeats=1, problems="all", artifacts=[], out=tmp_path / "out",
+        run_dir=tmp_path / "run")
+    for samples in (0, K):
+        jobs = make_jobs(tiny_trace(tmp_path / str(samples), samples=samples),
+                         ["small", "large"], opts)
+        drawn = [[(j.job_id, j.run.models["small"].sample, j.run.models["large"].sample)
+                  for j in jobs[rate]] for rate in opts.rates]
+        assert drawn[0] == drawn[1]
+        assert all((s is None) == (samples == 0) and (g is None) == (samples == 0)
+                   for _, s, g in drawn[0])
