@@ -6,11 +6,19 @@ several gzip members back to back, as the builder appends them). Line 1 is a
 one problem. :func:`load_trace` validates every line (an error names the file, the line,
 the unit's key and the bad field) and groups units into :class:`WorkflowRun` objects, one
 per (problem, workflow), holding each model's :class:`ModelRun`. See docs/traces.md.
+
+A unit is a model's greedy run (``sample`` absent: temperature 0, what every trace holds)
+or one of its sampled runs (``sample`` = k >= 0, with the header's ``settings["sampling"]``
+and its own ``seed``). A (problem, workflow, model) may have both: the greedy run is
+``WorkflowRun.models[model]``, the samples ``WorkflowRun.samples[model]``, and a quality
+label is P(correct), the mean over the samples where there are any
+(``WorkflowRun.p_correct``). Files without samples read exactly as before.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import os
 import zlib
@@ -60,11 +68,12 @@ class Stage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaul
     work), where the trace records it; None: not recorded (the shipped traces)."""
 
 
-class Unit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="unit", tag_field="kind"):
+class Unit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True,
+           tag="unit", tag_field="kind"):
     """One model's run of one workflow on one problem: the builder's unit of work."""
 
     key: Name
-    """``<problem_id>|<workflow>|<model>``: unique in a trace."""
+    """``<problem_id>|<workflow>|<model>`` (greedy) or ``...|<model>|<sample>``: unique."""
     problem_id: Name
     workflow: Name
     model: Name
@@ -82,6 +91,10 @@ class Unit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="unit", 
     latency_s: NonNegF
     detail: str = ""
     """Why it was judged so (extraction method, sandbox outcome)."""
+    sample: NonNeg | None = None
+    """None (absent from the file): the greedy run; k: the k-th sampled run."""
+    seed: NonNeg | None = None
+    """A sampled run's seed (``sample_seed``); stage i sends ``stage_seed(seed, i)``."""
 
 
 class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="header",
@@ -113,6 +126,8 @@ class ModelRun(msgspec.Struct, frozen=True):
     total_output_tokens: int
     latency_s: float
     detail: str
+    sample: int | None = None
+    """None: the greedy run; k: the k-th sampled run."""
 
     def remaining_output_tokens(self, stage: int) -> int:
         """Output tokens of stages ``stage`` and later (the length predictor's target)."""
@@ -128,6 +143,24 @@ class WorkflowRun(msgspec.Struct, frozen=True):
     user_prompt: str
     reference: str
     models: dict[str, ModelRun]
+    """Each model's greedy run."""
+    samples: dict[str, list[ModelRun]] = msgspec.field(default_factory=dict)
+    """Each model's sampled runs, by sample index (absent: none recorded)."""
+
+    def outcomes(self, model: str) -> list[ModelRun]:
+        """What a quality label averages: ``model``'s sampled runs where it has any, else
+        its greedy run; KeyError when it has neither."""
+        return self.samples.get(model) or [self.models[model]]
+
+    def p_correct(self, model: str) -> float:
+        """P(correct) of ``model`` here: the share of its ``outcomes`` that are correct."""
+        runs = self.outcomes(model)
+        return sum(r.correct for r in runs) / len(runs)
+
+    def expected_score(self, model: str) -> float:
+        """The mean score of ``model``'s ``outcomes``."""
+        runs = self.outcomes(model)
+        return sum(r.score for r in runs) / len(runs)
 
 
 class Trace(msgspec.Struct, frozen=True):
@@ -138,8 +171,13 @@ class Trace(msgspec.Struct, frozen=True):
 
     @property
     def models(self) -> list[str]:
-        """Every model that appears, sorted."""
-        return sorted({m for r in self.runs for m in r.models})
+        """Every model that appears (greedy or sampled), sorted."""
+        return sorted({m for r in self.runs for m in (*r.models, *r.samples)})
+
+    @property
+    def has_samples(self) -> bool:
+        """Whether any unit is a sampled run."""
+        return any(r.samples for r in self.runs)
 
     def complete_runs(self, models: Iterable[str] | None = None) -> list[WorkflowRun]:
         """The runs that every one of ``models`` (default: all) has finished."""
@@ -152,15 +190,36 @@ _decoder = msgspec.json.Decoder(Record)
 _encoder = msgspec.json.Encoder()
 
 
-def unit_key(problem_id: str, workflow: str, model: str) -> str:
-    """The key of one unit."""
-    return f"{problem_id}|{workflow}|{model}"
+def unit_key(problem_id: str, workflow: str, model: str, sample: int | None = None) -> str:
+    """The key of one unit: its greedy run (``sample`` None) or its k-th sampled run."""
+    key = f"{problem_id}|{workflow}|{model}"
+    return key if sample is None else f"{key}|{sample}"
+
+
+SEED_RANGE: Final = 2**31
+"""Seeds sent to the engine lie in [0, 2**31)."""
+
+
+def sample_seed(seed: int, problem_id: str, workflow: str, model: str, sample: int) -> int:
+    """The seed of one sampled run: the first 31 bits of sha256 over the build's ``seed``,
+    the problem, the workflow, the model and the sample index (distinct per run, the same
+    in every process)."""
+    digest = hashlib.sha256(f"{seed}|{problem_id}|{workflow}|{model}|{sample}".encode())
+    return int.from_bytes(digest.digest()[:4], "big") % SEED_RANGE
+
+
+def stage_seed(run_seed: int, stage: int) -> int:
+    """The seed a sampled run's stage ``stage`` sends: ``(run_seed + stage) mod 2**31``."""
+    return (run_seed + stage) % SEED_RANGE
 
 
 def check_unit(u: Unit, workflows: dict[str, list[str]]) -> None:
     """Cross-field checks msgspec cannot express; raise ValueError naming the field."""
-    if u.key != unit_key(u.problem_id, u.workflow, u.model):
-        raise ValueError(f"`key` {u.key!r} is not problem_id|workflow|model")
+    if u.key != unit_key(u.problem_id, u.workflow, u.model, u.sample):
+        raise ValueError(f"`key` {u.key!r} is not problem_id|workflow|model"
+                         + ("" if u.sample is None else "|sample"))
+    if (u.sample is None) != (u.seed is None):
+        raise ValueError("`seed` is set exactly when `sample` is (a sampled run's seed)")
     if u.workflow not in workflows:
         raise ValueError(f"`workflow` {u.workflow!r} is not in the header's workflows "
                          f"{sorted(workflows)}")
@@ -243,8 +302,15 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         elif (u.user_prompt, u.reference) != (run.user_prompt, run.reference):
             raise TraceFormatError(f"{path} (unit {u.key}): user_prompt or reference differs "
                                    f"from another model's run of the same problem")
-        run.models[u.model] = ModelRun(u.model, u.stages, u.final_answer, u.correct, u.score,
-                                       u.total_output_tokens, u.latency_s, u.detail)
+        mr = ModelRun(u.model, u.stages, u.final_answer, u.correct, u.score,
+                      u.total_output_tokens, u.latency_s, u.detail, u.sample)
+        if u.sample is None:
+            run.models[u.model] = mr
+        else:
+            run.samples.setdefault(u.model, []).append(mr)
+    for run in runs.values():
+        for mine in run.samples.values():
+            mine.sort(key=lambda r: r.sample or 0)
     return Trace(header, list(runs.values()))
 
 

@@ -1,9 +1,12 @@
 """Quality predictors judged as routers, cross-fitted (issue 30 items 1, 3 and 4).
 
-    python scripts/quality_study.py [--repeats 3] [--boot 1000] [--out DIR]
+    python scripts/quality_study.py [--repeats 3] [--boot 1000] [--trace FILE ...] [--out DIR]
 
-Rows: the first stage of every (problem, workflow) of the shipped math and code traces,
-labelled by whether the 0.5B and the 1.5B Qwen run of that workflow was right. Every
+Rows: the first stage of every (problem, workflow) of the shipped math and code traces
+(``--trace``), labelled by whether the 0.5B and the 1.5B Qwen run of that workflow was
+right: P(correct), the share of right sampled runs, where the trace has samples of it
+(docs/traces.md), else the greedy run's 1 / 0. Candidates train on these labels and the
+routing metric scores every choice (predicted, random, oracle) on them. Every
 number is on held-out problems: the five folds of the artifacts (``Split.fold(0, k, 5)``)
 each train on four fifths of the problems and predict the fifth; the held-out predictions
 of the five folds are pooled and judged by ``routing_gain_report`` (score against share of
@@ -48,7 +51,7 @@ from router.predictors.records import Split, seeded_uniform
 from router.predictors.semantic import SemanticRouter, SemanticSettings
 from router.predictors.sources import load_records, parse_model_map, serve_as
 from router.predictors.table import PromptTable, prompt_table
-from router.trace_format import read_records
+from router.trace_format import load_trace
 
 TRACES = ["data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz"]
 MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
@@ -62,9 +65,11 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 @dataclass(frozen=True)
 class Data:
-    """The rows: labels (n, 2) [small, big], problems, workflows, texts, features."""
+    """The rows: labels (n, 2) [small, big] (P(correct) where sampled), the greedy runs'
+    outcomes, problems, workflows, texts, features."""
 
     labels: np.ndarray
+    correct: np.ndarray
     problems: np.ndarray
     workflows: np.ndarray
     texts: list[str]
@@ -84,10 +89,10 @@ def difficulty(text: str) -> list[float]:
             text.count(".") + text.count("?"), text.count("\n"), len(set(text.split()))]
 
 
-def load(progress: bool) -> Data:
-    records = serve_as(load_records(TRACES), parse_model_map([MODEL_MAP]))
+def load(traces: Sequence[str], progress: bool) -> Data:
+    records = serve_as(load_records(traces), parse_model_map([MODEL_MAP]))
     table = prompt_table(records, [SMALL, BIG], True)
-    keep = ~np.isnan(table.correct).any(axis=1)
+    keep = ~np.isnan(table.label).any(axis=1)
     feats = [f for f, k in zip(table.features, keep) if k]
     texts = [f.user_text for f in feats]
     workflows = np.array([f.workflow for f in feats])
@@ -100,7 +105,8 @@ def load(progress: bool) -> Data:
         print(f"embeddings: {time.monotonic() - t0:.0f} s", flush=True)
     diff = np.array([difficulty(t) for t in texts], np.float32)
     diff = (diff - diff.mean(0)) / np.maximum(diff.std(0), 1e-9)
-    return Data(table.correct[keep], np.array([p for p, k in zip(table.problems, keep) if k]),
+    return Data(table.label[keep], table.correct[keep],
+                np.array([p for p, k in zip(table.problems, keep) if k]),
                 workflows, texts,
                 {"workflow": onehot, "static": static, "minilm": minilm, "difficulty": diff},
                 feats)
@@ -173,7 +179,7 @@ def semantic(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
     """Today's default: the static MiniLM table fine-tuned under a linear head, on the
     problem text alone (``SemanticRouter``)."""
     table = PromptTable([d.table_rows[i] for i in tr], list(d.problems[tr]), [SMALL, BIG],
-                        d.labels[tr], np.zeros_like(d.labels[tr]))
+                        d.correct[tr], np.zeros_like(d.labels[tr]), d.labels[tr])
     router = SemanticRouter.train(table, SemanticSettings(), progress=False)
     q = router.predict([d.table_rows[i] for i in te])
     return np.array([r[BIG] - r[SMALL] for r in q])
@@ -214,22 +220,22 @@ def subset(d: Data, rows: np.ndarray, fraction: float, repeat: int) -> np.ndarra
     return rows[np.isin(d.problems[rows], list(keep))]
 
 
-def workflow_signals(boot: int) -> dict:
-    """APGR of the escalation signals on the math rows (see the module docstring)."""
-    units = {}
-    for path in TRACES:
-        _, rows = read_records(path)
-        units.update({(u.problem_id, u.workflow, u.model): u for u in rows})
+def workflow_signals(traces: Sequence[str], boot: int) -> dict:
+    """APGR of the escalation signals on the math rows (see the module docstring): the
+    signals read the small model's greedy runs; labels as the candidates' (P(correct)
+    where sampled)."""
     small, big = (dict(parse_model_map([MODEL_MAP]))[m] for m in (SMALL, BIG))
-    keys = sorted(k[:2] for k in units if k[2] == small and k[1] in TRACE_MATH)
-    labels = np.array([[float(units[(*k, m)].correct) for m in (small, big)] for k in keys])
+    runs = {(r.problem_id, r.workflow): r for path in traces
+            for r in load_trace(path).complete_runs([small, big])}
+    keys = sorted(k for k in runs if k[1] in TRACE_MATH)
+    labels = np.array([[runs[k].p_correct(m) for m in (small, big)] for k in keys])
     agree, verdict = [], []
     for p, w in keys:
-        mine = (units[(p, w, small)].final_answer or "").strip()
-        others = [(units[(p, v, small)].final_answer or "").strip() for v in TRACE_MATH
-                  if v != w]
+        mine = (runs[p, w].models[small].final_answer or "").strip()
+        others = [(runs[p, v].models[small].final_answer or "").strip() for v in TRACE_MATH
+                  if v != w and (p, v) in runs]
         agree.append(np.mean([mine == o for o in others]))
-        check = [st.output_text.lower() for st in units[(p, w, small)].stages
+        check = [st.output_text.lower() for st in runs[p, w].models[small].stages
                  if st.role == "verifier"]
         verdict.append(float(bool(check and re.search(r"incorrect|not correct|wrong",
                                                         check[0]))))
@@ -266,9 +272,11 @@ def main() -> None:
                    help="the candidates to run (default: all)")
     p.add_argument("--boot", type=positive, default=1000,
                    help="bootstrap draws of problems (default 1000)")
+    p.add_argument("--trace", nargs="+", default=TRACES,
+                   help="trace files (default: the shipped math and code traces)")
     p.add_argument("--out", type=Path, default=Path("docs/predictors/quality"))
     args = p.parse_args()
-    d = load(progress=True)
+    d = load(args.trace, progress=True)
     n = len(d.labels)
     fold = np.array([fold_of(pr, 0, FOLDS) for pr in d.problems])
     result: dict = {"rows": n, "problems": len(set(d.problems)),
@@ -324,7 +332,7 @@ def main() -> None:
                 print(f"curve {name} [{label}] {f:.2f} #{r}: APGR "
                       f"{rep['apgr']['value']:.3f}", flush=True)
         result["curve"][name] = {"setting": label, "points": curve}
-    result["workflow_signals"] = workflow_signals(args.boot)
+    result["workflow_signals"] = workflow_signals(args.trace, args.boot)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "study.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "learning-curve.png")

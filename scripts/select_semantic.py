@@ -48,7 +48,7 @@ def main() -> None:
             router = SemanticRouter.train(prompt_table(train, models, True), settings,
                                           progress=False)
             q = np.array([[row[m] for m in models] for row in router.predict(table.features)])
-            r = confidence_report(q, table.correct, models, seed, table.problems)
+            r = confidence_report(q, table.correct, models, seed, table.problems, table.label)
             scores.append((r["macro_map"], r["macro_auc"], r["routing_gain"]["apgr"]["value"]))
         mean = np.mean(scores, axis=0)
         rows.append({**dict(zip(GRID, values)), "map": mean[0], "auc": mean[1],

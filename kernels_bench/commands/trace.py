@@ -33,13 +33,24 @@ def build(argv: list[str]) -> None:
     ap.add_argument("--max-tokens", type=int, default=512, help="output cap per stage")
     ap.add_argument("--concurrency", type=int, default=32, help="workflow runs in flight")
     ap.add_argument("--code-timeout", type=float, default=10.0, help="seconds per test run")
+    ap.add_argument("--samples", type=int, default=0,
+                    help="sampled runs per (problem, workflow, model), beside the greedy run "
+                         "(default 0; a larger K later runs only the new ones)")
+    ap.add_argument("--temperature", type=float, default=0.7,
+                    help="the sampled runs' temperature (default 0.7)")
+    ap.add_argument("--top-p", type=float, default=0.95,
+                    help="the sampled runs' top_p (default 0.95)")
     args = ap.parse_args(argv)
+    if args.samples < 0:
+        ap.error("--samples must be >= 0")
+    if not (args.temperature > 0 and 0 < args.top_p <= 1):
+        ap.error("--temperature must be > 0 and --top-p in (0, 1]")
     workflows = args.workflows or list(WORKFLOWS[args.suite])
     bad = sorted(set(workflows) - set(WORKFLOWS[args.suite]))
     if bad:
         ap.error(f"--workflows: {bad} not in {args.suite}'s {list(WORKFLOWS[args.suite])}")
     s = Settings(args.suite, args.problems, args.seed, args.max_tokens, args.concurrency,
-                 args.code_timeout)
+                 args.code_timeout, args.samples, args.temperature, args.top_p)
     command = shlex.join(["python", "-m", "kernels_bench", "trace", "build", *argv])
     build_trace(args.cluster, s, args.out, args.models, workflows, command)
 
@@ -127,8 +138,10 @@ def validate(argv: list[str]) -> None:
             failed = True
             continue
         units = sum(len(r.models) for r in t.runs)
-        print(f"ok {f}: suite {t.header.suite}, {len(t.runs)} workflow runs, {units} units, "
-              f"models {', '.join(t.models)}")
+        sampled = sum(len(v) for r in t.runs for v in r.samples.values())
+        print(f"ok {f}: suite {t.header.suite}, {len(t.runs)} workflow runs, {units} units"
+              + (f" and {sampled} sampled runs" if sampled else "")
+              + f", models {', '.join(t.models)}")
     if failed:
         sys.exit(1)
 

@@ -33,8 +33,9 @@ from tqdm import tqdm
 
 from kernels_bench.replay.gaps import ToolGaps
 from kernels_bench.replay.records import RequestRecord, WorkflowRecord
-from kernels_bench.replay.workload import (Job, context_messages, forced_tokens, outcome,
-                                           per_model, remaining_tokens)
+from kernels_bench.replay.workload import (Job, context_messages, expected_score,
+                                           forced_tokens, outcome, per_model,
+                                           remaining_tokens)
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class AgenticClient:
                     await asyncio.sleep(rec.tool_gap_s)
             wf.final_models.append(tried[-1][-1])
             wf.correct, wf.score = outcome(run, served[-1])
+            wf.expected_score = expected_score(run, served[-1])
             if wf.correct:
                 wf.ttca_s = wf.end_s - wf.arrival_s
             if not should_retry(wf.correct, attempt, self.settings.max_attempts):

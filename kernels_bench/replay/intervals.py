@@ -59,6 +59,9 @@ class Metric:
     stat: Stat = mean
     difference: bool = False
     """Compared as a difference (scores) rather than a ratio (latencies)."""
+    optional: bool = False
+    """Left out of a summary in which no workflow has a value (expected score: only a
+    trace with samples has one)."""
 
 
 METRICS = (
@@ -66,8 +69,19 @@ METRICS = (
     Metric("e2e_s.p95", "E2E p95 (s)", e2e, p95),
     Metric("e2e_per_token_s.mean", "E2E/token (s)", e2e_per_token),
     Metric("score", "score (points)", lambda w: 100.0 * w.score, difference=True),
+    Metric("expected_score", "expected score (points)",
+           lambda w: None if w.expected_score is None else 100.0 * w.expected_score,
+           difference=True, optional=True),
 )
-"""The formulas are ``metrics``'; scores in points (100 x the trace's score)."""
+"""The formulas are ``metrics``'; scores in points (100 x the trace's score; expected:
+the final model's mean over its sampled runs, the same decisions with less variance)."""
+
+
+def metrics_of(records: Iterable[WorkflowRecord]) -> list[Metric]:
+    """``METRICS`` less the optional ones no record has a value of."""
+    rows = list(records)
+    return [m for m in METRICS
+            if not m.optional or any(m.value(w) is not None for w in rows)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +196,7 @@ def summarize(workflows: Sequence[Mapping[str, Any]], baseline: str,
             (w.get("repeat", 0), from_row(WorkflowRecord, w)))
         folds[w["job_id"]] = w.get("fold", 0)
     policies = list(dict.fromkeys(p for p, _ in runs))
+    metrics = metrics_of(w for pairs in runs.values() for _, w in pairs)
     values, comparisons = [], []
     for rate in sorted({r for _, r in runs}):
         here = [p for p in policies if (p, rate) in runs]
@@ -189,15 +204,15 @@ def summarize(workflows: Sequence[Mapping[str, Any]], baseline: str,
         jobs = sorted({w.job_id for p in here for _, w in runs[p, rate]})
         fold_of = strata(folds, jobs)
         x = {(p, m.key): matrix(runs[p, rate], m, repeats, jobs) for p in here
-             for m in METRICS}
+             for m in metrics}
         for p in here:
             row: dict[str, Any] = {"policy": p, "rate": rate, "repeats": len(repeats)}
-            for m in METRICS:
+            for m in metrics:
                 row[m.key] = _json(interval(x[p, m.key], m.stat, seed, fold_of))
             values.append(row)
         for a, b in pairs_to_compare(here, baseline, named):
             row = {"policy": a, "against": b, "rate": rate}
-            for m in METRICS:
+            for m in metrics:
                 c = compare(x[a, m.key], x[b, m.key], m.stat, m.difference, seed, fold_of)
                 row[m.key] = None if c is None else {
                     **_json(c), "verdict": verdict(c, m.difference)}

@@ -10,6 +10,8 @@ Per workflow (errors excluded from every latency and quality metric, and counted
 Per run:
   makespan      = last end - first arrival
   score         = mean of the workflows' trace scores; accuracy = share correct
+  expected score = mean of the workflows' expected scores (the final model's mean over
+                  its sampled runs; only for a trace with samples)
   solved        = share of workflows with a correct attempt (TTCA defined)
   throughput    = output tokens / makespan
   traffic share = per served model: its share of calls and of output tokens
@@ -97,6 +99,7 @@ def summarize(requests: Sequence[RequestRecord], workflows: Sequence[WorkflowRec
     calls = [r for r in requests if r.error is None and r.job_id in ok_ids]
     span = makespan(ok)
     out_tokens = sum(w.output_tokens for w in ok)
+    expected = _present(w.expected_score for w in ok)
     return {
         "workflows": len(workflows),
         "errors": len(workflows) - len(ok),
@@ -117,7 +120,7 @@ def summarize(requests: Sequence[RequestRecord], workflows: Sequence[WorkflowRec
         "kv_hit_rate": hit_rate(engines),
         "preemptions": int(engines.preemptions),
         "prompt_token_ratio": _prompt_ratio(calls),
-    }
+    } | ({"expected_score": float(np.mean(expected))} if expected else {})
 
 
 def _prompt_ratio(calls: Sequence[RequestRecord]) -> float | None:

@@ -30,10 +30,11 @@ FILLS = {
 
 def trace_priors(runs: Sequence[WorkflowRun], model_map: Mapping[str, str]
                  ) -> dict[str, dict[str, float]]:
-    """``{"accuracy": {served: ...}, "mean_output_tokens": {served: ...}}`` over ``runs``."""
+    """``{"accuracy": {served: ...}, "mean_output_tokens": {served: ...}}`` over ``runs``
+    (accuracy: P(correct) where the trace has samples, ``WorkflowRun.p_correct``)."""
     acc, length = {}, {}
     for served, traced in model_map.items():
-        acc[served] = float(np.mean([r.models[traced].correct for r in runs]))
+        acc[served] = float(np.mean([r.p_correct(traced) for r in runs]))
         length[served] = float(np.mean([forced_tokens(r, traced, s) for r in runs
                                         for s in range(len(r.roles))]))
     return {"accuracy": acc, "mean_output_tokens": length}

@@ -68,6 +68,9 @@ class WorkflowRecord:
     correct: bool = False
     score: float = 0.0
     """The trace's score of the last attempt."""
+    expected_score: float | None = None
+    """The last attempt's final model's mean score over its sampled runs of this
+    workflow (None: the trace has no samples of it)."""
     output_tokens: int = 0
     """Over every call of every attempt."""
     ttca_s: float | None = None

@@ -174,20 +174,26 @@ def interval_tables(summary: Mapping[str, Any]) -> str:
     iv = summary.get("intervals")
     if not iv or not iv["values"]:
         return "(no intervals: no workflow records)"
-    head = ["policy", "rate/s", "repeats", *(m.name for m in intervals.METRICS)]
+    metrics = _metrics_in(iv["values"][0])
+    head = ["policy", "rate/s", "repeats", *(m.name for m in metrics)]
     lines = [_md_row(head), _md_row(["---"] * len(head))]
     for row in iv["values"]:
         lines.append(_md_row([row["policy"], f"{row['rate']:g}", str(row["repeats"]),
-                              *(_interval_text(row[m.key]) for m in intervals.METRICS)]))
-    head = ["policy", "against", "rate/s", *(_compared_name(m) for m in intervals.METRICS)]
+                              *(_interval_text(row[m.key]) for m in metrics)]))
+    head = ["policy", "against", "rate/s", *(_compared_name(m) for m in metrics)]
     comp = [_md_row(head), _md_row(["---"] * len(head))]
     for row in iv["comparisons"]:
         comp.append(_md_row([row["policy"], row["against"], f"{row['rate']:g}",
-                             *(_comparison_text(row[m.key], m) for m in intervals.METRICS)]))
+                             *(_comparison_text(row[m.key], m) for m in metrics)]))
     return ("\n".join(lines) + "\n\nComparisons (ratio A / B for latencies, A - B in points "
             f"for score; 95% intervals, {iv['draws']} paired bootstrap draws over repeats "
             "and workflows; **finding** when the interval excludes no-difference, else "
             "unresolved):\n\n" + "\n".join(comp))
+
+
+def _metrics_in(row: Mapping[str, Any]) -> list[intervals.Metric]:
+    """The metrics an intervals row holds (optional ones only where the replay had them)."""
+    return [m for m in intervals.METRICS if m.key in row]
 
 
 def _compared_name(m: intervals.Metric) -> str:
@@ -219,7 +225,7 @@ def observations(summary: Mapping[str, Any]) -> list[str]:
             if c is None:
                 continue
             parts = []
-            for m in intervals.METRICS:
+            for m in _metrics_in(c):
                 if c[m.key] is not None:
                     parts.append(f"{_compared_name(m)} {_plain(c[m.key], m)}")
             out.append(f"At {rate:g} workflows/s, `{a}` vs `{b}` ({what}): "

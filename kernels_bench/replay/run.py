@@ -37,7 +37,7 @@ from kernels_bench.replay.metrics import summarize
 from kernels_bench.replay.output import write_run, write_summary
 from kernels_bench.replay.priors import fill_static_priors, trace_priors
 from kernels_bench.replay.spec import STATIC, PolicySpec, resolve_model_map
-from kernels_bench.replay.workload import Job, select_runs
+from kernels_bench.replay.workload import Job, draw_samples, select_runs
 from launcher.settings import LaunchConfig
 from router.config.cluster import ClusterConfig, RouterConfig, parse_cluster_config
 from router.config.engines import EngineConfig, LocalEngine, RemoteEngine
@@ -178,14 +178,16 @@ def prior_runs(trace: Trace, traced_models: Sequence[str],
 
 def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions,
               splits: Sequence[Split] = (), first: int = 0) -> dict[float, list[Job]]:
-    """Per rate, the jobs: the same seeded runs (of problems every split held out),
-    arrivals drawn with the seed; job ids numbered from ``first``."""
+    """Per rate, the jobs: the same seeded runs (of problems every split held out; one
+    recorded sample per model where the trace has samples, ``draw_samples``), arrivals
+    drawn with the seed; job ids numbered from ``first``."""
     runs = select_runs(trace, traced_models, opts.workflows, opts.seed, splits, opts.problems)
     out = {}
     for rate in opts.rates:
         times = arrival_times(len(runs), rate, opts.arrival, opts.cv, opts.seed)
-        out[rate] = [Job(f"w{first + i:04d}", run, t)
-                     for i, (run, t) in enumerate(zip(runs, times))]
+        ids = [f"w{first + i:04d}" for i in range(len(runs))]
+        out[rate] = [Job(job, draw_samples(run, opts.seed, job), t)
+                     for job, run, t in zip(ids, runs, times)]
     return out
 
 

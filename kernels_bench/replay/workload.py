@@ -11,7 +11,12 @@ each stage anew, so a stage may go to another model than the one before it. The 
   model served replaced by that model's stage-j output (the history holds what was
   actually "said"); stage 0 has no history and is the same for every model;
 - **quality**: an attempt is correct, with the trace's score, as the run of the model
-  that served its final stage;
+  that served its final stage; its expected score is that model's mean score over its
+  sampled runs, where the trace has samples;
+- **samples**: where the trace holds sampled runs of a model (docs/traces.md), each job
+  replays one of them in place of the greedy run (``draw_samples``: a seeded draw per
+  job and model, the same for every policy), so lengths, texts and outcome all come from
+  that one recorded run; without samples the greedy run is replayed, as always;
 - **oracle priority**: the true remaining output tokens of the attempt, from the current
   stage on, if model m serves the rest of it.
 
@@ -32,7 +37,9 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from router.predictors.records import Split
+import msgspec
+
+from router.predictors.records import Split, seeded_uniform
 from router.trace_format import Header, Trace, WorkflowRun
 
 
@@ -111,6 +118,19 @@ def select_runs(trace: Trace, models: Sequence[str], n: int, seed: int,
     return [order[i % len(order)] for i in range(n)]
 
 
+def draw_samples(run: WorkflowRun, seed: int, job_id: str) -> WorkflowRun:
+    """The run job ``job_id`` replays: for every model with sampled runs, one of them in
+    place of its greedy run, drawn by ``seeded_uniform(job_id|model, sample<seed>)`` (the
+    samples stay, for ``expected_score``); a run without samples unchanged."""
+    if not run.samples:
+        return run
+    models = dict(run.models)
+    for model, runs in run.samples.items():
+        models[model] = runs[int(seeded_uniform(f"{job_id}|{model}", f"sample{seed}")
+                                 * len(runs))]
+    return msgspec.structs.replace(run, models=models)
+
+
 def forced_tokens(run: WorkflowRun, model: str, stage: int) -> int:
     """Output tokens stage ``stage`` generates when ``model`` (a trace model) serves it."""
     return max(1, run.models[model].stages[stage].output_tokens)
@@ -180,6 +200,11 @@ def outcome(run: WorkflowRun, final_model: str) -> tuple[bool, float]:
     """(correct, score) of an attempt whose final stage ``final_model`` served."""
     mr = run.models[final_model]
     return mr.correct, mr.score
+
+
+def expected_score(run: WorkflowRun, final_model: str) -> float | None:
+    """The mean score of ``final_model``'s sampled runs (None: the trace has none)."""
+    return run.expected_score(final_model) if run.samples.get(final_model) else None
 
 
 def per_model(model_map: Mapping[str, str], fn: Callable[[WorkflowRun, str, int], int],

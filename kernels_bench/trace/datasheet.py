@@ -3,7 +3,9 @@
 Writes Markdown (sources and licenses, models, settings, counts, accuracy per model and
 workflow, output-length distributions per model as in Chimera's appendix A.2, how answers
 were judged, the command that rebuilds or continues the trace), the same numbers as JSON
-beside it, and a PNG of the output-length distributions and accuracies.
+beside it, and a PNG of the output-length distributions and accuracies. A trace with
+sampled runs also gets their counts (samples per unit) and P(correct) per model and
+workflow under sampling; every other number is the greedy runs'.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def summarize(trace: Trace, path: Path) -> dict[str, Any]:
             judged[m][_judgement(mr.detail)].append(mr.correct)
     problems = sorted({r.problem_id for r in trace.runs})
     expected = len(problems) * len(workflows)
+    sampled = {"samples": sampling_summary(trace, models, workflows)} if trace.has_samples \
+        else {}
     return {
         "file": path.name,
         "suite": trace.header.suite,
@@ -73,7 +77,27 @@ def summarize(trace: Trace, path: Path) -> dict[str, Any]:
         "judged": {m: {k: _rate(v) for k, v in sorted(judged[m].items(),
                                                       key=lambda kv: -len(kv[1]))}
                    for m in models},
-    }
+    } | sampled
+
+
+def sampling_summary(trace: Trace, models: list[str], workflows: list[str]) -> dict[str, Any]:
+    """Per model: sampled runs, samples per unit (over the units with any), the units
+    whose samples disagree (0 < P(correct) < 1), and P(correct) (the share of correct
+    samples, averaged over units) per workflow and over all."""
+    per: dict[str, dict[str, list[float]]] = {m: defaultdict(list) for m in models}
+    counts: dict[str, list[int]] = defaultdict(list)
+    for run in trace.runs:
+        for m, runs in run.samples.items():
+            counts[m].append(len(runs))
+            per[m][run.workflow].append(run.p_correct(m))
+    out: dict[str, Any] = {}
+    for m in models:
+        p_all = [p for w in workflows for p in per[m][w]]
+        out[m] = {"runs": sum(counts[m]), "units": len(counts[m]),
+                  "per_unit": distribution(counts[m]),
+                  "disagreeing_units": sum(0 < p < 1 for p in p_all),
+                  "p_correct": {w: _mean(per[m][w]) for w in workflows} | {"all": _mean(p_all)}}
+    return out
 
 
 def rebuild_command(trace: Trace, path: Path, problems: int) -> str:
@@ -87,6 +111,10 @@ def rebuild_command(trace: Trace, path: Path, problems: int) -> str:
     opts += [f"{flag} {settings[key]}" for flag, key in (
         ("--seed", "seed"), ("--max-tokens", "max_tokens"), ("--code-timeout", "code_timeout_s"))
         if key in settings]
+    if "sampling" in settings:
+        k = max((len(v) for r in trace.runs for v in r.samples.values()), default=0)
+        opts += [f"--samples {k}", f"--temperature {settings['sampling']['temperature']}",
+                 f"--top-p {settings['sampling']['top_p']}"]
     return " ".join(["python -m kernels_bench trace build", *opts,
                      f"--suite {trace.header.suite}", f"--problems {problems}",
                      f"--out {path.as_posix()}"])
@@ -99,6 +127,11 @@ def _judgement(detail: str) -> str:
 
 
 def _rate(values: list[bool]) -> dict[str, float]:
+    return {"n": len(values), "accuracy": float(np.mean(values)) if values else float("nan")}
+
+
+def _mean(values: list[float]) -> dict[str, float]:
+    """P(correct) averaged over units: ``accuracy`` as ``_rate``'s, ``n`` units."""
     return {"n": len(values), "accuracy": float(np.mean(values)) if values else float("nan")}
 
 
@@ -131,6 +164,9 @@ def render(summaries: list[dict[str, Any]], title: str, regenerate: str) -> str:
                 "**Output tokens per workflow run** (sum over its stages)", "",
                 _dist_table({f"{m} / {w}": s["workflow_output_tokens"][m][w]
                              for m in models for w in s["workflows"]}), ""]
+        if "samples" in s:
+            out += _render_samples(s["samples"], list(s["workflows"]),
+                                   s["units_expected_per_model"], s["settings"])
         out += ["**How answers were judged** (verdict kind: accuracy and units of that "
                 "kind): " + "; ".join(
                     f"{m}: " + (", ".join(f"{k} {_acc_cell(v)}"
@@ -143,6 +179,26 @@ def render(summaries: list[dict[str, Any]], title: str, regenerate: str) -> str:
         if s["command"] and s["command"] != s["rebuild"]:
             out += [f"(The file was started with `{s['command']}`.)", ""]
     return "\n".join(out)
+
+
+def _render_samples(samples: dict[str, Any], workflows: list[str], expected: int,
+                    settings: dict[str, Any]) -> list[str]:
+    """The sampled runs' section of the Markdown datasheet."""
+    cfg = settings.get("sampling", {})
+    out = ["**Sampled runs** (beside the greedy ones: " + ", ".join(
+        f"{k} {v}" for k, v in cfg.items()) + ", a seed per run): " + "; ".join(
+        f"{m} {v['runs']} runs in {v['units']}/{expected} units, "
+        + (f"{v['per_unit']['min']:.0f}-{v['per_unit']['max']:.0f} per unit"
+           if v["units"] else "none")
+        + f", {v['disagreeing_units']} units whose samples disagree"
+        for m, v in samples.items()) + ".", "",
+        "**P(correct) with sampling** (per unit the share of its samples that are correct, "
+        "averaged over units; n units in parentheses)", "",
+        "| model | " + " | ".join(workflows) + " | all |", "|---" * (len(workflows) + 2) + "|"]
+    for m, v in samples.items():
+        cells = [_acc_cell(v["p_correct"][w]) for w in [*workflows, "all"]]
+        out.append(f"| {m} | " + " | ".join(cells) + " |")
+    return [*out, ""]
 
 
 def _acc_cell(a: dict[str, float]) -> str:

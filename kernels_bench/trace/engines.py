@@ -6,11 +6,17 @@ only=[name])``: the launcher's placement, ports, environment and ``engine_ext.se
 command, no router), starts it under the launcher's ``Supervisor``, waits for
 ``/health`` and stops it on exit (its log is kept if anything failed). An engine with a
 ``url`` (run elsewhere) is used as is.
+
+Seeded sampling on a CPU engine needs unchunked prefill (``unchunked``): vLLM 0.32 rewinds
+a seeded request's random generator when a step discards its sampled token (a prompt whose
+prefill is split over steps), and a CPU generator cannot be rewound, so the engine dies
+(``RuntimeError: CPU Generator does not use offset``, seen on this project's machines).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 import sys
@@ -27,7 +33,9 @@ from launcher.planner import make_plan
 from launcher.settings import LaunchConfig
 from launcher.supervisor import State, Supervisor
 from router.config.addresses import http_url
-from router.config.engines import EngineConfig, RemoteEngine
+from router.config.engines import EngineConfig, LocalEngine, RemoteEngine
+
+UNCHUNKED = "--no-enable-chunked-prefill"
 
 
 @dataclass(frozen=True)
@@ -53,9 +61,32 @@ def describe_model(e: EngineConfig) -> dict[str, str]:
     return out
 
 
+def unchunked(cfg: LaunchConfig, name: str) -> LaunchConfig:
+    """``cfg`` with local engine ``name`` prefilling every prompt in one step (vLLM's
+    ``--no-enable-chunked-prefill``, ``max_num_batched_tokens`` at least ``max_model_len``),
+    so that seeded sampling runs on CPU (module docstring)."""
+    e = cfg.engine(name)
+    if not isinstance(e, LocalEngine) or UNCHUNKED in e.extra_args:
+        return cfg
+    if e.max_model_len is None:
+        raise SystemExit(f"engines.{name}: seeded sampling on CPU needs unchunked prefill, "
+                         "which needs `max_model_len` set (the batch must hold one prompt)")
+    new = dataclasses.replace(e, extra_args=[*e.extra_args, UNCHUNKED],
+                              max_num_batched_tokens=max(e.max_num_batched_tokens or 0,
+                                                         e.max_model_len))
+    return dataclasses.replace(cfg, engines=[new if x.name == name else x
+                                             for x in cfg.engines])
+
+
 @contextlib.contextmanager
-def engine_session(cfg: LaunchConfig, name: str) -> Iterator[EngineHandle]:
-    """Start engine ``name`` of ``cfg`` (unless remote), yield it healthy, stop it."""
+def engine_session(cfg: LaunchConfig, name: str, seeded: bool = False
+                   ) -> Iterator[EngineHandle]:
+    """Start engine ``name`` of ``cfg`` (unless remote), yield it healthy, stop it;
+    ``seeded``: requests will sample with seeds (on a machine without GPUs the engine then
+    prefills unchunked, ``unchunked``)."""
+    devices = detect_devices()
+    if seeded and not devices.gpus:
+        cfg = unchunked(cfg, name)
     e = cfg.engine(name)
     if isinstance(e, RemoteEngine):
         yield EngineHandle(name, e.served_model_name, e.url.rstrip("/"))
@@ -64,7 +95,7 @@ def engine_session(cfg: LaunchConfig, name: str) -> Iterator[EngineHandle]:
         raise ValueError(f"engines.{name}: the trace builder runs one replica per model "
                          f"(replicas = {e.replicas})")
     run_dir = Path(tempfile.mkdtemp(prefix=f"hetserve-trace-{name}-"))
-    plan = make_plan(cfg, detect_devices(), run_dir, only=[name])
+    plan = make_plan(cfg, devices, run_dir, only=[name])
     (proc_plan,) = plan.engines
     la = cfg.launcher
     sup = Supervisor(run_dir, health_timeout_s=la.health_timeout_s, max_restarts=0,

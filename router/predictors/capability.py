@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
+from scipy import sparse
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import OneHotEncoder
 
@@ -50,6 +51,16 @@ def coarse(f: RequestFeatures, buckets: int) -> list[str]:
     text = f"{f.system_text}\n{f.user_text}"
     return [language(f.user_text), str(length_bucket(f.prompt_tokens, buckets)),
             task_type(text)]
+
+
+def _fit(model: LogisticRegression, x: Any, y: np.ndarray) -> LogisticRegression:
+    """Fit on 1 / 0 labels as they are; on P(correct) labels, as the cross-entropy of the
+    soft label: every row once as correct with weight p and once as wrong with 1 - p."""
+    if np.isin(y, (0.0, 1.0)).all():
+        return model.fit(x, y)
+    both = sparse.vstack([x, x]) if sparse.issparse(x) else np.vstack([x, x])
+    return model.fit(both, np.r_[np.ones(len(y)), np.zeros(len(y))],
+                     sample_weight=np.r_[y, 1.0 - y])
 
 
 class CapabilityModel:
@@ -88,10 +99,10 @@ class CapabilityModel:
         x = onehot.fit_transform([coarse(f, b) for f in table.features])
         heads: dict[str, LogisticRegression | float] = {}
         for j, m in enumerate(table.models):
-            known = ~np.isnan(table.correct[:, j])
-            y = table.correct[known, j]
+            known = ~np.isnan(table.label[:, j])
+            y = table.label[known, j]
             heads[m] = float(y.mean()) if y.min() == y.max() else \
-                LogisticRegression(C=settings.c, max_iter=1000).fit(x[known], y)
+                _fit(LogisticRegression(C=settings.c, max_iter=1000), x[known], y)
         return cls(onehot, heads, settings)
 
     def save(self, folder: str | Path, data: dict[str, Any]) -> None:

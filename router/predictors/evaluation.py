@@ -27,9 +27,13 @@ PAPERS: dict[str, dict[str, Any]] = {
 
 
 def confidence_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[str],
-                      seed: int, problems: Sequence[str] | None = None) -> dict[str, Any]:
-    """``scores`` and ``labels`` are (prompts, models); NaN labels are unknown. With each
-    prompt's problem, also the share-based routing gain (``routing_gain_report``)."""
+                      seed: int, problems: Sequence[str] | None = None,
+                      expected: np.ndarray | None = None) -> dict[str, Any]:
+    """``scores`` and ``labels`` (one outcome each, 1 / 0) are (prompts, models); NaN labels
+    are unknown. With each prompt's problem, also the share-based routing gain
+    (``routing_gain_report``). ``expected`` (default ``labels``): P(correct) per prompt
+    and model (mean over sampled runs), which the routing reports score instead of the one
+    outcome; the classification metrics (AP, AUC, Brier, ECE) keep ``labels``."""
     per_model: dict[str, Any] = {}
     for j, m in enumerate(models):
         known = ~np.isnan(labels[:, j])
@@ -50,16 +54,18 @@ def confidence_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[s
         "reliability": metrics.reliability(labels[known], scores[known]),
         "per_model": per_model,
     }
-    out["routing"] = routing_report(scores, labels, models, seed)
+    scored = labels if expected is None else expected
+    out["routing"] = routing_report(scores, scored, models, seed)
     if problems is not None:
-        out["routing_gain"] = routing_gain_report(scores, labels, models, problems, seed)
+        out["routing_gain"] = routing_gain_report(scores, scored, models, problems, seed)
     return out
 
 
 def routing_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[str],
                    seed: int) -> dict[str, Any]:
-    """Accuracy when each prompt goes to its highest-scored model, on prompts every model
-    answered, beside a random model, the best single model and the oracle."""
+    """Accuracy (expected score, for P(correct) labels) when each prompt goes to its
+    highest-scored model, on prompts every model answered, beside a random model, the best
+    single model and the oracle."""
     full = ~np.isnan(labels).any(axis=1)
     if not full.any():
         return {}

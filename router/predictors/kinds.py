@@ -54,7 +54,7 @@ def _eval_confidences(name: str) -> Callable[[Any, PromptTable, int],
     def run(pred: Any, table: PromptTable, seed: int) -> tuple[dict[str, Any], Panels]:
         scores = _matrix(pred.predict(table.features), table.models)
         report = confidence_report(scores, table.correct, table.models, seed,
-                                   table.problems)
+                                   table.problems, table.label)
         return report, [("reliability", (report["reliability"], f"{name}: reliability")),
                         *_routing_panel(report, name)]
     return run
@@ -75,7 +75,7 @@ def _eval_knn(pred: KnnEstimator, table: PromptTable, seed: int
     known = ~np.isnan(table.output_tokens)
     models = np.broadcast_to(np.array(table.models), known.shape)
     report = {"quality": confidence_report(quality, table.correct, table.models, seed,
-                                           table.problems),
+                                           table.problems, table.label),
               "output_tokens": regression_report(tokens[known], table.output_tokens[known],
                                                  list(models[known]))}
     return report, [

@@ -140,7 +140,7 @@ class KnnEstimator:
               ) -> KnnEstimator:
         encoder = build_encoder(settings.encoder, max_length=settings.max_length)
         emb = encoder.embed([prompt_text(f) for f in table.features], progress=progress)
-        return cls(encoder, emb, [f.stage for f in table.features], table.correct,
+        return cls(encoder, emb, [f.stage for f in table.features], table.label,
                    table.output_tokens, table.models, settings)
 
     def save(self, folder: str | Path, data: dict[str, Any]) -> None:

@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping, Sequence
 
 
+HASHED_WHEN_SET = "hashed_when_set"
+"""Field metadata: ``fingerprint`` skips the field while it is None."""
+
+
 @dataclass(frozen=True)
 class StageRecord:
     problem_id: str
@@ -41,16 +45,28 @@ class StageRecord:
     """The run's final answer was right."""
     task: str = ""
     """Task family (``math``, ``code``, ...), where the source knows it."""
+    p_correct: float | None = dataclasses.field(default=None, metadata={HASHED_WHEN_SET: True})
+    """P(correct) of this (problem, workflow, model): the share of its sampled runs that
+    were right (``WorkflowRun.p_correct``); None where the source has no samples."""
+
+    @property
+    def label(self) -> float:
+        """The quality label: ``p_correct`` where known, else ``correct`` as 1.0 / 0.0."""
+        return float(self.correct) if self.p_correct is None else self.p_correct
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(StageRecord))
 
 
 def fingerprint(rows: Sequence[Any]) -> str:
-    """sha256 over the rows' (dataclasses') canonical JSON, in order."""
+    """sha256 over the rows' (dataclasses') canonical JSON, in order. A field marked
+    ``HASHED_WHEN_SET`` counts only when not None, so rows that leave it unset hash as
+    before it existed (artifacts trained on them stay current)."""
     h = hashlib.sha256()
     for r in rows:
-        h.update(json.dumps(dataclasses.astuple(r), ensure_ascii=False).encode())
+        values = [getattr(r, f.name) for f in dataclasses.fields(r)
+                  if not (f.metadata.get(HASHED_WHEN_SET) and getattr(r, f.name) is None)]
+        h.update(json.dumps(values, ensure_ascii=False).encode())
         h.update(b"\n")
     return "sha256:" + h.hexdigest()
 

@@ -157,7 +157,7 @@ class SemanticRouter:
                                 max_length=settings.max_length)
         head = torch.nn.Linear(encoder.dim, len(table.models))
         with torch.no_grad():  # start at each model's base rate
-            head.bias.copy_(torch.tensor(logit(np.nan_to_num(base_rates(table.correct),
+            head.bias.copy_(torch.tensor(logit(np.nan_to_num(base_rates(table.label),
                                                                nan=0.5))))
         if isinstance(encoder, StaticEncoder):
             body: torch.nn.Module = StaticBag(encoder, [f.user_text for f in table.features])
@@ -174,7 +174,7 @@ class SemanticRouter:
             torch.set_num_threads(1)
         try:
             order = list(range(len(table.features)))
-            labels = torch.tensor(table.correct, dtype=torch.float32)
+            labels = torch.tensor(table.label, dtype=torch.float32)
             steps = epochs * -(-len(order) // settings.batch_size)
             bar = tqdm(total=steps, desc="semantic router", disable=not progress, unit="batch")
             body.train()

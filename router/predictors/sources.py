@@ -47,7 +47,8 @@ def _count(spec: str, prefix: str) -> int:
 
 
 def trace_records(path: Path) -> list[StageRecord]:
-    """Every stage of every model's run in a workflow trace."""
+    """Every stage of every model's greedy run in a workflow trace; where the model also
+    has sampled runs of that workflow, ``p_correct`` is their share of correct ones."""
     trace = load_trace(path)
     out = []
     for run in trace.runs:
@@ -63,7 +64,8 @@ def trace_records(path: Path) -> list[StageRecord]:
                     prompt_text="\n\n".join(f"{m.role}: {m.content}" for m in st.messages),
                     prompt_tokens=st.prompt_tokens, output_tokens=st.output_tokens,
                     remaining_tokens=mr.remaining_output_tokens(st.index),
-                    correct=mr.correct, task=trace.header.suite))
+                    correct=mr.correct, task=trace.header.suite,
+                    p_correct=run.p_correct(model) if run.samples.get(model) else None))
     return out
 
 

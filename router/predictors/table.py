@@ -22,9 +22,13 @@ class PromptTable:
     problems: list[str]
     models: list[str]
     correct: np.ndarray
-    """(prompts, models) 1.0 / 0.0 / NaN."""
+    """(prompts, models) 1.0 / 0.0 / NaN: the (greedy) run's outcome."""
     output_tokens: np.ndarray
     """(prompts, models) this stage's output tokens / NaN."""
+    label: np.ndarray
+    """(prompts, models) the quality label the predictors learn and the routing metric
+    scores (``StageRecord.label``): P(correct) where the source has sampled runs, else
+    ``correct``; NaN: unknown."""
 
 
 def prompt_table(records: Sequence[StageRecord], models: Sequence[str],
@@ -36,6 +40,7 @@ def prompt_table(records: Sequence[StageRecord], models: Sequence[str],
     col = {m: j for j, m in enumerate(models)}
     correct = np.full((len(rows), len(models)), np.nan)
     tokens = np.full((len(rows), len(models)), np.nan)
+    label = np.full((len(rows), len(models)), np.nan)
     feats, problems = [], []
     for i, recs in enumerate(rows.values()):
         feats.append(from_record(recs[0]))
@@ -43,8 +48,9 @@ def prompt_table(records: Sequence[StageRecord], models: Sequence[str],
         for r in recs:
             if r.model in col:
                 correct[i, col[r.model]] = float(r.correct)
+                label[i, col[r.model]] = r.label
                 tokens[i, col[r.model]] = r.output_tokens
-    return PromptTable(feats, problems, list(models), correct, tokens)
+    return PromptTable(feats, problems, list(models), correct, tokens, label)
 
 
 def base_rates(labels: np.ndarray) -> np.ndarray:

@@ -1,5 +1,7 @@
 """The trace builder on a real engine (builtin:tiny-a): killed mid-build, then resumed, it
-ends with every unit exactly once and keeps the units written before the kill."""
+ends with every unit exactly once and keeps the units written before the kill; with
+``--samples K`` it adds K sampled runs per unit, each with its own seed, and a larger K
+later runs only the new ones."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import psutil
 import pytest
 
 from launcher.process import MARKER_ENV
-from router.trace_format import read_records
+from router.trace_format import read_records, sample_seed
 
 pytestmark = pytest.mark.engine
 
@@ -42,10 +44,11 @@ base_port = 18700
 """
 
 
-def _build(tmp_path: Path, out: Path, run_root: Path) -> subprocess.Popen[bytes]:
+def _build(tmp_path: Path, out: Path, run_root: Path, *extra: str,
+           problems: int = PROBLEMS) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "kernels_bench", "trace", "build", "--cluster",
-            str(tmp_path / "cluster.toml"), "--suite", "math", "--problems", str(PROBLEMS),
-            "--out", str(out), "--max-tokens", "48", "--concurrency", "1"]
+            str(tmp_path / "cluster.toml"), "--suite", "math", "--problems", str(problems),
+            "--out", str(out), "--max-tokens", "48", "--concurrency", "1", *extra]
     env = {**os.environ, "TMPDIR": str(run_root), "HF_HUB_OFFLINE": "1"}
     log = (tmp_path / "build.log").open("ab")
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -115,3 +118,32 @@ def test_killed_build_resumes_without_loss_or_duplicates(tmp_path: Path, run_roo
     log = (tmp_path / "build.log").read_text()
     assert f"{len(before)}/{total} units done, {total - len(before)} to run" in log
     assert "math tiny-a: 100%|" in log  # the progress bar of the resumed run
+
+
+def test_samples_are_added_beside_the_greedy_runs_and_extended(tmp_path: Path,
+                                                               run_root: Path) -> None:
+    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    out = tmp_path / "trace.jsonl.gz"
+    log = tmp_path / "build.log"
+    args = ("--workflows", "solve", "--concurrency", "4")
+    first = _build(tmp_path, out, run_root, *args, "--samples", "2", problems=2)
+    assert first.wait(timeout=600) == 0, log.read_text()[-3000:]
+    header, before = read_records(out)
+    assert header.settings["sampling"] == {"temperature": 0.7, "top_p": 0.95}
+    assert header.settings["temperature"] == 0.0
+    assert sorted((u.problem_id, u.sample) for u in before if u.sample is not None) == [
+        (p, k) for p in ("gsm_symbolic/0/0", "gsm_symbolic/0/1") for k in (0, 1)]
+    assert sum(u.sample is None for u in before) == 2
+    for u in before:
+        if u.sample is not None:
+            assert u.seed == sample_seed(0, u.problem_id, "solve", "tiny-a", u.sample)
+    texts = {u.sample: u.stages[0].output_text for u in before
+             if u.problem_id == "gsm_symbolic/0/0"}
+    assert len(set(texts.values())) == 3  # greedy and two samples of a random model differ
+
+    second = _build(tmp_path, out, run_root, *args, "--samples", "3", problems=2)
+    assert second.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert "6/8 units (greedy + 3 samples each) done, 2 to run" in log.read_text()
+    _, after = read_records(out)
+    assert after[: len(before)] == before
+    assert sorted(u.sample for u in after[len(before):]) == [2, 2]
