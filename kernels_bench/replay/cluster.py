@@ -67,6 +67,9 @@ def engine_variant(cfg: ClusterConfig, sched: str | None,
                 STOCK_PREFIX), **{k: None for k in HETSERVE_ONLY_KEYS})
         elif sched is not None:
             e = dataclasses.replace(e, sched_policy=sched)
+        if e.admit_returning_first and e.sched_policy not in (None, "stjf"):
+            raise ClusterError(f"engines.{e.name}: admit_returning_first reorders STJF's "
+                               f"queue; its scheduler is {e.sched_policy}")
         out.append(e)
     return out
 
