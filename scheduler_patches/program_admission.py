@@ -44,10 +44,9 @@ if TYPE_CHECKING:
 class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Program-aware admission (a key of the ``hetserve`` table of ``additional_config``).
 
-    Off by default: it changes STJF's order under pressure, and in the digital twin it
-    did not change what retention alone achieves (docs/results-retention.md,
-    "Admission that knows programs"); on, for an A/B, where admission pressure evicts
-    returning programs.
+    Off by default: it changes STJF's order under pressure and has not been measured to
+    help (docs/results-retention.md, "Admission that knows programs"); on, for an A/B,
+    where admissions evict returning programs.
     """
 
     admit_returning_first: bool = False
