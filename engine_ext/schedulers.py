@@ -1,5 +1,6 @@
 """The scheduler classes an engine runs: each engine policy, with telemetry and KV
-retention (``scheduler_patches.retention``), sync and async.
+retention (``scheduler_patches.retention``), sync and async; STJF's also with program-aware
+admission (``scheduler_patches.program_admission``, off unless its setting is on).
 
 ``scheduler_class(policy, async_scheduling)`` gives the dotted path for vLLM's
 ``--scheduler-cls``. ``fcfs`` and ``priority`` are vLLM's own policies (the engine also
@@ -13,6 +14,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine_ext.instrumented import TelemetryMixin
 from scheduler_patches.mlfq import MLFQPolicy
+from scheduler_patches.program_admission import ProgramAdmission
 from scheduler_patches.retention import RetentionPolicy
 from scheduler_patches.settings import ENGINE_POLICIES
 from scheduler_patches.stjf import STJFPolicy
@@ -27,12 +29,14 @@ class VLLMAsyncScheduler(TelemetryMixin, RetentionPolicy, AsyncScheduler):
     """vLLM's async scheduler with telemetry and retention."""
 
 
-class STJFScheduler(TelemetryMixin, RetentionPolicy, STJFPolicy, Scheduler):
-    """Chimera's STJF with aging, with telemetry and retention."""
+class STJFScheduler(TelemetryMixin, RetentionPolicy, ProgramAdmission, STJFPolicy, Scheduler):
+    """Chimera's STJF with aging, with telemetry, retention and program-aware admission."""
 
 
-class STJFAsyncScheduler(TelemetryMixin, RetentionPolicy, STJFPolicy, AsyncScheduler):
-    """Chimera's STJF with aging over the async scheduler, with telemetry and retention."""
+class STJFAsyncScheduler(TelemetryMixin, RetentionPolicy, ProgramAdmission, STJFPolicy,
+                         AsyncScheduler):
+    """Chimera's STJF with aging over the async scheduler, with telemetry, retention and
+    program-aware admission."""
 
 
 class MLFQScheduler(TelemetryMixin, RetentionPolicy, MLFQPolicy, Scheduler):

@@ -12,6 +12,9 @@ Takes every ordinary vLLM server argument, plus:
   --max-protected-fraction F / --retention-ttl-only
                                KV retention between a program's calls
                                (scheduler_patches.protected.RetentionSettings)
+  --admit-returning-first      STJF: under KV pressure, admit returning programs whose
+                               blocks are retained first
+                               (scheduler_patches.program_admission.AdmissionSettings)
   --telemetry-endpoint EP      scheduler snapshots (ipc:// or tcp://127.0.0.1:PORT)
   --telemetry-interval-ms MS   rate limit while busy (default 20)
   --kv-events-endpoint EP      vLLM KV cache events (BlockStored/BlockRemoved/...)
@@ -32,6 +35,7 @@ from typing import Any
 
 from engine_ext.curve import engine_curve
 from engine_ext.telemetry import DEFAULT_INTERVAL_S
+from scheduler_patches.program_admission import AdmissionSettings, admission_settings
 from scheduler_patches.protected import RetentionSettings, retention_settings
 from scheduler_patches.settings import ENGINE_POLICIES, vllm_scheduling_policy
 
@@ -61,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention-ttl-only", action="store_const", const=True, default=None,
                    help="baseline (Continuum's rule): ignore the hints' expected return, "
                    "protect every non-final call for the TTL")
+    p.add_argument("--admit-returning-first", action="store_const", const=True, default=None,
+                   help="stjf: under KV pressure, admit a returning program whose blocks "
+                   "are retained before new calls of its starvation level (off)")
     p.add_argument("--telemetry-endpoint", default=None)
     p.add_argument("--telemetry-interval-ms", type=float, default=DEFAULT_INTERVAL_S * 1e3)
     p.add_argument("--kv-events-endpoint", default=None)
@@ -118,10 +125,14 @@ def vllm_argv(ns: argparse.Namespace, passthrough: list[str]) -> list[str]:
         engine_curve(ns.telemetry_keys_dir)  # unreadable keys: an error here, not in the core
         hetserve["telemetry_keys_dir"] = os.path.abspath(ns.telemetry_keys_dir)
     for key in ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
-                "mlfq_base_quantum", *RetentionSettings.__struct_fields__):
+                "mlfq_base_quantum", *RetentionSettings.__struct_fields__,
+                *AdmissionSettings.__struct_fields__):
         if getattr(ns, key) is not None:
             hetserve[key] = getattr(ns, key)
     retention_settings(hetserve)  # out of bounds: an error here, not in the core
+    if admission_settings(hetserve).admit_returning_first and ns.sched_policy != "stjf":
+        raise ValueError("--admit-returning-first needs --sched-policy stjf (the order it "
+                         f"changes is STJF's), not {ns.sched_policy}")
     extra_raw = _pop_option(args, "--additional-config")
     extra = json.loads(extra_raw) if extra_raw else {}
     extra["hetserve"] = hetserve

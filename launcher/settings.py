@@ -87,6 +87,7 @@ ENGINE_FLAGS: dict[str, str] = {
     "max_protected_programs": "--max-protected-programs",
     "max_protected_fraction": "--max-protected-fraction",
     "retention_ttl_only": "--retention-ttl-only",
+    "admit_returning_first": "--admit-returning-first",
     "max_num_seqs": "--max-num-seqs",
     "max_model_len": "--max-model-len",
     "max_num_batched_tokens": "--max-num-batched-tokens",

@@ -65,6 +65,8 @@ class RetentionPolicy:
                                            manager.block_pool.num_gpu_blocks - 1)
         self.retention_hints: dict[str, RetentionHint] = {}
         """Hints of the requests in the engine, by request id."""
+        self.program_calls: dict[str, set[str]] = {}
+        """The hinted requests in the engine, by program id."""
         self.malformed_hints = 0
         self.retaining = settings.enabled and manager.enable_caching
         if self.retaining:
@@ -83,6 +85,7 @@ class RetentionPolicy:
             return
         if hint is not None:
             self.retention_hints[request.request_id] = hint
+            self.program_calls.setdefault(hint.program_id, set()).add(request.request_id)
             self.retention.returned(hint.program_id)
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
@@ -96,6 +99,11 @@ class RetentionPolicy:
 
     def _free_blocks(self, request: Request) -> Any:
         hint = self.retention_hints.pop(request.request_id, None)
+        if hint is not None:
+            calls = self.program_calls[hint.program_id]
+            calls.discard(request.request_id)
+            if not calls:
+                del self.program_calls[hint.program_id]
         if hint is not None and not hint.final and request.status in _COMPLETED:
             blocks = [block for group in self.kv_cache_manager.get_blocks(
                 request.request_id).blocks for block in group

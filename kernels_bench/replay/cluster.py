@@ -30,6 +30,7 @@ from launcher.settings import LaunchConfig
 from launcher.supervisor import Managed, State, Supervisor
 from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import HETSERVE_ONLY_KEYS, EngineConfig, EngineInstance
+from scheduler_patches.program_admission import admission_settings
 from scheduler_patches.protected import retention_settings
 
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -50,6 +51,7 @@ def engine_variant(cfg: ClusterConfig, sched: str | None,
     the prefix-cache reset endpoint on; remote engines as they are."""
     if settings:
         retention_settings(dict(settings))  # out of bounds: ValueError naming the key
+        admission_settings(dict(settings))
     out = []
     for e in cfg.engines:
         if e.remote:
@@ -65,6 +67,9 @@ def engine_variant(cfg: ClusterConfig, sched: str | None,
                 STOCK_PREFIX), **{k: None for k in HETSERVE_ONLY_KEYS})
         elif sched is not None:
             e = dataclasses.replace(e, sched_policy=sched)
+        if e.admit_returning_first and e.sched_policy not in (None, "stjf"):
+            raise ClusterError(f"engines.{e.name}: admit_returning_first reorders STJF's "
+                               f"queue; its scheduler is {e.sched_policy}")
         out.append(e)
     return out
 

@@ -91,6 +91,9 @@ def parse_policy(text: str, routers: Iterable[str], scheds: Iterable[str]) -> Po
                         f"{', '.join(scheds)}")
     if engine_overrides and (sched or "").startswith(STOCK_PREFIX):
         raise SpecError(f"policy {text!r}: stock vLLM engines have no KV retention to set")
+    if dict(engine_overrides).get("admit_returning_first") and sched not in ("", "stjf"):
+        raise SpecError(f"policy {text!r}: admit_returning_first reorders STJF's queue; "
+                        f"the {sched} scheduler has none")
     return PolicySpec(text, router, sched or None, oracle, static, overrides,
                       engine_overrides)
 

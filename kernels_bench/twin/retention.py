@@ -15,6 +15,10 @@ Per workflow (errors left out, as everywhere), from its calls (``requests.jsonl`
 - E2E (``e2e_s``), and E2E less the tool gaps the client waited (the part an engine can
   change).
 
+A twin replay also reports, per policy and rate, what the engines' retention and admission
+did (summed over engines: programs released by reason, calls not protected, calls admitted
+first by program-aware admission; ``twin.retention`` of each run's summary).
+
 Each is a mean over workflows with the replay's paired bootstrap over repeats and
 workflows (``replay.intervals``); every other spec is compared with the baseline: a ratio
 (tokens, times) or a difference in points (hit rates), a *finding* when its interval
@@ -176,9 +180,13 @@ def analyse(folder: Path, baseline: str | None = None, block_size: int = DEFAULT
                 row[m.key] = None if c is None or not math.isfinite(c.value) else {
                     **_json(c), "verdict": iv.verdict(c, m.difference)}  # 0 / 0: none
             comparisons.append(row)
+    counters = [{"policy": r["policy"], "rate": r["rate"], **r["summary"]["twin"]["retention"]}
+                for r in summary.get("runs", [])
+                if "retention" in (r.get("summary", {}).get("twin") or {})]
     return {"folder": folder.name, "baseline": base, "tool_gap": summary["meta"].get(
         "tool_gap", "none"), "context": context, "block_size": chat_block,
-        "stages": stages, "values": values, "comparisons": comparisons}
+        "stages": stages, "values": values, "comparisons": comparisons,
+        "counters": counters}
 
 
 def _ci(v: Mapping[str, Any] | None, fmt: str) -> str:
@@ -205,6 +213,14 @@ def tables(result: Mapping[str, Any]) -> str:
         for c in result["comparisons"]:
             out.append(f"| {c['policy']} | {c['rate']:g} | " + " | ".join(
                 _ci(c[m.key], "{:+.1f}" if m.difference else m.ratio_fmt) for m in ms) + " |")
+    if result.get("counters"):
+        out += ["", "What the engines did (twin counters, summed over engines):", "",
+                "| spec | rate/s | programs released, by reason | calls not protected "
+                "| calls admitted first |", "| --- | --- | --- | --- | --- |"]
+        for c in result["counters"]:
+            released = ", ".join(f"{k} {v}" for k, v in c["released"].items()) or "none"
+            out.append(f"| {c['policy']} | {c['rate']:g} | {released} | {c['refused']} "
+                       f"| {c['admitted_first']} |")
     return "\n".join(out)
 
 

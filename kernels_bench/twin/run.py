@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -133,6 +134,21 @@ def engine_counters(engines: Sequence[EngineTwin]) -> EngineCounters:
     return c
 
 
+def retention_counters(engines: Sequence[EngineTwin]) -> dict[str, Any]:
+    """What KV retention and program-aware admission did, summed over the engines: the
+    programs released by reason, the calls not protected, the calls admitted first."""
+    released: Counter[str] = Counter()
+    refused = admitted_first = 0
+    for e in engines:
+        retention = getattr(e.scheduler, "retention", None)
+        if retention is not None:
+            released.update(retention.released)
+            refused += retention.refused
+        admitted_first += getattr(e.scheduler, "admitted_first", 0)
+    return {"released": dict(sorted(released.items())), "refused": refused,
+            "admitted_first": admitted_first}
+
+
 def simulate(task: RunTask) -> dict[str, Any]:
     """One run on a fresh twin cluster; the run's record as the live replay writes it."""
     wall0 = time.perf_counter()
@@ -166,7 +182,8 @@ def simulate(task: RunTask) -> dict[str, Any]:
                        "engine_steps": sum(e.steps for e in engines),
                        "busy": (sum(e.busy_s for e in engines) / len(engines) / sim.now()
                                 if sim.now() else None),
-                       "virtual_s_per_wall_s": sim.now() / wall if wall else None}
+                       "virtual_s_per_wall_s": sim.now() / wall if wall else None,
+                       "retention": retention_counters(engines)}
     return {
         "summary": summary,
         "engines": {e.name: dataclasses.asdict(engine_counters([e])) for e in engines},

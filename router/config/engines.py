@@ -35,8 +35,9 @@ EngineKind = Literal["hetserve", "vllm"]
 STOCK_SCHED_POLICIES = ("fcfs", "priority")
 """The schedulers of stock vLLM (its ``--scheduling-policy``)."""
 RETENTION_KEYS = ("retention_ttl_s", "retention_slack", "max_protected_programs",
-                  "max_protected_fraction", "retention_ttl_only")
-"""Engine keys of KV retention (``scheduler_patches.protected.RetentionSettings``); a
+                  "max_protected_fraction", "retention_ttl_only", "admit_returning_first")
+"""Engine keys of KV retention (``scheduler_patches.protected.RetentionSettings``) and of
+the admission that uses it (``scheduler_patches.program_admission.AdmissionSettings``); a
 replay's policy spec may set them per spec (``@max_protected_programs=0``)."""
 HETSERVE_ONLY_KEYS = ("telemetry_endpoint", "starvation_threshold", "quantum",
                       "max_promotions", "mlfq_levels", "mlfq_base_quantum", *RETENTION_KEYS)
@@ -207,6 +208,9 @@ class LocalEngine(_Engine):
     retention_ttl_only: bool | None = None
     """Baseline: retain every non-final call for the TTL, ignoring its expected return
     (Continuum's rule; default false)."""
+    admit_returning_first: bool | None = None
+    """STJF only: under KV pressure, admit a returning program whose blocks are retained
+    before new calls of its starvation level (default false)."""
     max_num_batched_tokens: PositiveInt | None = None
     dtype: str | None = None
     enforce_eager: bool = False
@@ -234,6 +238,10 @@ class LocalEngine(_Engine):
         check("model", self.model is not None, "missing: give a model (or `url` for an "
               "engine another host runs)")
         super().verify()
+        check("admit_returning_first", not self.admit_returning_first
+              or self.sched_policy in (None, "stjf"),
+              f"reorders STJF's queue: needs sched_policy = \"stjf\", not "
+              f"{self.sched_policy!r}")
         if isinstance(self.port, list):
             check("port", len(self.port) == self.replicas,
                   f"gives {len(self.port)} ports for {self.replicas} replicas")

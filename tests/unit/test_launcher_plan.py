@@ -385,8 +385,15 @@ def test_the_mixed_demo_runs_one_stock_engine(tmp_path: Path) -> None:
 
 def test_retention_keys_become_engine_flags(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, '[router]\npolicy = "round_robin"\n' + engine(
-        "p", "retention_ttl_s = 5\nmax_protected_programs = 0\nretention_ttl_only = true\n"))
+        "p", "retention_ttl_s = 5\nmax_protected_programs = 0\nretention_ttl_only = true\n"
+        "admit_returning_first = true\n"))
     argv = by_name(plan)["p-0"]
     assert flag(argv, "--retention-ttl-s") == "5.0"
     assert flag(argv, "--max-protected-programs") == "0"
-    assert "--retention-ttl-only" in argv
+    assert "--retention-ttl-only" in argv and "--admit-returning-first" in argv
+
+
+def test_program_admission_needs_the_stjf_scheduler(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"engines\.p\.admit_returning_first: .*stjf"):
+        plan_of(tmp_path, '[router]\npolicy = "round_robin"\n' + engine(
+            "p", 'sched_policy = "fcfs"\nadmit_returning_first = true\n'))

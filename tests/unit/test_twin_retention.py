@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from kernels_bench.commands.replay import build_parser, replay_options  # noqa: E402
-from kernels_bench.replay.cluster import engine_variant  # noqa: E402
+from kernels_bench.replay.cluster import ClusterError, engine_variant  # noqa: E402
 from kernels_bench.replay.spec import SpecError, parse_policy  # noqa: E402
 from kernels_bench.twin import retention as report  # noqa: E402
 from kernels_bench.twin.engine_spec import engine_specs  # noqa: E402
@@ -162,16 +162,26 @@ def test_a_spec_sets_the_engines_retention(tmp_path: Path) -> None:
         engine_variant(cfg, None, (("max_protected_fraction", 2.0),))
     with pytest.raises(SpecError, match="no KV retention"):
         parse_policy("vllm:vllm-fcfs@retention_ttl_only=true", POLICIES, scheds)
+    admit = parse_policy("chimera:stjf@admit_returning_first=true", POLICIES, scheds)
+    assert admit.engine_overrides == (("admit_returning_first", True),)
+    assert all(e.admit_returning_first for e in engine_variant(cfg, "stjf",
+                                                               admit.engine_overrides))
+    with pytest.raises(SpecError, match="admit_returning_first"):
+        parse_policy("chimera:fcfs@admit_returning_first=true", POLICIES, scheds)
+    with pytest.raises(ClusterError, match="admit_returning_first"):
+        engine_variant(cfg, "mlfq", (("admit_returning_first", True),))
 
 
 def test_a_retention_replay_in_the_twin_and_its_report(profiles: Path,
                                                        tmp_path: Path) -> None:
-    """Three arms on one workload (tool gaps, chat context): records carry cached tokens
-    and gaps, the arms run on their own engines, the report compares them paired."""
+    """Four arms on one workload (tool gaps, chat context): records carry cached tokens
+    and gaps, the arms run on their own engines, the report compares them paired and
+    shows what each arm's retention and admission did."""
     trace = tiny_trace(tmp_path)
     out = tmp_path / "out"
     lru = "chimera-static:stjf@max_protected_programs=0"
-    arms = ["chimera-static:stjf", "chimera-static:stjf@retention_ttl_only=true", lru]
+    admit = "chimera-static:stjf@admit_returning_first=true"
+    arms = ["chimera-static:stjf", "chimera-static:stjf@retention_ttl_only=true", admit, lru]
     a = build_parser(live=False).parse_args([
         "--cluster", str(REPLAY_TOML), "--trace", "t", "--model-map",
         "tiny-a=small,tiny-b=large", "--workflows", "8", "--priors-from-trace",
@@ -191,7 +201,10 @@ def test_a_retention_replay_in_the_twin_and_its_report(profiles: Path,
     later = [r for r in rows if r["stage_index"] > 0]
     assert later and all(r["cached_tokens"] > 0 for r in later)  # the chat prefix is hit
     res = report.analyse(out)
-    assert res["baseline"] == lru and {c["policy"] for c in res["comparisons"]} == set(arms[:2])
+    assert res["baseline"] == lru and {c["policy"] for c in res["comparisons"]} == set(arms[:3])
+    counted = {c["policy"]: c for c in res["counters"]}
+    assert set(counted) == set(arms) and counted[lru]["released"] == {}
+    assert "admitted_first" in counted[admit] and "calls admitted first" in report.tables(res)
     assert all(c["hit.1"] is not None for c in res["comparisons"])
     assert "recomputed prompt tokens" in report.tables(res)
     report.plot([res], tmp_path / "plot.png")
