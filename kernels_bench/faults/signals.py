@@ -76,14 +76,16 @@ class Phase:
     redispatched: float = 0.0
 
 
-class Load:
-    """``concurrency`` closed-loop clients in a thread of their own."""
+class ClosedLoop:
+    """``concurrency`` closed-loop clients (``_client``) of the router's chat endpoint, on
+    an event loop in a thread of their own; a client's longest turn is ``calls_per_turn``
+    requests of up to ``timeout_s`` each."""
+
+    calls_per_turn = 1
 
     def __init__(self, url: str, model: str, concurrency: int, timeout_s: float) -> None:
         self.url, self.model = url + "/v1/chat/completions", model
         self.concurrency, self.timeout_s = concurrency, timeout_s
-        self.phase = "steady"
-        self.records: list[Record] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
@@ -92,12 +94,33 @@ class Load:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(self.timeout_s + 10)
+        self._thread.join(self.timeout_s * self.calls_per_turn + 10)
 
     async def _main(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
             await asyncio.gather(*(self._client(session, i) for i in range(self.concurrency)))
+
+    async def _client(self, session: aiohttp.ClientSession, i: int) -> None:
+        raise NotImplementedError
+
+
+def transport_outcome(exc: aiohttp.ClientError | asyncio.TimeoutError) -> str:
+    """A request that failed below HTTP: ``refused`` (no connection), ``lost`` (no answer
+    in time), else ``cut``."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "refused"
+    return "lost" if isinstance(exc, asyncio.TimeoutError) else "cut"
+
+
+class Load(ClosedLoop):
+    """Closed-loop clients, plain and streamed in turn, each request tagged with the
+    current ``phase``."""
+
+    def __init__(self, url: str, model: str, concurrency: int, timeout_s: float) -> None:
+        super().__init__(url, model, concurrency, timeout_s)
+        self.phase = "steady"
+        self.records: list[Record] = []
 
     async def _client(self, session: aiohttp.ClientSession, i: int) -> None:
         n = 0
@@ -117,12 +140,8 @@ class Load:
             async with session.post(self.url, json=body) as resp:
                 data = await resp.read()
                 rec.outcome, rec.detail = _classify(resp.status, rec.stream, data)
-        except aiohttp.ClientConnectorError as exc:
-            rec.outcome, rec.detail = "refused", repr(exc)[:200]
-        except asyncio.TimeoutError as exc:
-            rec.outcome, rec.detail = "lost", repr(exc)[:200]
-        except aiohttp.ClientError as exc:
-            rec.outcome, rec.detail = "cut", repr(exc)[:200]
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            rec.outcome, rec.detail = transport_outcome(exc), repr(exc)[:200]
 
 
 def _classify(status: int, stream: bool, data: bytes) -> tuple[str, str]:

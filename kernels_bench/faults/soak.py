@@ -39,7 +39,8 @@ import aiohttp
 import httpx
 import psutil
 
-from kernels_bench.faults.signals import OUTCOMES, Cluster, _classify
+from kernels_bench.faults.signals import (OUTCOMES, ClosedLoop, Cluster, _classify,
+                                          transport_outcome)
 from router.config.cluster import ClusterConfig, load_cluster_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,27 +90,14 @@ class Fault:
     """Requests that ended between this fault and the next."""
 
 
-class Clients:
-    """``concurrency`` closed-loop clients on an event loop in a thread of their own."""
+class Clients(ClosedLoop):
+    """Closed-loop clients cycling through ``KINDS`` of call."""
+
+    calls_per_turn = PROGRAM_STAGES
 
     def __init__(self, url: str, model: str, concurrency: int, timeout_s: float) -> None:
-        self.url, self.model = url + "/v1/chat/completions", model
-        self.concurrency, self.timeout_s = concurrency, timeout_s
+        super().__init__(url, model, concurrency, timeout_s)
         self.calls: list[Call] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(self.timeout_s * PROGRAM_STAGES + 10)
-
-    async def _main(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
-            await asyncio.gather(*(self._client(session, i) for i in range(self.concurrency)))
 
     async def _client(self, session: aiohttp.ClientSession, i: int) -> None:
         n = 0
@@ -149,12 +137,8 @@ class Clients:
                 else:
                     call.outcome, call.detail = _classify(resp.status, stream,
                                                           await resp.read())
-        except aiohttp.ClientConnectorError as exc:
-            call.outcome, call.detail = "refused", repr(exc)[:200]
-        except asyncio.TimeoutError as exc:
-            call.outcome, call.detail = "lost", repr(exc)[:200]
-        except aiohttp.ClientError as exc:
-            call.outcome, call.detail = "cut", repr(exc)[:200]
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            call.outcome, call.detail = transport_outcome(exc), repr(exc)[:200]
         call.ended = time.time()
         if call.outcome == "refused":
             await asyncio.sleep(0.05)

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
+import aiohttp
 import pytest
 
-from kernels_bench.faults.signals import _classify, table
+from kernels_bench.faults.signals import _classify, table, transport_outcome
 
 DONE = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n'
 ERROR_EVENT = b'data: {"choices":[]}\n\ndata: {"error":{"message":"engine broke"}}\n\n'
@@ -33,3 +36,15 @@ def test_table_lists_every_phase() -> None:
               for name in ("steady", "kill-engine")]
     text = table({"phases": phases})
     assert "| kill-engine | 4 | 3 | 1 | 0 | 0 | 0 | 2 | 0.50 s | - |" in text
+
+
+@pytest.mark.parametrize("exc, outcome", [
+    (aiohttp.ClientConnectorError(SimpleNamespace(ssl=None, host="127.0.0.1", port=1),
+                                  ConnectionRefusedError(111, "refused")), "refused"),
+    (aiohttp.ServerTimeoutError("read"), "lost"),  # a ClientError and a TimeoutError
+    (asyncio.TimeoutError(), "lost"),
+    (aiohttp.ServerDisconnectedError(), "cut"),
+    (aiohttp.ClientPayloadError("cut"), "cut"),
+])
+def test_transport_outcome(exc: Exception, outcome: str) -> None:
+    assert transport_outcome(exc) == outcome  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from kernels_bench.twin.step_time import StepTimeModel, load_profile
 from router.config.cluster import load_cluster_config
 from router.trace_format import Trace
 from tests.replay_fixture import tiny_trace, write_trace
-from tests.unit.twin_helpers import REPLAY_PROFILES, REPLAY_TOML, write_profile
+from tests.unit.twin_helpers import REPLAY_TOML, write_replay_profiles
 
 MAP = "tiny-a=small,tiny-b=large"
 NO_CHARGE = RouterCosts(charge_decision=False)
@@ -40,10 +40,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("profiles")
-    for entry, (cells, prefill) in REPLAY_PROFILES.items():
-        write_profile(folder / f"{entry}.json", cells, prefill)
-    return folder
+    return write_replay_profiles(tmp_path_factory.mktemp("profiles"))
 
 
 def _args(out: Path, *extra: str) -> list[str]:

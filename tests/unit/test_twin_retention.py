@@ -30,18 +30,15 @@ from router.policies import POLICIES  # noqa: E402
 from scheduler_patches.contract import RetentionHint  # noqa: E402
 from scheduler_patches.protected import ProtectedPrograms, RetentionSettings  # noqa: E402
 from tests.replay_fixture import tiny_trace  # noqa: E402
-from tests.unit.twin_helpers import (REPLAY_PROFILES, REPLAY_TOML, flat_spec,  # noqa: E402
-                                     write_profile)
+from tests.unit.twin_helpers import (REPLAY_TOML, flat_spec,  # noqa: E402
+                                     write_replay_profiles)
 
 BLOCK = 16
 
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("profiles")
-    for entry, (cells, prefill) in REPLAY_PROFILES.items():
-        write_profile(folder / f"{entry}.json", cells, prefill)
-    return folder
+    return write_replay_profiles(tmp_path_factory.mktemp("profiles"))
 
 
 def engine(profiles: Path, num_blocks: int, **settings: Any) -> Simulator:

@@ -56,6 +56,13 @@ REPLAY_PROFILES = {
 }
 
 
+def write_replay_profiles(folder: Path) -> Path:
+    """``REPLAY_PROFILES`` as profile files ``<entry>.json`` in ``folder``."""
+    for entry, (cells, prefill) in REPLAY_PROFILES.items():
+        write_profile(folder / f"{entry}.json", cells, prefill)
+    return folder
+
+
 def replay_records(seed: int, jitter_seed: int, n: int = 60) -> list[tuple[Any, ...]]:
     """The replay cluster's two engines under ``synthetic_workload(seed, n)``, jitter on: every
     request's record, in finishing order."""
