@@ -13,6 +13,8 @@ from kernels_bench.faults import soak
 from kernels_bench.faults.soak import DEFAULT_CLUSTER, ROUTER_GAUGES, run
 
 OUTCOME_COLUMNS = ("ok", "error", "refused", "cut", "lost", "abandoned")
+MAX_SECONDS = 7 * 86400.0
+"""The longest duration, timeout or interval a flag takes (a week)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,6 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not 1 <= args.concurrency <= 1024:
         parser.error("--concurrency: 1 to 1024")
+    for name in ("duration_s", "settle_s", "sample_s", "recovery_timeout_s",
+                 "request_timeout_s", "start_timeout_s"):
+        if not 0 < getattr(args, name) <= MAX_SECONDS:  # NaN fails too
+            parser.error(f"--{name.replace('_', '-')}: above 0, at most {MAX_SECONDS:.0f} s")
     try:
         with tempfile.TemporaryDirectory(prefix="hs-soak-", dir="/tmp") as tmp:
             result = run(args, Path(tmp))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels_bench.commands.soak import plot, table, trends
+import pytest
+
+from kernels_bench.commands.soak import main, plot, table, trends
 from kernels_bench.faults.soak import _sum
 
 METRICS = """# HELP hetserve_engine_up 1 if the router routes to the engine, else 0
@@ -48,3 +50,14 @@ def test_table_and_trends(tmp_path: Path) -> None:
         in trends(result())
     plot(result(), tmp_path / "soak.png")
     assert (tmp_path / "soak.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--duration-s", "-5"), ("--duration-s", "0"), ("--sample-s", "nan"),
+    ("--settle-s", "inf"), ("--request-timeout-s", "1e9"), ("--concurrency", "0"),
+])
+def test_bad_flags_are_refused_before_anything_starts(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([flag, value])
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
