@@ -68,7 +68,7 @@ def launch(plan: Plan, backend: Backend, console: Console, demo: bool = False) -
                      max_restarts=la.max_restarts, backoff_s=la.restart_backoff_s,
                      backoff_max_s=la.restart_backoff_max_s,
                      health_interval_s=la.health_interval_s,
-                     unhealthy_after=la.unhealthy_after, stable_s=la.stable_s,
+                     unhealthy_after=la.unhealthy_after, restart_window_s=la.restart_window_s,
                      backend=backend)
     stop = _StopRequest(sup)
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -36,7 +36,8 @@ class LauncherConfig:
     grace_period_s: Positive = 10.0
     """Shutdown: time for in-flight requests and exits before SIGKILL."""
     max_restarts: Count = 5
-    """Restarts of one process before the launcher gives up on it."""
+    """Restarts of one process within ``restart_window_s`` after which the launcher gives
+    up on it."""
     restart_backoff_s: Positive = 1.0
     """Delay before the first restart; doubles with every further one."""
     restart_backoff_max_s: Positive = 60.0
@@ -44,8 +45,10 @@ class LauncherConfig:
     """A process that is up is health-checked this often."""
     unhealthy_after: PositiveInt = 3
     """Failed health checks in a row after which a process is wedged: killed, restarted."""
-    stable_s: Positive = 600.0
-    """A process up this long gets its restart budget and backoff back."""
+    restart_window_s: Positive = 600.0
+    """``max_restarts`` and the backoff count the restarts of the last this many seconds
+    (a sliding window, as systemd's ``StartLimitIntervalSec``): a crash loop is given up
+    on, a process that faults now and then never is."""
     restart_yield_nice: Annotated[int, Field(ge=0, le=19)] = 10
     """Engines on CPU cores: while one restarts, the niceness added to the others that are
     up (their session's Linux autogroup), so the engines carrying the load do not starve

@@ -9,8 +9,9 @@ drives it with ``step()``.
 
 A process that is up keeps being health-checked every ``health_interval_s``; after
 ``unhealthy_after`` failed checks in a row it is taken as wedged (hung, stopped, deadlocked):
-its tree is killed and it is restarted like a process that exited. A process that has
-stayed up for ``stable_s`` gets its restart budget (and backoff) back.
+its tree is killed and it is restarted like a process that exited. The restart budget
+(``max_restarts``) and the backoff count only the restarts of the last
+``restart_window_s``.
 
 While a process that yields (``ProcessSpec.yield_nice``: engines on CPU cores) restarts,
 the others that yield and are up run with that much more niceness in their session's
@@ -28,7 +29,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -61,8 +62,10 @@ class Managed:
     state: State = State.STARTING
     started_at: float = 0.0
     restarts: int = 0
+    """Restarts since it was first started (the backend's run index)."""
+    restart_times: list[float] = field(default_factory=list)
+    """When its restarts within the last ``restart_window_s`` happened (the budget)."""
     restart_at: float = 0.0
-    up_since: float = 0.0
     checked_at: float = 0.0
     failed_checks: int = 0
     """Failed health checks in a row while up."""
@@ -91,7 +94,7 @@ class Supervisor:
 
     def __init__(self, run_dir: Path, *, health_timeout_s: float, max_restarts: int,
                  backoff_s: float, backoff_max_s: float, health_interval_s: float = 5.0,
-                 unhealthy_after: int = 3, stable_s: float = 600.0,
+                 unhealthy_after: int = 3, restart_window_s: float = 600.0,
                  clock: Callable[[], float] = time.monotonic,
                  backend: Backend | None = None) -> None:
         """``backend``: starts the processes (default: here, ``LocalBackend``)."""
@@ -100,7 +103,7 @@ class Supervisor:
         self.health_timeout_s = health_timeout_s
         self.health_interval_s = health_interval_s
         self.unhealthy_after = unhealthy_after
-        self.stable_s = stable_s
+        self.restart_window_s = restart_window_s
         self.max_restarts = max_restarts
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
@@ -140,7 +143,7 @@ class Supervisor:
                 elif m.state is State.STARTING:
                     if self._healthy(m.handle.health_url):
                         m.state = State.UP
-                        m.up_since = m.checked_at = now
+                        m.checked_at = now
                         m.failed_checks = 0
                         events.append(Event("up", m, f"{now - m.started_at:.0f} s"))
                     elif now - m.started_at > self.health_timeout_s:
@@ -150,6 +153,7 @@ class Supervisor:
                     events += self._watch(m, m.handle, now, restart)
             elif m.state is State.DOWN and restart and now >= m.restart_at:
                 m.restarts += 1
+                m.restart_times.append(now)
                 moved = self.before_restart(m) if self.before_restart else None
                 if moved:
                     events.append(Event("moved", m, moved))
@@ -182,9 +186,7 @@ class Supervisor:
 
     def _watch(self, m: Managed, handle: ProcessHandle, now: float, restart: bool
                ) -> list[Event]:
-        """A process that is up: the periodic health check and the stable-period reset."""
-        if m.restarts and now - m.up_since >= self.stable_s:
-            m.restarts = 0
+        """A process that is up: the periodic health check."""
         if handle.health_url is None or now - m.checked_at < self.health_interval_s:
             return []
         m.checked_at = now
@@ -209,15 +211,19 @@ class Supervisor:
         if m.handle is not None:
             m.handle.kill()
         m.last_exit = reason
-        if restart and m.restarts < self.max_restarts:
-            delay = min(self.backoff_s * 2 ** m.restarts, self.backoff_max_s)
+        now = self.clock()
+        m.restart_times = [t for t in m.restart_times if now - t < self.restart_window_s]
+        spent = len(m.restart_times)
+        if restart and spent < self.max_restarts:
+            delay = min(self.backoff_s * 2 ** spent, self.backoff_max_s)
             m.state = State.DOWN
-            m.restart_at = self.clock() + delay
-            return Event("down", m, f"{reason}; restart {m.restarts + 1} of "
+            m.restart_at = now + delay
+            return Event("down", m, f"{reason}; restart {spent + 1} of "
                                     f"{self.max_restarts} in {delay:g} s")
         m.state = State.FAILED
-        return Event("failed", m, reason + (f"; gave up after {m.restarts} restarts"
-                                            if restart else ""))
+        return Event("failed", m, reason + (
+            f"; gave up after {spent} restarts in {self.restart_window_s:g} s"
+            if restart else ""))
 
     def _healthy(self, url: str | None) -> bool:
         if url is None:

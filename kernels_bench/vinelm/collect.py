@@ -102,7 +102,7 @@ async def run_nodes(base_url: str, model: str, nodes: list[tuple[str, Path_]],
                    for j in range(1, len(prefix))]
         async with sem:
             st = await call_stage(client, base_url, model, settings.suite, inv.stage,
-                                  len(prefix) - 1, p, history, settings)
+                                  len(prefix) - 1, p, history, settings, None)
         answer, detail, ok = None, "", False
         if inv.answers:
             v = await asyncio.to_thread(judge, p, st.output_text, settings.code_timeout_s)

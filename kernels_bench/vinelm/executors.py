@@ -135,7 +135,7 @@ class EngineExecutor:
         inv, p = self.invocations[len(prefix) - 1], self.problems[problem]
         async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0)) as client:
             st = await call_stage(client, self.base_url, prefix[-1], self.suite, inv.stage,
-                                  len(prefix) - 1, p, history, self.settings)
+                                  len(prefix) - 1, p, history, self.settings, None)
         self.checkpoints[problem, prefix] = history + [(inv.stage, st.output_text)]
         ok = False
         if inv.answers:

@@ -143,7 +143,7 @@ def test_gives_up_after_max_restarts(sup: Supervisor, tmp_path: Path) -> None:
     m = sup.start(spec(tmp_path, mode="crash"))
     events = run_until(sup, lambda ev: ev and ev[-1].kind == "failed")
     assert [e.kind for e in events] == ["down", "down", "failed"]
-    assert events[-1].detail == "exited with code 3; gave up after 2 restarts"
+    assert events[-1].detail == "exited with code 3; gave up after 2 restarts in 600 s"
     assert m.state is State.FAILED
 
 
@@ -202,9 +202,13 @@ def test_a_wedged_process_is_restarted(tmp_path: Path) -> None:
         sup.stop_all(grace_s=1)
 
 
-def test_a_stable_process_gets_its_restart_budget_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("window_s", [0.5, 60.0])
+def test_the_restart_budget_counts_the_window_s_restarts(tmp_path: Path,
+                                                        window_s: float) -> None:
+    """A second crash after the first restart left the window is restarted again, with
+    the first backoff; within the window it is given up on."""
     sup = Supervisor(tmp_path, health_timeout_s=20, max_restarts=1, backoff_s=0.1,
-                     backoff_max_s=0.1, stable_s=0.5)
+                     backoff_max_s=0.1, restart_window_s=window_s)
     try:
         m = sup.start(spec(tmp_path))
         run_until(sup, lambda ev: m.state is State.UP and len(tree(m)) == 2)
@@ -212,11 +216,16 @@ def test_a_stable_process_gets_its_restart_budget_back(tmp_path: Path) -> None:
         run_until(sup, lambda ev: [e.kind for e in ev] == ["down", "up"])
         assert m.restarts == 1
         time.sleep(0.6)
-        sup.step(restart=True)
-        assert m.restarts == 0  # a later crash is restarted again, with the first backoff
         os.kill(m.pid, signal.SIGKILL)
-        events = run_until(sup, lambda ev: [e.kind for e in ev] == ["down", "up"])
-        assert events[0].detail == "killed by SIGKILL; restart 1 of 1 in 0.1 s"
+        if window_s < 0.6:
+            events = run_until(sup, lambda ev: [e.kind for e in ev] == ["down", "up"])
+            assert events[0].detail == "killed by SIGKILL; restart 1 of 1 in 0.1 s"
+            assert m.restarts == 2
+        else:
+            events = run_until(sup, lambda ev: [e.kind for e in ev] == ["failed"])
+            assert events[0].detail == ("killed by SIGKILL; gave up after 1 restarts in "
+                                        "60 s")
+            assert m.state is State.FAILED
     finally:
         sup.stop_all(grace_s=1)
 
