@@ -236,6 +236,7 @@ def analyse(folder: Path | Sequence[Path], baseline: str | None = None,
             total["released"][reason] = total["released"].get(reason, 0) + n
         total["refused"] += c["refused"]
         total["admitted_first"] += c["admitted_first"]
+        total["released"] = dict(sorted(total["released"].items()))
     return {"folder": " + ".join(f.name for f in folders), "baseline": base,
             "tool_gap": meta.get("tool_gap", "none"), "context": context,
             "seeds": meta["seeds"],
