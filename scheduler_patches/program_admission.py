@@ -45,8 +45,9 @@ class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Program-aware admission (a key of the ``hetserve`` table of ``additional_config``).
 
     Off by default: it changes STJF's order under pressure and has not been measured to
-    help (docs/results-retention.md, "Admission that knows programs"); on, for an A/B,
-    where admissions evict returning programs.
+    help (docs/results-retention.md, "Admission that knows programs": in the twin's runs
+    at 16k KV tokens per engine its pressure never held); on, for an A/B, where
+    admissions evict returning programs.
     """
 
     admit_returning_first: bool = False

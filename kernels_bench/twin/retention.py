@@ -1,4 +1,5 @@
-"""``python -m kernels_bench.twin.retention DIR... [--baseline SPEC] [--plot PNG]``: what KV
+"""``python -m kernels_bench.twin.retention [DIR...] [--pool DIR...] [--baseline SPEC]
+[--plot PNG]``: what KV
 retention between a program's calls buys, per replay folder (twin, or live with cached
 tokens per call), policy and rate, with 95% intervals.
 
@@ -23,6 +24,12 @@ Each is a mean over workflows with the replay's paired bootstrap over repeats an
 workflows (``replay.intervals``); every other spec is compared with the baseline: a ratio
 (tokens, times) or a difference in points (hit rates), a *finding* when its interval
 excludes no-difference, else *unresolved*.
+
+``--pool``: the folders are one replay run at several seeds (same specs, rates, gaps and
+context): each folder's runs count as repeats, so the bootstrap resamples the seeds as
+well as the workflows (a twin run without jitter or charged decisions repeats exactly, so
+seeds, not repeats, are what varies it). Workflow ``wNNNN`` of one seed and of another are
+different problems; the draw takes the same index in each, which is sound for the mean.
 """
 
 from __future__ import annotations
@@ -130,17 +137,54 @@ def _rows(folder: Path, name: str) -> list[dict[str, Any]]:
             if line.strip()]
 
 
-def analyse(folder: Path, baseline: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-            seed: int = 0) -> dict[str, Any]:
-    """Values and comparisons of one replay folder (JSON-ready)."""
-    summary = load_summary(folder)
-    base = baseline or summary["meta"]["baseline"]
-    context = summary["meta"].get("context", "trace")
+POOLED_META = ("baseline", "tool_gap", "context", "workflows", "problems", "arrival")
+"""What the folders pooled as seeds of one replay must agree on (``summary.json`` meta)."""
+
+
+def _pooled(folders: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                               list[dict[str, Any]], dict[str, Any]]:
+    """Requests, workflows and runs of ``folders`` as one replay whose repeat ``k`` is
+    the ``k``-th (folder, repeat) pair, and the first folder's meta with ``seeds`` (every
+    folder's); ValueError when the folders are not the same setup."""
+    summaries = [load_summary(f) for f in folders]
+    meta = summaries[0]["meta"]
+    for f, s in zip(folders[1:], summaries[1:]):
+        differ = [k for k in POOLED_META if s["meta"].get(k) != meta.get(k)]
+        if differ:
+            raise ValueError(f"{f}: not the setup of {folders[0]} ({', '.join(differ)} differ)"
+                             "; --pool pools the seeds of one replay")
+    if len({s["meta"].get("seed") for s in summaries}) < len(folders):
+        raise ValueError("--pool: two folders ran the same seed (a twin run repeats exactly)")
+    requests, flows, runs = [], [], []
+    at: dict[tuple[int, int], int] = {}
+    for i, (f, s) in enumerate(zip(folders, summaries)):
+        def repeat(row: Mapping[str, Any], i: int = i) -> int:
+            return at.setdefault((i, row.get("repeat", 0)), len(at))
+        requests += [{**r, "repeat": repeat(r)} for r in _rows(f, "requests")]
+        flows += [{**w, "repeat": repeat(w)} for w in _rows(f, "workflows")]
+        runs += s.get("runs", [])
+    return requests, flows, runs, {**meta, "seeds": [s["meta"].get("seed") for s in summaries]}
+
+
+def analyse(folder: Path | Sequence[Path], baseline: str | None = None,
+            block_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0) -> dict[str, Any]:
+    """Values and comparisons of one replay folder, or of several pooled as the seeds
+    of one replay (``_pooled``; counters summed over them) (JSON-ready)."""
+    folders = [folder] if isinstance(folder, Path) else list(folder)
+    if len(folders) == 1:
+        summary = load_summary(folders[0])
+        meta, run_rows = summary["meta"], summary.get("runs", [])
+        meta = {**meta, "seeds": [meta.get("seed")]}
+        request_rows, flow_rows = _rows(folders[0], "requests"), _rows(folders[0], "workflows")
+    else:
+        request_rows, flow_rows, run_rows, meta = _pooled(folders)
+    base = baseline or meta["baseline"]
+    context = meta.get("context", "trace")
     calls: dict[tuple[str, float, int, str], Calls] = {}
-    for r in _rows(folder, "requests"):
+    for r in request_rows:
         calls.setdefault((r["policy"], r["rate"], r.get("repeat", 0), r["job_id"]),
                          []).append(r)
-    flows = [w for w in _rows(folder, "workflows") if w.get("error") is None]
+    flows = [w for w in flow_rows if w.get("error") is None]
     stages = max((w["num_stages"] for w in flows), default=0)
     chat_block = block_size if context == "chat" else None
     ms = metrics(stages, chat_block)
@@ -180,13 +224,24 @@ def analyse(folder: Path, baseline: str | None = None, block_size: int = DEFAULT
                 row[m.key] = None if c is None or not math.isfinite(c.value) else {
                     **_json(c), "verdict": iv.verdict(c, m.difference)}  # 0 / 0: none
             comparisons.append(row)
-    counters = [{"policy": r["policy"], "rate": r["rate"], **r["summary"]["twin"]["retention"]}
-                for r in summary.get("runs", [])
-                if "retention" in (r.get("summary", {}).get("twin") or {})]
-    return {"folder": folder.name, "baseline": base, "tool_gap": summary["meta"].get(
-        "tool_gap", "none"), "context": context, "block_size": chat_block,
-        "stages": stages, "values": values, "comparisons": comparisons,
-        "counters": counters}
+    counted: dict[tuple[str, float], dict[str, Any]] = {}
+    for r in run_rows:
+        c = (r.get("summary", {}).get("twin") or {}).get("retention")
+        if c is None:
+            continue
+        total = counted.setdefault((r["policy"], r["rate"]), {
+            "policy": r["policy"], "rate": r["rate"], "released": {}, "refused": 0,
+            "admitted_first": 0})
+        for reason, n in c["released"].items():
+            total["released"][reason] = total["released"].get(reason, 0) + n
+        total["refused"] += c["refused"]
+        total["admitted_first"] += c["admitted_first"]
+        total["released"] = dict(sorted(total["released"].items()))
+    return {"folder": " + ".join(f.name for f in folders), "baseline": base,
+            "tool_gap": meta.get("tool_gap", "none"), "context": context,
+            "seeds": meta["seeds"],
+            "block_size": chat_block, "stages": stages, "values": values,
+            "comparisons": comparisons, "counters": list(counted.values())}
 
 
 def _ci(v: Mapping[str, Any] | None, fmt: str) -> str:
@@ -214,7 +269,8 @@ def tables(result: Mapping[str, Any]) -> str:
             out.append(f"| {c['policy']} | {c['rate']:g} | " + " | ".join(
                 _ci(c[m.key], "{:+.1f}" if m.difference else m.ratio_fmt) for m in ms) + " |")
     if result.get("counters"):
-        out += ["", "What the engines did (twin counters, summed over engines):", "",
+        over = "engines" if len(result.get("seeds", [])) < 2 else "engines and seeds"
+        out += ["", f"What the engines did (twin counters, summed over {over}):", "",
                 "| spec | rate/s | programs released, by reason | calls not protected "
                 "| calls admitted first |", "| --- | --- | --- | --- | --- |"]
         for c in result["counters"]:
@@ -268,7 +324,7 @@ def _json(i: iv.Interval | None) -> dict[str, float] | None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.retention",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("folders", type=Path, nargs="+", help="replay folders (twin or live)")
+    p.add_argument("folders", type=Path, nargs="*", help="replay folders (twin or live)")
     p.add_argument("--baseline", help="the spec compared against (default: the replay's "
                    "--baseline)")
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, metavar="N",
@@ -276,16 +332,25 @@ def main(argv: list[str] | None = None) -> None:
                    f"{DEFAULT_BLOCK_SIZE}, vLLM's on GPUs)")
     p.add_argument("--plot", type=Path, metavar="PNG", help="write the plot here")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results here")
+    p.add_argument("--pool", action="append", nargs="+", type=Path, metavar="DIR",
+                   default=[], help="replay folders of one setup at several seeds, "
+                   "analysed as one (the seeds resampled as repeats); repeat the option "
+                   "for another group")
     a = p.parse_args(argv)
     if a.block_size < 1:
         p.error("--block-size must be >= 1")
+    if not a.folders and not a.pool:
+        p.error("no replay folder given")
     try:
-        results = [analyse(f, a.baseline, a.block_size) for f in a.folders]
+        results = [analyse(f, a.baseline, a.block_size)
+                   for f in [*a.folders, *a.pool]]
     except (ValueError, KeyError) as e:
         raise SystemExit(f"error: {e}") from None
     for res in results:
+        seeds = res.get("seeds") or []
+        at = f", seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
         print(f"### {res['folder']}: tool gap {res['tool_gap']}, context {res['context']}"
-              f"\n\n{tables(res)}\n")
+              f"{at}\n\n{tables(res)}\n")
     if a.plot:
         plot(results, a.plot)
     if a.json:

@@ -220,3 +220,57 @@ def test_the_reports_token_counts_on_hand_made_calls() -> None:
     assert report.recomputed(calls) == 236.0 + 50.0
     assert report.recomputed_prefix([*calls, call(1, 300, 0, attempt=2)], 16) == 32.0
     assert report.recomputed([call(0, 100, 0), {**call(1, 50, 0), "cached_tokens": None}]) is None
+
+
+def _hand_made_replay(folder: Path, seed: int, saved: float, gap: str = "exp:8") -> Path:
+    """A chat-context replay of two specs (``lru``, ``keep``) at one rate, 20 two-stage
+    workflows: the second call finds 0 (lru) or ``saved`` (keep) of the first call's 64
+    prompt tokens cached."""
+    folder.mkdir(parents=True)
+    requests, flows = [], []
+    for policy, cached in (("lru", 0), ("keep", saved)):
+        for j in range(20):
+            job = f"w{j:04d}"
+            for stage, (prompt, hit) in enumerate(((64, 0), (96, int(cached)))):
+                requests.append({"policy": policy, "rate": 1.0, "repeat": 0, "job_id": job,
+                                 "attempt": 1, "stage_index": stage, "prompt_tokens": prompt,
+                                 "cached_tokens": hit, "send_s": 0.0, "first_token_s": 0.01,
+                                 "tool_gap_s": 1.0 if stage == 0 else None})
+            flows.append({"policy": policy, "rate": 1.0, "repeat": 0, "job_id": job,
+                          "num_stages": 2, "arrival_s": 0.0, "end_s": 2.0 + j / 100,
+                          "error": None})
+    for name, rows in (("requests", requests), ("workflows", flows)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = [{"policy": p, "rate": 1.0, "repeat": 0, "summary": {"twin": {"retention": {
+        "released": {"returned": 3}, "refused": 1, "admitted_first": 2}}}}
+        for p in ("lru", "keep")]
+    (folder / "summary.json").write_text(json.dumps({"meta": {
+        "baseline": "lru", "tool_gap": gap, "context": "chat", "seed": seed,
+        "workflows": 20}, "runs": runs}))
+    return folder
+
+
+def test_the_report_pools_seeds_as_repeats(tmp_path: Path) -> None:
+    """Folders of one setup at several seeds are one analysis: each seed a repeat, so a
+    seed that disagrees widens the interval; counters are summed; folders of another
+    setup, or the same seed twice, are refused."""
+    a = _hand_made_replay(tmp_path / "s0", 0, saved=64)
+    b = _hand_made_replay(tmp_path / "s1", 1, saved=0)
+    one = report.analyse(a)
+    pooled = report.analyse([a, b])
+    assert one["seeds"] == [0] and pooled["seeds"] == [0, 1]
+    cut = {r["policy"]: r for r in one["comparisons"]}["keep"]["recomputed_prefix"]
+    assert cut["value"] == cut["high"] == 0.0  # seed 0 alone: every workflow saved all
+    both = {r["policy"]: r for r in pooled["comparisons"]}["keep"]["recomputed_prefix"]
+    assert both["value"] == pytest.approx(0.5)
+    assert both["low"] == 0.0 and both["high"] == 1.0  # draws of seed 0 only, seed 1 only
+    counted = {c["policy"]: c for c in pooled["counters"]}
+    assert counted["keep"] == {"policy": "keep", "rate": 1.0, "released": {"returned": 6},
+                               "refused": 2, "admitted_first": 4}
+    assert "summed over engines and seeds" in report.tables(pooled)
+    with pytest.raises(ValueError, match="tool_gap"):
+        report.analyse([a, _hand_made_replay(tmp_path / "g2", 2, 64, gap="exp:2")])
+    with pytest.raises(ValueError, match="same seed"):
+        report.analyse([a, _hand_made_replay(tmp_path / "again", 0, 64)])
+    report.main(["--pool", str(a), str(b), "--json", str(tmp_path / "r.json")])
+    assert json.loads((tmp_path / "r.json").read_text())[0]["seeds"] == [0, 1]
