@@ -35,6 +35,7 @@ import zmq.asyncio
 from router.config.engines import MAX_NODE_CHARS
 from router.request import MAX_LABEL_CHARS
 from router.settings import MAX_NAME_CHARS
+from router.state.engine_versions import Version
 
 MAX_PEER_MESSAGE_BYTES = 64 << 10
 """Largest message a worker takes from a peer (an event is a few hundred bytes)."""
@@ -68,6 +69,7 @@ class Marked(msgspec.Struct, tag="marked", array_like=True, frozen=True):
     """The launcher or an operator marked ``instance`` up or down."""
 
     instance: _Name
+    version: Version
     up: bool
     reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)]
 
@@ -77,13 +79,17 @@ class Moved(msgspec.Struct, tag="moved", array_like=True, frozen=True):
     is now ``url``."""
 
     instance: _Name
+    version: Version
     url: Annotated[str, msgspec.Meta(max_length=MAX_URL_CHARS)]
     node: Annotated[str, msgspec.Meta(max_length=MAX_NODE_CHARS)] | None = None
 
 
 class Added(msgspec.Struct, tag="added", array_like=True, frozen=True):
-    """The launcher added an engine: ``entry`` is its cluster-file table, as JSON."""
+    """The launcher added engine ``instance``: ``entry`` is its cluster-file table, as
+    JSON (named ``instance``)."""
 
+    instance: _Name
+    version: Version
     entry: Annotated[str, msgspec.Meta(max_length=MAX_ENTRY_CHARS)]
 
 
@@ -91,9 +97,12 @@ class Removed(msgspec.Struct, tag="removed", array_like=True, frozen=True):
     """The launcher removed ``instance`` (drained and stopped)."""
 
     instance: _Name
+    version: Version
 
 
 PeerEvent = Routed | Completed | Marked | Moved | Added | Removed
+EngineEvent = Marked | Moved | Added | Removed
+"""The events that change an engine's admin state: each carries its ``Version``."""
 
 log = logging.getLogger("hetserve.router.peers")
 
@@ -108,7 +117,9 @@ class Peers:
     """This worker's link to the others: ``publish`` a change, ``apply`` theirs."""
 
     def __init__(self, endpoints: list[str], worker: int,
-                 apply: Callable[[PeerEvent], None]) -> None:
+                 apply: Callable[[PeerEvent], bool]) -> None:
+        """``apply``: applies a peer's event; False when the event is older than what it
+        would change (dropped), ValueError when it names what is not here."""
         if not 0 <= worker < len(endpoints):
             raise ValueError(f"worker {worker} is not in 0..{len(endpoints) - 1}")
         self.endpoint = endpoints[worker]
@@ -125,6 +136,9 @@ class Peers:
         """Peer messages that did not decode (dropped)."""
         self.rejected = 0
         """Decoded peer events ``apply`` refused (an unknown model or engine; dropped)."""
+        self.stale = 0
+        """Engine events older than the change they would undo (dropped: a later one
+        holds)."""
 
     async def start(self, ctx: zmq.asyncio.Context) -> None:
         """Bind this worker's PUB socket, connect to the peers' and start applying."""
@@ -172,7 +186,7 @@ class Peers:
             self.malformed += 1
             return
         try:
-            self._apply(event)
+            fresh = self._apply(event)
         except ValueError as exc:
             self.rejected += 1
             log.debug("peer event refused: %s", exc)
@@ -181,7 +195,10 @@ class Peers:
             self.rejected += 1
             log.exception("peer event %s could not be applied", type(event).__name__)
             return
-        self.applied += 1
+        if fresh:
+            self.applied += 1
+        else:
+            self.stale += 1
 
     async def _run(self, sub: zmq.asyncio.Socket) -> None:
         while True:
