@@ -16,8 +16,25 @@ A program's stages are sequential (the next is sent after the last one answered)
 peer has the change long before the program's next call. A worker that restarts starts
 with an empty table: a program whose next stage reaches it first is routed afresh.
 
-The receive loop is as total as the telemetry's: bounded message size, a strict decoder,
-an event naming an unknown model or engine counted and dropped.
+Admin calls to different workers at once can conflict (a down to one, an up to another;
+two adds of one name), and their events cross. Each engine event (``Marked``, ``Moved``,
+``Added``, ``Removed``) therefore carries its engine's ``Version``, a Lamport clock
+(counter, worker index; ``router.state.engine_versions``): a worker applies a peer's
+event only if it is newer than what it holds for what the event sets (the add or
+removal, the admin mark, the URL), so every worker ends with the last writer's change
+whatever the arrival order; an older one is counted (``stale``) and dropped. A removal
+leaves a tombstone (bounded), so a late older add does not bring the engine back. The
+marks a worker sets itself (a failed call's breaker, the health prober, silent
+telemetry) are its own observations: they are not published. A restarted worker holds
+the cluster file's engines (counter 0) until a change of each reaches it; its own calls
+are stamped at least with the wall clock in ms (one host, one clock), so they win over
+the older changes it has not heard of.
+
+The receive loop is as total as the telemetry's: bounded message size, a strict decoder
+(a version's counter is 1..2**63-1 and its worker index below ``MAX_WORKERS``, else the
+message is malformed), an event naming an unknown model or engine (a mark's or move's
+version is kept for the engine's add, which it may have overtaken), or a version of a
+worker not in the cluster, counted and dropped.
 """
 
 from __future__ import annotations
