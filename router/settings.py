@@ -44,6 +44,9 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_NAME_CHARS = 256
 """Longest name: what router workers' messages to each other carry
 (``router.dispatch.peers``)."""
+MAX_WORKERS = 256
+"""Most router processes one ``[router]`` may ask for (a worker index in their messages
+to each other is below it)."""
 
 
 def _name(value: str) -> str:

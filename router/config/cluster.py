@@ -29,11 +29,8 @@ from router.config.addresses import (LOOPBACK, http_url, is_loopback, loopback_t
                                      loopback_url_port)
 from router.config.engines import EngineConfig, EngineInstance, RemoteEngine, decode_engine
 from router.policies.registry import validate_settings
-from router.settings import (STRICT, Port, Positive, PositiveInt, SettingsError, Verified,
-                             check, decode, encode)
-
-MAX_WORKERS = 256
-"""Most router processes one ``[router]`` may ask for."""
+from router.settings import (MAX_WORKERS, STRICT, Port, Positive, PositiveInt, SettingsError,
+                             Verified, check, decode, encode)
 
 
 class ConfigError(ValueError):

@@ -27,12 +27,14 @@ from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import EngineInstance, MAX_NODE_CHARS
 from router.config.membership import with_engine, without_engine
 from router.dispatch.health_probe import HealthProber
-from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Marked, Moved,
-                                   PeerEvent, Peers, Removed, Routed, sync_endpoints)
+from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Completed,
+                                   EngineEvent, Marked, Moved, PeerEvent, Peers, Removed,
+                                   Routed, sync_endpoints)
 from router.dispatch.scraper import MetricsScraper
 from router.dispatch.subscriber import StreamSubscriber
 from router.policies.base import Policy
 from router.state.cluster import ClusterState
+from router.state.engine_versions import EngineVersions, Version
 from router.state.stats import RouterStats, StreamCounters
 from router.state.view import EngineView, engine_view
 from router.state.vllm_metrics import VllmMetrics, stock_snapshot
@@ -73,6 +75,9 @@ class Membership:
         self.scraper = MetricsScraper(self.prober.urls, self._on_scrape,
                                       r.scrape_interval_ms / 1e3, r.scrape_timeout_s)
         """Reads the stock vLLM engines (``kind = "vllm"``) at the prober's URLs."""
+        self.worker = worker
+        self.versions = EngineVersions(self.instances, worker or 0)
+        """The admin changes' order across router workers (``router.state.engine_versions``)."""
         self.peers = _peers(r, worker, self._apply_peer)
         self._cleanup: set[asyncio.Task[None]] = set()
         """Unsubscribing from a removed engine's endpoints (a peer's removal)."""
@@ -130,21 +135,28 @@ class Membership:
         if not up:
             state.ledger.release_engine(instance)
 
-    def admin_mark(self, instance: str, up: bool, reason: str) -> None:
+    def admin_mark(self, instance: str, up: bool, reason: str) -> Version:
         """The launcher's or an operator's verdict on an engine: applied here and sent to
-        the other router workers (ValueError: an unknown instance)."""
+        the other router workers (ValueError: an unknown instance); its version."""
         self.mark_engine(instance, up, reason)
+        version = self.versions.stamp(instance)
+        self.versions.marked(instance, version, up, reason)
         if self.peers is not None:
-            self.peers.publish(Marked(instance, up, reason))
+            self.peers.publish(Marked(instance, version, up, reason))
+        return version
 
-    def admin_move(self, instance: str, url: str, node: str | None = None) -> None:
+    def admin_move(self, instance: str, url: str, node: str | None = None) -> Version:
         """The launcher restarted ``instance`` on another port (same host; any host for an
         engine it placed on a Ray node): route to ``url`` from now on, here and in the
         other router workers (ValueError: an unknown instance, or a URL that is not
-        ``http://<the same host>:PORT``). ``node``: its new Ray node."""
+        ``http://<the same host>:PORT``). ``node``: its new Ray node. Its version."""
         self.move_engine(instance, url, node)
+        version = self.versions.stamp(instance)
+        url, node = self.state.table[instance].url, self.nodes.get(instance)
+        self.versions.moved(instance, version, url, node)
         if self.peers is not None:
-            self.peers.publish(Moved(instance, url, node))
+            self.peers.publish(Moved(instance, version, url, node))
+        return version
 
     def move_engine(self, instance: str, url: str, node: str | None = None) -> None:
         table = self.state.table
@@ -174,17 +186,20 @@ class Membership:
 
     # ---- engines added and removed ----
 
-    def admin_add(self, entry: dict[str, Any]) -> EngineInstance:
+    def admin_add(self, entry: dict[str, Any]) -> tuple[EngineInstance, Version]:
         """The launcher started one more replica of a served model: validate its
         cluster-file ``entry`` (``router.config.with_engine``; ConfigError, a ValueError)
-        and route to it, here and in the other router workers; the new instance."""
+        and route to it, here and in the other router workers; the new instance and the
+        add's version."""
         text = msgspec.json.encode(entry).decode()
         if len(text) > MAX_ENTRY_CHARS:  # the other workers could not take it
             raise ValueError(f"the entry is over {MAX_ENTRY_CHARS} characters as JSON")
         inst = self._add(entry)
+        version = self.versions.stamp(inst.name)
+        self.versions.added(inst.name, version, text)
         if self.peers is not None:
-            self.peers.publish(Added(text))
-        return inst
+            self.peers.publish(Added(inst.name, version, text))
+        return inst, version
 
     def _add(self, entry: dict[str, Any]) -> EngineInstance:
         self.config = with_engine(self.config, entry)
@@ -209,26 +224,31 @@ class Membership:
         log.warning("engine %s added (%s at %s)", inst.name, model, inst.url)
         return inst
 
-    async def admin_remove(self, instance: str) -> None:
+    async def admin_remove(self, instance: str) -> Version:
         """The launcher drained ``instance`` (marked down, nothing in flight) and stops
         it: forget it here and in the other router workers (ValueError: not marked down,
-        requests still in flight, or not removable: ``without_engine``)."""
+        requests still in flight, or not removable: ``without_engine``); its version."""
         unused = self._remove(instance)
+        version = self.versions.stamp(instance)
+        self.versions.removed(instance, version)
         if self.peers is not None:
-            self.peers.publish(Removed(instance))
-        await _unsubscribe(unused)
+            self.peers.publish(Removed(instance, version))
+        await self._unsubscribe(unused)
+        return version
 
-    def _remove(self, instance: str) -> list[tuple[StreamSubscriber, str]]:
-        """Forget ``instance``; the endpoints no other engine uses, to unsubscribe."""
+    def _remove(self, instance: str, drained: bool = True) -> list[tuple[StreamSubscriber, str]]:
+        """Forget ``instance``; the endpoints no other engine uses, to unsubscribe.
+        ``drained``: only if marked down with nothing in flight here (an admin call); a
+        peer's removal, already ordered after the calls it won over, is applied as is."""
         state = self.state
         e = state.table.engines.get(instance)
         if e is None:
             raise ValueError(f"unknown instance '{instance}'")
-        if e.marked_down is None:
+        if drained and e.marked_down is None:
             raise ValueError(f"mark '{instance}' down first (POST .../down), then remove it "
                              "once nothing is in flight")
         inflight = state.open_requests[instance]
-        if inflight:
+        if drained and inflight:
             raise ValueError(f"'{instance}' still has {inflight} request(s) in flight")
         self.config = without_engine(self.config, instance)
         inst = self.instances.pop(instance)
@@ -241,35 +261,90 @@ class Membership:
         if self.policy is not None:
             self.policy.remove_engine(instance)
         log.warning("engine %s removed", instance)
-        used = {ep for i in self.instances.values()
-                for ep in (i.telemetry_endpoint, i.kv_events_endpoint)}
+        used = self._endpoints()
         return [(sub, ep) for sub, ep in ((self.snapshots, inst.telemetry_endpoint),
                                           (self.kv_events, inst.kv_events_endpoint))
                 if ep is not None and ep not in used]
 
-    def _apply_peer(self, event: PeerEvent) -> None:
-        """A change another router worker made (ValueError: one naming what is not here)."""
-        now, programs = self.clock(), self.state.programs
-        if isinstance(event, Added):
-            entry = msgspec.json.decode(event.entry)
-            if not isinstance(entry, dict):  # refused like any bad entry: a ValueError
-                raise ValueError("an added engine's entry must be a JSON object")  # noqa: TRY004
-            self._add(entry)
-        elif isinstance(event, Removed):
-            unused = self._remove(event.instance)
+    def _endpoints(self) -> set[str | None]:
+        return {ep for i in self.instances.values()
+                for ep in (i.telemetry_endpoint, i.kv_events_endpoint)}
+
+    async def _unsubscribe(self, unused: list[tuple[StreamSubscriber, str]]) -> None:
+        """Stop listening on ``unused`` endpoints, but for those an engine added since
+        uses again."""
+        for sub, ep in unused:
+            if ep not in self._endpoints():
+                await sub.remove(ep)
+
+    def _unsubscribe_later(self, unused: list[tuple[StreamSubscriber, str]]) -> None:
+        if unused and self._ctx is not None:  # not started: nothing is subscribed
             self._cleanup.add(task := asyncio.get_running_loop().create_task(
-                _unsubscribe(unused)))
+                self._unsubscribe(unused)))
             task.add_done_callback(self._cleanup.discard)
-        elif isinstance(event, Moved):
-            self.move_engine(event.instance, event.url, event.node)
-        elif isinstance(event, Marked):
-            self.mark_engine(event.instance, event.up, event.reason)
-        elif isinstance(event, Routed):
+
+    def _apply_peer(self, event: PeerEvent) -> bool:
+        """A change another router worker made: False if a later change holds (dropped;
+        ValueError: one naming what is not here)."""
+        now, programs = self.clock(), self.state.programs
+        if isinstance(event, Routed):
             if not any(e.model == event.model for e in self.state.table.engines.values()):
                 raise ValueError(f"unknown model {event.model!r}")
             programs.routed(event.program_id, event.model, now)
-        else:
+        elif isinstance(event, Completed):
             programs.completed(event.program_id, event.final, event.error, now)
+        else:
+            return self._apply_engine(event)
+        return True
+
+    def _apply_engine(self, event: EngineEvent) -> bool:
+        """A peer's admin change, applied if its version is above the one held for what
+        it sets (``router.state.engine_versions``); False if not."""
+        name, version, versions = event.instance, event.version, self.versions
+        if version.worker >= self.config.router.workers or version.worker == self.worker:
+            raise ValueError(f"version {version} is not of a peer worker")
+        entry = msgspec.json.decode(event.entry) if isinstance(event, Added) else {}
+        if not isinstance(entry, dict) or (isinstance(event, Added)
+                                           and entry.get("name") != name):
+            raise ValueError(f"an added engine's entry must be a JSON object named {name!r}")
+        field = ("life" if isinstance(event, (Added, Removed)) else
+                 "mark" if isinstance(event, Marked) else "place")
+        if not versions.newer(name, field, version):
+            return False
+        if isinstance(event, Marked):
+            if name not in self.instances:  # kept for its add, should that come later
+                versions.marked(name, version, event.up, event.reason)
+                raise ValueError(f"unknown instance '{name}'")
+            self.mark_engine(name, event.up, event.reason)
+            versions.marked(name, version, event.up, event.reason)
+        elif isinstance(event, Moved):
+            if name not in self.instances:
+                versions.moved(name, version, event.url, event.node)
+                raise ValueError(f"unknown instance '{name}'")
+            self.move_engine(name, event.url, event.node)
+            versions.moved(name, version, event.url, event.node)
+        elif isinstance(event, Removed):
+            if name in self.instances:
+                self._unsubscribe_later(self._remove(name, drained=False))
+            versions.removed(name, version)
+        else:
+            self._put(entry, version, event.entry)
+        return True
+
+    def _put(self, entry: dict[str, Any], version: Version, text: str) -> None:
+        """A peer's add of ``entry`` that holds (over an engine of that name here too:
+        two adds at once): the engine as the entry has it, with the marks and moves that
+        came before their add (from a third worker) but are newer."""
+        name = entry["name"]
+        if name in self.instances:
+            with_engine(without_engine(self.config, name), entry)  # refused as a whole
+            self._unsubscribe_later(self._remove(name, drained=False))
+        self._add(entry)
+        self.versions.added(name, version, text)
+        if (mark := self.versions.mark(name)) is not None:
+            self.mark_engine(name, mark.up, mark.reason)
+        if (place := self.versions.place(name)) is not None:
+            self.move_engine(name, place.url, place.node)
 
     # ---- what the engines report ----
 
@@ -323,7 +398,7 @@ class Membership:
 
 
 def _peers(r: RouterConfig, worker: int | None,
-           apply: Callable[[PeerEvent], None]) -> Peers | None:
+           apply: Callable[[PeerEvent], bool]) -> Peers | None:
     """The link to the other router workers; None for a lone router."""
     if r.workers == 1:
         return None
@@ -333,7 +408,3 @@ def _peers(r: RouterConfig, worker: int | None,
                          "sets both)")
     return Peers(sync_endpoints(r.sync_dir, r.port, r.workers), worker, apply)
 
-
-async def _unsubscribe(unused: list[tuple[StreamSubscriber, str]]) -> None:
-    for sub, ep in unused:
-        await sub.remove(ep)

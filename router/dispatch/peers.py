@@ -16,8 +16,25 @@ A program's stages are sequential (the next is sent after the last one answered)
 peer has the change long before the program's next call. A worker that restarts starts
 with an empty table: a program whose next stage reaches it first is routed afresh.
 
-The receive loop is as total as the telemetry's: bounded message size, a strict decoder,
-an event naming an unknown model or engine counted and dropped.
+Admin calls to different workers at once can conflict (a down to one, an up to another;
+two adds of one name), and their events cross. Each engine event (``Marked``, ``Moved``,
+``Added``, ``Removed``) therefore carries its engine's ``Version``, a Lamport clock
+(counter, worker index; ``router.state.engine_versions``): a worker applies a peer's
+event only if it is newer than what it holds for what the event sets (the add or
+removal, the admin mark, the URL), so every worker ends with the last writer's change
+whatever the arrival order; an older one is counted (``stale``) and dropped. A removal
+leaves a tombstone (bounded), so a late older add does not bring the engine back. The
+marks a worker sets itself (a failed call's breaker, the health prober, silent
+telemetry) are its own observations: they are not published. A restarted worker holds
+the cluster file's engines (counter 0) until a change of each reaches it; its own calls
+are stamped at least with the wall clock in ms (one host, one clock), so they win over
+the older changes it has not heard of.
+
+The receive loop is as total as the telemetry's: bounded message size, a strict decoder
+(a version's counter is 1..2**63-1 and its worker index below ``MAX_WORKERS``, else the
+message is malformed), an event naming an unknown model or engine (a mark's or move's
+version is kept for the engine's add, which it may have overtaken), or a version of a
+worker not in the cluster, counted and dropped.
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ import zmq.asyncio
 from router.config.engines import MAX_NODE_CHARS
 from router.request import MAX_LABEL_CHARS
 from router.settings import MAX_NAME_CHARS
+from router.state.engine_versions import Version
 
 MAX_PEER_MESSAGE_BYTES = 64 << 10
 """Largest message a worker takes from a peer (an event is a few hundred bytes)."""
@@ -68,6 +86,7 @@ class Marked(msgspec.Struct, tag="marked", array_like=True, frozen=True):
     """The launcher or an operator marked ``instance`` up or down."""
 
     instance: _Name
+    version: Version
     up: bool
     reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)]
 
@@ -77,13 +96,17 @@ class Moved(msgspec.Struct, tag="moved", array_like=True, frozen=True):
     is now ``url``."""
 
     instance: _Name
+    version: Version
     url: Annotated[str, msgspec.Meta(max_length=MAX_URL_CHARS)]
     node: Annotated[str, msgspec.Meta(max_length=MAX_NODE_CHARS)] | None = None
 
 
 class Added(msgspec.Struct, tag="added", array_like=True, frozen=True):
-    """The launcher added an engine: ``entry`` is its cluster-file table, as JSON."""
+    """The launcher added engine ``instance``: ``entry`` is its cluster-file table, as
+    JSON (named ``instance``)."""
 
+    instance: _Name
+    version: Version
     entry: Annotated[str, msgspec.Meta(max_length=MAX_ENTRY_CHARS)]
 
 
@@ -91,9 +114,12 @@ class Removed(msgspec.Struct, tag="removed", array_like=True, frozen=True):
     """The launcher removed ``instance`` (drained and stopped)."""
 
     instance: _Name
+    version: Version
 
 
 PeerEvent = Routed | Completed | Marked | Moved | Added | Removed
+EngineEvent = Marked | Moved | Added | Removed
+"""The events that change an engine's admin state: each carries its ``Version``."""
 
 log = logging.getLogger("hetserve.router.peers")
 
@@ -108,7 +134,9 @@ class Peers:
     """This worker's link to the others: ``publish`` a change, ``apply`` theirs."""
 
     def __init__(self, endpoints: list[str], worker: int,
-                 apply: Callable[[PeerEvent], None]) -> None:
+                 apply: Callable[[PeerEvent], bool]) -> None:
+        """``apply``: applies a peer's event; False when the event is older than what it
+        would change (dropped), ValueError when it names what is not here."""
         if not 0 <= worker < len(endpoints):
             raise ValueError(f"worker {worker} is not in 0..{len(endpoints) - 1}")
         self.endpoint = endpoints[worker]
@@ -125,6 +153,9 @@ class Peers:
         """Peer messages that did not decode (dropped)."""
         self.rejected = 0
         """Decoded peer events ``apply`` refused (an unknown model or engine; dropped)."""
+        self.stale = 0
+        """Engine events older than the change they would undo (dropped: a later one
+        holds)."""
 
     async def start(self, ctx: zmq.asyncio.Context) -> None:
         """Bind this worker's PUB socket, connect to the peers' and start applying."""
@@ -172,7 +203,7 @@ class Peers:
             self.malformed += 1
             return
         try:
-            self._apply(event)
+            fresh = self._apply(event)
         except ValueError as exc:
             self.rejected += 1
             log.debug("peer event refused: %s", exc)
@@ -181,7 +212,10 @@ class Peers:
             self.rejected += 1
             log.exception("peer event %s could not be applied", type(event).__name__)
             return
-        self.applied += 1
+        if fresh:
+            self.applied += 1
+        else:
+            self.stale += 1
 
     async def _run(self, sub: zmq.asyncio.Socket) -> None:
         while True:

@@ -1,6 +1,7 @@
 """The admin routes: ``POST /admin/engines/{instance}/down|up|move|add|remove``, the
 launcher's and operators' verdicts on engines, to loopback or unix-socket clients only
-(or with an admin key)."""
+(or with an admin key). An answer says what this worker applied and the change's version
+(``router.state.engine_versions``), by which every router worker orders it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from router.dispatch.peers import MAX_REASON_CHARS
 from router.proxy import Proxy
 from router.request import RequestError
 from router.routes.http import error_response, json_response, read_body
+from router.state.engine_versions import Version
 
 
 class AdminRoutes:
@@ -51,25 +53,28 @@ class AdminRoutes:
                 f"'{state}' (up, down, move, add, remove)", code="not_found"))
         if state == "remove":
             try:
-                await membership.admin_remove(name)
+                version = await membership.admin_remove(name)
             except ValueError as exc:
                 return error_response(RequestError(409, str(exc), code="conflict"))
             self.proxy.forget(name)
-            return json_response({"instance": name, "removed": True})
+            return json_response({"instance": name, "removed": True,
+                                  "version": _version(version)})
         if state == "move":
             url = request.query.get("url", "")
             try:
-                membership.admin_move(name, url, request.query.get("node"))
+                version = membership.admin_move(name, url, request.query.get("node"))
             except ValueError as exc:
                 return error_response(RequestError(400, str(exc), param="url"))
             return json_response({"instance": name, "url": self.core.state.table[name].url,
-                                  "node": membership.nodes.get(name)})
+                                  "node": membership.nodes.get(name),
+                                  "version": _version(version)})
         reason = request.query.get("reason", "admin")
         if len(reason) > MAX_REASON_CHARS:  # the other workers could not take it
             return error_response(RequestError(
                 400, f"reason: at most {MAX_REASON_CHARS} characters", param="reason"))
-        membership.admin_mark(name, state == "up", reason)
-        return json_response({"instance": name, "up": state == "up", "reason": reason})
+        version = membership.admin_mark(name, state == "up", reason)
+        return json_response({"instance": name, "up": state == "up", "reason": reason,
+                              "version": _version(version)})
 
     async def _add(self, request: web.Request, name: str) -> web.Response:
         try:
@@ -83,11 +88,12 @@ class AdminRoutes:
         try:
             if isinstance(env := entry.get("api_key_env"), str):
                 engine_key(name, env)  # its key must be here before anything routes to it
-            inst = self.core.membership.admin_add(entry)
+            inst, version = self.core.membership.admin_add(entry)
         except ValueError as exc:  # ConfigError, KeysError
             return error_response(RequestError(400, str(exc)))
         return json_response({"instance": inst.name, "url": inst.url,
-                              "model": inst.served_model_name, "node": inst.node})
+                              "model": inst.served_model_name, "node": inst.node,
+                              "version": _version(version)})
 
     def _local(self, request: web.Request) -> bool:
         transport = request.transport
@@ -99,3 +105,9 @@ class AdminRoutes:
         peer = transport.get_extra_info("peername")
         return (is_loopback(self.settings.host) and isinstance(peer, tuple)
                 and is_loopback(peer[0]))
+
+
+def _version(version: Version) -> list[int]:
+    """A change's version as the answer shows it: ``[counter, worker]`` (the change holds
+    in every router worker unless one with a higher version was made at once elsewhere)."""
+    return [version.counter, version.worker]

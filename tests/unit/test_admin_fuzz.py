@@ -10,14 +10,15 @@ tables (names, URLs, down marks, nodes) and their telemetry subscriptions must b
 ``HETSERVE_ADMIN_FUZZ_EXAMPLES`` sets the number of sequences (default 25).
 
 Calls at once to different workers that conflict (a down to one, an up to the other; two
-adds of one name) are not drawn: the workers apply each other's changes in the order
-they arrive, with nothing to order them, and can end up disagreeing
-(docs/reliability.md, "An hour of faults").
+adds of one name with different URLs) are sent by ``test_conflicting_calls_at_once_converge``:
+each change carries its engine's version (``router.state.engine_versions``), and both
+workers must end with the one of the higher version, the one the answers name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -137,6 +138,12 @@ def test_admin_calls_leave_workers_agreeing(tmp_path_factory: object,
 
 async def _post(client: object, name: str, action: str, params: dict[str, str],
                 body: object, tmp_path: Path | None = None) -> int:
+    return (await _call(client, name, action, params, body, tmp_path))[0]
+
+
+async def _call(client: object, name: str, action: str, params: dict[str, str],
+                body: object, tmp_path: Path | None = None) -> tuple[int, object]:
+    """The status and the JSON answer (None if not JSON) of one admin call."""
     path = f"/admin/engines/{quote(name, safe='')}/{quote(action, safe='')}"
     kwargs: dict[str, object] = {"params": params}
     if isinstance(body, dict) and "model" in body and tmp_path is not None:
@@ -144,8 +151,52 @@ async def _post(client: object, name: str, action: str, params: dict[str, str],
     if body is not None:
         kwargs["json"] = body
     async with client.post(path, **kwargs) as resp:  # type: ignore[attr-defined]
-        await resp.read()
-        return resp.status
+        data = await resp.read()
+        try:
+            return resp.status, json.loads(data)
+        except ValueError:
+            return resp.status, None
+
+
+TRIES = 10
+
+
+def test_conflicting_calls_at_once_converge(tmp_path: Path) -> None:
+    """A down to one worker and an up to the other sent together, then two adds of one
+    name with different URLs, ``TRIES`` times each: once the peer messages have arrived
+    both workers hold the same table, and it is the change with the higher version."""
+    config = _config(tmp_path)
+
+    async def go() -> None:
+        apps = [create_app(config, worker=i) for i in (0, 1)]  # type: ignore[arg-type]
+        async with served(apps[0]) as c0, served(apps[1]) as c1:
+            await _joined(apps, [c0, c1])
+            for i in range(TRIES):
+                answers = await asyncio.gather(
+                    _call(c0, "a", "down", {"reason": f"try {i}"}, None),
+                    _call(c1, "a", "up", {}, None))
+                winner = max(answers, key=lambda a: a[1]["version"])[1]  # type: ignore[index]
+                await _settled(apps)
+                assert _table(apps[0]) == _table(apps[1]), i
+                assert _table(apps[0])["a"][1] == (None if winner["up"] else f"try {i}")
+                answers = await asyncio.gather(*(
+                    _call(c, f"n{i}", "add", {}, {"model": "builtin:tiny-a",
+                                                  "url": f"http://127.0.0.1:{9200 + 2 * i + w}"},
+                          tmp_path) for w, c in enumerate((c0, c1))))
+                assert [a[0] for a in answers] == [200, 200], answers
+                winner = max(answers, key=lambda a: a[1]["version"])[1]  # type: ignore[index]
+                await _settled(apps)
+                assert _table(apps[0]) == _table(apps[1]), i
+                assert _table(apps[0])[f"n{i}"][0] == winner["url"]
+                assert _subscriptions(apps[0]) == _subscriptions(apps[1])
+    asyncio.run(go())
+
+
+async def _settled(apps: list[object]) -> None:
+    """Until the two workers' tables are equal (at most ``SETTLE_S``)."""
+    deadline = time.monotonic() + SETTLE_S
+    while _table(apps[0]) != _table(apps[1]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 async def _joined(apps: list[object], clients: list[object]) -> None:

@@ -18,6 +18,10 @@ from router.dispatch.core import RouterCore
 from router.dispatch.peers import (Completed, Marked, Moved, PeerEvent, Peers, Routed,
                                    sync_endpoints)
 from router.request import MAX_LABEL_CHARS
+from router.state.engine_versions import Version
+
+V = Version(1, 1)
+"""A version of worker 1's (the peer of the cores below, worker 0)."""
 
 
 def _config(tmp_path: Path, workers: int = 2) -> object:
@@ -39,7 +43,8 @@ def test_events_reach_every_other_worker(tmp_path: Path) -> None:
         endpoints = sync_endpoints(str(tmp_path), 8000, 3)
         got: list[list[PeerEvent]] = [[], [], []]
         ctx = zmq.asyncio.Context()
-        peers = [Peers(endpoints, i, got[i].append) for i in range(3)]
+        peers = [Peers(endpoints, i, lambda e, got=got[i]: got.append(e) or True)
+                 for i in range(3)]
         for p in peers:
             await p.start(ctx)
 
@@ -67,6 +72,10 @@ def test_events_reach_every_other_worker(tmp_path: Path) -> None:
 
 _LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text()
          | st.sampled_from(["routed", "completed", "marked", "moved", "a", "b", "p"]))
+_VERSIONS = st.one_of(st.lists(st.integers(-2, 2**64 - 1) | st.sampled_from([0, 1, 255, 256]),
+                                min_size=2, max_size=2),
+                      st.lists(st.sampled_from([0, 1, 2, 2**63 - 1, 2**63]), min_size=2,
+                               max_size=2), _LEAF)
 
 
 @settings(max_examples=300, deadline=None)
@@ -76,16 +85,45 @@ _LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text()
         _LEAF, lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=20)),
     st.builds(lambda tag, rest: msgspec.msgpack.encode([tag, *rest]),  # near-valid events
               st.sampled_from(["routed", "completed", "marked", "moved", "added", "removed"]),
-              st.lists(_LEAF, max_size=4))))
+              st.lists(_LEAF, max_size=4)),
+    st.builds(lambda tag, name, version, rest: msgspec.msgpack.encode(  # engine events
+                  [tag, name, version, *rest]),
+              st.sampled_from(["marked", "moved", "added", "removed"]),
+              st.sampled_from(["a", "b", "c"]) | _LEAF, _VERSIONS, st.lists(_LEAF, max_size=3))))
 @example(b"\x91\xa2\x00\x80")  # a string that is not UTF-8: msgspec's UnicodeDecodeError
-@example(msgspec.msgpack.encode(["added", "[1]"]))  # an engine entry that is not an object
-@example(msgspec.msgpack.encode(["added", "5"]))
+@example(msgspec.msgpack.encode(["added", "a", [1, 1], "[1]"]))  # an entry not an object
+@example(msgspec.msgpack.encode(["added", "a", [1, 1], "5"]))
+@example(msgspec.msgpack.encode(["marked", "a", [2**63, 1], True, "x"]))  # bad versions
+@example(msgspec.msgpack.encode(["marked", "a", [0, 1], True, "x"]))
+@example(msgspec.msgpack.encode(["marked", "a", [1, 256], True, "x"]))
+@example(msgspec.msgpack.encode(["marked", "a", [1, 5], True, "x"]))  # not a worker here
+@example(msgspec.msgpack.encode(["marked", "a", [1, 0], True, "x"]))  # its own index
+@example(msgspec.msgpack.encode(["removed", "a", [1, 1]]))
 def test_any_message_is_applied_or_counted(message: bytes) -> None:
     core = RouterCore(_CONFIG, worker=0)
     assert core.membership.peers is not None
     core.membership.peers.feed(message)
     peers = core.membership.peers
-    assert peers.applied + peers.malformed + peers.rejected == 1
+    assert peers.applied + peers.malformed + peers.rejected + peers.stale == 1
+
+
+def test_bad_versions_are_counted_and_dropped() -> None:
+    """A version out of bounds (counter 0 or past 2**63 - 1, a worker index of 256 or
+    more) does not decode; one of a worker the cluster does not have, or of the receiving
+    worker itself, is refused; neither changes the table."""
+    core = RouterCore(_CONFIG, worker=0)
+    peers = core.membership.peers
+    assert peers is not None
+    encode = msgspec.msgpack.encode
+    for counter, worker in ((0, 1), (-1, 1), (2**63, 1), (1, 256), (1, -1)):
+        peers.feed(encode(["marked", "a", [counter, worker], False, "x"]))
+    assert (peers.malformed, peers.rejected, peers.applied) == (5, 0, 0)
+    for counter, worker in ((1, 2), (1, 0)):  # two workers: only worker 1 is a peer
+        peers.feed(encode(["marked", "a", [counter, worker], False, "x"]))
+    assert (peers.malformed, peers.rejected, peers.applied) == (5, 2, 0)
+    assert core.state.table["a"].marked_down is None
+    peers.feed(encode(["marked", "a", [2**63 - 1, 1], False, "x"]))  # the largest
+    assert core.state.table["a"].marked_down == "x" and peers.applied == 1
 
 
 def test_bounds_and_unknown_names_are_dropped(tmp_path: Path) -> None:
@@ -95,7 +133,7 @@ def test_bounds_and_unknown_names_are_dropped(tmp_path: Path) -> None:
     encode = msgspec.msgpack.encode
     feed(encode(Routed("x" * (MAX_LABEL_CHARS + 1), "a")))  # over the id bound
     feed(encode(Routed("p", "no-such-model")))
-    feed(encode(Marked("no-such-engine", False, "gone")))
+    feed(encode(Marked("no-such-engine", V, False, "gone")))
     feed(b"\x91" * 100_000)  # deeply nested
     peers = core.membership.peers
     assert (peers.malformed, peers.rejected, peers.applied) == (2, 2, 0)
@@ -104,12 +142,12 @@ def test_bounds_and_unknown_names_are_dropped(tmp_path: Path) -> None:
     assert core.state.programs.model("p") == "b"
     feed(encode(Completed("p", True, False)))
     assert "p" not in core.state.programs
-    feed(encode(Marked("b", False, "launcher: exited")))
+    feed(encode(Marked("b", V, False, "launcher: exited")))
     assert core.state.table["b"].down_reason == "marked down: launcher: exited"
     host = core.state.table["b"].url.rsplit(":", 1)[0]
-    feed(encode(Moved("b", "http://10.9.9.9:9999")))  # another host: refused
-    feed(encode(Moved("b", f"{host}:9999/x")))  # a path: refused
-    feed(encode(Moved("b", f"{host}:9999")))
+    feed(encode(Moved("b", Version(2, 1), "http://10.9.9.9:9999")))  # another host: refused
+    feed(encode(Moved("b", Version(2, 1), f"{host}:9999/x")))  # a path: refused
+    feed(encode(Moved("b", Version(2, 1), f"{host}:9999")))
     assert core.state.table["b"].url == core.membership.prober.urls["b"] == f"{host}:9999"
     assert (core.membership.peers.rejected, core.membership.peers.applied) == (4, 4)
 
