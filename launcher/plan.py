@@ -38,6 +38,9 @@ NODE_HOST = "<node-address>"
 """Stands in an engine's command line for its node's address (set where it lands)."""
 NODE_PORT = "<node-port>"
 """Stands in an engine's command line for the port found free where it lands."""
+LISTEN_FD = "<listen-fd>"
+"""Stands in a router worker's command line for the descriptor of the port's socket,
+which the launcher binds when it starts (``launcher.listener``)."""
 _MAX_IPC_PATH = 107  # bytes in sockaddr_un.sun_path, less the NUL
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ def _key_env(cfg: LaunchConfig, e: EngineConfig) -> dict[str, str]:
 
 def router_processes(cfg: LaunchConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
     """The router process, or ``router.workers`` of them, each health-checked on its own
-    port (the shared one answers from any of them)."""
+    port and serving the shared one on the socket the launcher binds (``--listen-fd``)."""
     r = cfg.router
     assert r.port is not None
     argv = [python, "-m", "router", "--config", str(run_dir / RESOLVED_NAME)]
@@ -182,7 +185,8 @@ def router_processes(cfg: LaunchConfig, run_dir: Path, python: str) -> list[Proc
             kind="router", port=r.port, devices="", model=r.policy)]
     assert r.worker_ports is not None
     return [ProcessPlan(
-        spec=ProcessSpec(name=f"router-{i}", argv=[*argv, "--worker", str(i)],
+        spec=ProcessSpec(name=f"router-{i}",
+                         argv=[*argv, "--worker", str(i), "--listen-fd", LISTEN_FD],
                          env=dict(BASE_ENV), log_path=run_dir / f"router-{i}.log",
                          health_url=http_url(r.host, port) + "/health"),
         kind="router", port=port, devices="", model=r.policy)

@@ -52,6 +52,9 @@ class ProcessSpec:
     processes carrying its load; 0: it never yields."""
     placement: Any = None
     """Where a placed process runs (``launcher.backends.ray.RayPlacement``); None: here."""
+    pass_fds: tuple[int, ...] = ()
+    """Descriptors it inherits, at the same numbers (the router workers' shared socket,
+    ``launcher.listener``)."""
 
 
 class ProcessHandle(Protocol):
@@ -168,13 +171,14 @@ def signal_group(popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
             os.killpg(popen.pid, sig)
 
 
-def spawn(argv: list[str], env: dict[str, str], stdout: IO[bytes] | None, nice: int = 0
-          ) -> subprocess.Popen[bytes]:
+def spawn(argv: list[str], env: dict[str, str], stdout: IO[bytes] | None, nice: int = 0,
+          pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session, to get SIGTERM when this process dies, ``nice``
-    added to its niceness."""
+    added to its niceness, inheriting ``pass_fds`` (no other descriptor)."""
     return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
                             stderr=subprocess.STDOUT if stdout is not None else None,
-                            start_new_session=True, preexec_fn=_preexec(os.getpid(), nice))
+                            start_new_session=True, preexec_fn=_preexec(os.getpid(), nice),
+                            pass_fds=pass_fds)
 
 
 def _preexec(parent: int, nice: int) -> Callable[[], None]:

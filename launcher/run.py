@@ -32,6 +32,7 @@ import zmq
 
 from launcher.backends.base import Backend
 from launcher.console import Console, table
+from launcher.listener import share_port
 from launcher.plan import BASE_ENV, Plan
 from launcher.process import ProcessHandle
 from launcher.scale import Scaler
@@ -60,6 +61,7 @@ def launch(plan: Plan, backend: Backend, console: Console, demo: bool = False) -
     """Run the cluster of ``plan``, its engines on ``backend``; return the launcher's exit
     code."""
     la = plan.config.launcher
+    plan, listener = share_port(plan)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     plan.write_resolved()
     (plan.run_dir / "plan.txt").write_text(plan.render() + "\n")
@@ -99,6 +101,8 @@ def launch(plan: Plan, backend: Backend, console: Console, demo: bool = False) -
     finally:
         console.done()
         console.line("stopping the cluster")
+        if listener is not None:
+            listener.close()  # the workers' copies serve until they stop
         sup.stop_all(la.grace_period_s, first=routers, helpers=helpers)
         for s, handler in previous.items():
             signal.signal(s, handler)

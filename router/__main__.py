@@ -1,11 +1,14 @@
-"""``python -m router --config cluster.toml [--host H] [--port P] [--uds PATH] [--worker I]``.
+"""``python -m router --config cluster.toml [--host H] [--port P] [--uds PATH] [--worker I]
+[--listen-fd N]``.
 
 Serves the router's app (``router.app``, aiohttp on uvloop) on a TCP listener and, if a
 unix socket path is configured, on that socket too. Command-line values override the
 ``[router]`` table; the TCP port must come from one of them. With ``router.workers`` > 1,
-this process is worker ``I`` of them: it shares the port with the others
-(``SO_REUSEPORT``) and also listens alone on ``router.worker_ports[I]`` when given
-(``router.dispatch.peers``).
+this process is worker ``I`` of them: it shares the port with the others and also listens
+alone on ``router.worker_ports[I]`` when given (``router.dispatch.peers``). With
+``--listen-fd N`` it serves the port on the inherited socket ``N`` (the launcher's: one
+accept queue for all workers); without it, on a socket of its own (``SO_REUSEPORT`` with
+several workers; ``router.listen``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import stat
 import sys
 
 import uvloop
@@ -26,35 +28,7 @@ from aiohttp import web
 
 from router.app import RUNNER_OPTIONS, create_app
 from router.config.cluster import ClusterConfig, ConfigError, load_cluster_config
-
-
-def _tcp_socket(host: str, port: int, shared: bool = False) -> socket.socket:
-    """A listening socket; ``shared``: other router workers bind the same port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if shared:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(BACKLOG)
-    return sock
-
-
-def _unix_socket(path: str) -> socket.socket:
-    """Bind ``path`` (replacing a stale socket file, never any other file), mode 0600."""
-    try:
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    os.chmod(path, 0o600)
-    sock.listen(BACKLOG)
-    return sock
-
-
-BACKLOG = 4096
+from router.listen import BACKLOG, inherited_socket, tcp_socket, unix_socket
 
 
 async def serve(app: web.Application, sockets: list[socket.socket]) -> None:
@@ -98,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uds", help="also listen on this unix socket (default: router.uds)")
     parser.add_argument("--worker", type=int, metavar="I",
                         help="this process's index among router.workers router processes")
+    parser.add_argument("--listen-fd", type=int, metavar="N",
+                        help="serve the port on inherited listening socket N (the launcher "
+                        "passes one to all workers) instead of binding it")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"))
     args = parser.parse_args(argv)
@@ -114,11 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     r = config.router
     assert r.port is not None
     try:
-        sockets = [_tcp_socket(r.host, r.port, shared=r.workers > 1)]
+        sockets = [tcp_socket(r.host, r.port, shared=r.workers > 1) if args.listen_fd is None
+                   else inherited_socket(args.listen_fd, r.port)]
         if r.worker_ports and args.worker is not None:
-            sockets.append(_tcp_socket(r.host, r.worker_ports[args.worker]))
+            sockets.append(tcp_socket(r.host, r.worker_ports[args.worker]))
         if config.router.uds:
-            sockets.append(_unix_socket(config.router.uds))
+            sockets.append(unix_socket(config.router.uds))
+    except ValueError as exc:
+        print(f"router: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"router: cannot listen: {exc}", file=sys.stderr)
         return 2

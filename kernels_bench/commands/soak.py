@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--request-timeout-s", type=float, default=120.0,
                         help="a client's timeout (then the request counts as lost)")
     parser.add_argument("--start-timeout-s", type=float, default=900.0)
+    parser.add_argument("--only", action="append", choices=soak.SCHEDULE, metavar="FAULT",
+                        help="only this fault of the schedule (repeatable; default: all of "
+                        f"{', '.join(soak.SCHEDULE)}, in that order)")
     parser.add_argument("--out", type=Path, default=Path("bench_results/soak"),
                         help="directory for soak.json and soak.png")
     args = parser.parse_args(argv)
@@ -67,22 +70,23 @@ def _secs(v: float | None) -> str:
 
 
 def table(result: dict) -> str:
-    """One row per fault: what ended in its window, routed around, back."""
+    """One row per fault: what ended in its window (and how much of it its client sent
+    twice), routed around, back."""
     lines = ["| t (s) | fault | target | " + " | ".join(OUTCOME_COLUMNS)
-             + " | routed around | back |",
-             "|---|---|---|" + "---|" * len(OUTCOME_COLUMNS) + "---|---|"]
+             + " | resent | routed around | back |",
+             "|---|---|---|" + "---|" * len(OUTCOME_COLUMNS) + "---|---|---|"]
     o = result["steady"]
     lines.append("| 0 | (steady) | - | " + " | ".join(str(o[c]) for c in OUTCOME_COLUMNS)
-                 + " | - | - |")
+                 + f" | {result['steady_resent']} | - | - |")
     for f in result["faults"]:
         o = f["outcomes"]
         around = "-" if f["routed_around_s"] is None else f"{f['routed_around_s']:.2f} s"
         lines.append(f"| {f['at'] - result['t_start']:.0f} | {f['kind']} | {f['target']} | "
                      + " | ".join(str(o[c]) for c in OUTCOME_COLUMNS)
-                     + f" | {around} | {_secs(f['back_s'])} |")
+                     + f" | {f['resent']} | {around} | {_secs(f['back_s'])} |")
     o = result["outcomes"]
     lines.append("| | **total** | | " + " | ".join(f"**{o[c]}**" for c in OUTCOME_COLUMNS)
-                 + " | | |")
+                 + f" | **{result['resent']}** | | |")
     return "\n".join(lines)
 
 

@@ -17,8 +17,11 @@ error event: a clear error the client can retry on), ``refused`` (the connection
 refused: the router was down; clear at once), ``cut`` (the connection to the router broke
 mid-request: the router process died; the client sees a transport error) or ``lost``
 (nothing the client could tell from success: no answer before its timeout, or an answer
-or stream that ended cleanly but incomplete, with neither ``[DONE]`` nor an error event). The router's ``hetserve_redispatched_total`` says how many
-were routed again unseen. Per engine fault, the time until the router stopped routing to
+or stream that ended cleanly but incomplete, with neither ``[DONE]`` nor an error event).
+A request that provably never left its client (``unsent``: its pooled keep-alive
+connection was found closed before its first byte was written) is sent once more on a new
+connection, as a standard client does, and counted as ``resent`` whatever its outcome.
+The router's ``hetserve_redispatched_total`` says how many were routed again unseen. Per engine fault, the time until the router stopped routing to
 the engine (its ``hetserve_engine_up`` polled every 50 ms) and until the launcher had it
 up again. Loopback only, bounded by ``--max-seconds``.
 """
@@ -38,6 +41,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 import httpx
@@ -62,6 +66,8 @@ class Record:
     """``pending`` until its client is done (one still pending at the end counts lost)."""
     seconds: float = 0.0
     detail: str = ""
+    resent: bool = False
+    """Sent again on a new connection (``unsent``)."""
 
 
 @dataclass
@@ -73,6 +79,8 @@ class Phase:
     back_after_s: float | None = None
     """Until the launcher said the process was up again."""
     outcomes: dict[str, int] = field(default_factory=dict)
+    resent: int = 0
+    """Requests among them sent twice by their client (``unsent``)."""
     redispatched: float = 0.0
 
 
@@ -88,6 +96,8 @@ class ClosedLoop:
         self.concurrency, self.timeout_s = concurrency, timeout_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._fresh: aiohttp.ClientSession
+        """A new connection for every request: where ``_post`` resends."""
 
     def start(self) -> None:
         self._thread.start()
@@ -98,11 +108,39 @@ class ClosedLoop:
 
     async def _main(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
+        async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session, \
+                aiohttp.ClientSession(timeout=timeout, trust_env=False,
+                                      connector=aiohttp.TCPConnector(force_close=True)
+                                      ) as self._fresh:
             await asyncio.gather(*(self._client(session, i) for i in range(self.concurrency)))
 
     async def _client(self, session: aiohttp.ClientSession, i: int) -> None:
         raise NotImplementedError
+
+    async def _post(self, session: aiohttp.ClientSession, body: dict[str, Any],
+                    request: Resendable) -> aiohttp.ClientResponse:
+        """POST ``body``; once more, on a new connection, if the first try never left the
+        client (``unsent``: then ``request.resent``)."""
+        try:
+            return await session.post(self.url, json=body)
+        except aiohttp.ClientOSError as exc:
+            if not unsent(exc):
+                raise
+        request.resent = True
+        return await self._fresh.post(self.url, json=body)
+
+
+class Resendable(Protocol):
+    resent: bool
+
+
+def unsent(exc: aiohttp.ClientOSError) -> bool:
+    """Whether a request provably never reached the server: aiohttp found its connection
+    closing (a pooled keep-alive connection the server had closed) when it came to write
+    the request, whose headers and small body go out in that one write, so not a byte of
+    it was sent. A request that failed after its bytes were written (reset, disconnected,
+    cut mid-answer) may have reached the server and is never resent."""
+    return isinstance(exc.__cause__, aiohttp.ClientConnectionResetError)
 
 
 def transport_outcome(exc: aiohttp.ClientError | asyncio.TimeoutError) -> str:
@@ -137,7 +175,7 @@ class Load(ClosedLoop):
         body = {"model": self.model, "max_tokens": 24, "stream": rec.stream,
                 "messages": [{"role": "user", "content": "Count from one to twenty."}]}
         try:
-            async with session.post(self.url, json=body) as resp:
+            async with await self._post(session, body, rec) as resp:
                 data = await resp.read()
                 rec.outcome, rec.detail = _classify(resp.status, rec.stream, data)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -304,6 +342,7 @@ def _run(args: argparse.Namespace, cluster: Cluster) -> dict[str, object]:
         counts[rec.phase][rec.outcome] += 1
     for p in phases:
         p.outcomes = {o: counts[p.name][o] for o in OUTCOMES}
+        p.resent = sum(1 for r in load.records if r.phase == p.name and r.resent)
     samples = [asdict(r) for r in load.records if r.outcome != "ok"][:200]
     events = [line for line in cluster.output().splitlines()
               if re.search(r"killed|wedged|exited|up again|restart", line)]
@@ -314,8 +353,9 @@ def _run(args: argparse.Namespace, cluster: Cluster) -> dict[str, object]:
 
 def table(result: dict[str, object]) -> str:
     lines = ["| phase | ended | ok | error (clear) | refused (router down) | cut (router "
-             "died) | lost | re-dispatched | routed around after | back after |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "died) | lost | resent (by the client) | re-dispatched | routed around after | "
+             "back after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in result["phases"]:  # type: ignore[attr-defined]
         o = p["outcomes"]
 
@@ -323,6 +363,7 @@ def table(result: dict[str, object]) -> str:
             return "-" if v is None else f"{v:.2f} s"
 
         lines.append(f"| {p['name']} | {sum(o.values())} | {o['ok']} | {o['error']} | "
-                     f"{o['refused']} | {o['cut']} | {o['lost']} | {p['redispatched']:.0f} | "
+                     f"{o['refused']} | {o['cut']} | {o['lost']} | {p['resent']} | "
+                     f"{p['redispatched']:.0f} | "
                      f"{secs(p['down_after_s'])} | {secs(p['back_after_s'])} |")
     return "\n".join(lines)

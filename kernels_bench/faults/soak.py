@@ -2,8 +2,8 @@
 
 Starts a cluster with the launcher (default ``examples/soak.toml``: two replicas of one
 tiny model behind two router workers), keeps ``--concurrency`` closed-loop clients busy
-and repeats a fault schedule until ``--duration-s`` has passed, each fault after the
-cluster recovered from the last:
+and repeats a fault schedule (``--only``: some of its faults) until ``--duration-s`` has
+passed, each fault after the cluster recovered from the last:
 
 - ``kill-engine``: SIGKILL to an engine's server (the launcher restarts it);
 - ``stop-engine``: SIGSTOP to an engine and its children (the launcher finds it wedged,
@@ -15,8 +15,9 @@ cluster recovered from the last:
 Clients cycle through four kinds of call: a chat answer, a streamed one, a three-stage
 program (workflow metadata, one program id), and a stream the client abandons after its
 first chunk. Every request is classified as in ``kernels_bench faults`` (``ok``,
-``error``, ``refused``, ``cut``, ``lost``; ``abandoned`` for a deliberate disconnect) and
-attributed to the fault window it ended in. Every ``--sample-s`` the tool samples each
+``error``, ``refused``, ``cut``, ``lost``; ``abandoned`` for a deliberate disconnect; those
+their client sent twice, ``resent``, counted apart) and attributed to the fault window it
+ended in. Every ``--sample-s`` the tool samples each
 process of the cluster (RSS and open descriptors, the engine's tree summed) and each
 router worker's ``/metrics`` (its RSS, descriptors, asyncio tasks, program-table, KV-index
 and in-flight ledger sizes). Loopback only.
@@ -74,6 +75,8 @@ class Call:
     ended: float = 0.0
     outcome: str = "pending"
     detail: str = ""
+    resent: bool = False
+    """Sent again on a new connection (``signals.unsent``)."""
 
 
 @dataclass
@@ -88,6 +91,8 @@ class Fault:
     worker up, the restarted cluster's table printed."""
     outcomes: dict[str, int] = field(default_factory=dict)
     """Requests that ended between this fault and the next."""
+    resent: int = 0
+    """Requests among them sent twice by their client."""
 
 
 class Clients(ClosedLoop):
@@ -128,7 +133,7 @@ class Clients(ClosedLoop):
         if workflow is not None:
             body["workflow"] = workflow
         try:
-            async with session.post(self.url, json=body) as resp:
+            async with await self._post(session, body, call) as resp:
                 if kind == "abandon" and resp.status == 200:
                     first = await resp.content.readline()
                     resp.close()  # the client goes away mid-stream
@@ -269,12 +274,13 @@ class Soak:
               f"engines {', '.join(self.engines)}; soak for {args.duration_s:g} s",
               flush=True)
         try:
+            schedule = [k for k in SCHEDULE if k in (args.only or SCHEDULE)]
             n = 0
             while time.time() + args.settle_s < t_end:
                 time.sleep(args.settle_s)
-                kind = SCHEDULE[n % len(SCHEDULE)]
+                kind = schedule[n % len(schedule)]
                 try:
-                    self._inject(kind, n // len(SCHEDULE))
+                    self._inject(kind, n // len(schedule))
                 except RuntimeError as exc:  # a target gone for good, a launcher that
                     # exited: what was measured so far is kept, no further fault
                     self.events.append(f"soak: {kind} stopped the schedule: {exc}"[:3000])
@@ -355,9 +361,12 @@ class Soak:
         windows: list[Counter[str]] = [Counter() for _ in self.faults]
         for c in calls:
             k = sum(1 for s in starts if s <= c.ended) - 1
-            (steady if k < 0 else windows[k])[c.outcome] += 1
+            window = steady if k < 0 else windows[k]
+            window[c.outcome] += 1
+            window["resent"] += c.resent
         for f, w in zip(self.faults, windows):
             f.outcomes = {o: w[o] for o in (*OUTCOMES, "abandoned")}
+            f.resent = w["resent"]
         total = Counter(c.outcome for c in calls)
         timeline: dict[int, Counter[str]] = {}
         for c in calls:
@@ -366,6 +375,7 @@ class Soak:
                 "duration_s": self.args.duration_s, "sample_s": self.args.sample_s,
                 "t_start": t_start, "engines": self.engines,
                 "outcomes": {o: total[o] for o in (*OUTCOMES, "abandoned")},
+                "resent": sum(c.resent for c in calls), "steady_resent": steady["resent"],
                 "by_kind": {k: dict(Counter(c.outcome for c in calls if c.kind == k))
                             for k in KINDS},
                 "steady": {o: steady[o] for o in (*OUTCOMES, "abandoned")},
@@ -374,7 +384,8 @@ class Soak:
                 "timeline_s": TIMELINE_S,
                 "timeline": {str(k): dict(v) for k, v in sorted(timeline.items())},
                 "not_ok": [asdict(c) for c in calls
-                           if c.outcome not in ("ok", "abandoned", "refused")][:5000]}
+                           if c.resent or c.outcome not in ("ok", "abandoned", "refused")
+                           ][:5000]}
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:

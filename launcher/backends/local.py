@@ -40,7 +40,7 @@ class LocalProcess:
                 log.write(f"\n---- launcher: restart {restarts} ----\n".encode())
                 log.flush()
             popen = spawn(spec.argv, {**os.environ, **spec.env, MARKER_ENV: str(run_dir)},
-                          stdout=log, nice=spec.nice)
+                          stdout=log, nice=spec.nice, pass_fds=spec.pass_fds)
         self.tree = ProcessTree(popen)
         self.pid = popen.pid
         self.health_url = spec.health_url

@@ -303,9 +303,13 @@ def test_router_workers(tmp_path: Path) -> None:
     assert [p.spec.health_url for p in plan.routers] == [
         "http://127.0.0.1:8100/health", "http://127.0.0.1:8101/health"]
     assert plan.router is plan.routers[0]
+    # the port's socket: bound by the launcher when it starts (launcher.listener)
+    assert [flag(p.spec.argv, "--listen-fd") for p in plan.routers] == ["<listen-fd>"] * 2
+    assert "--listen-fd '<listen-fd>'" in plan.render()
     one = plan_of(tmp_path, ROUTER + engine("a"))
     assert [p.spec.name for p in one.routers] == ["router"]
     assert flag(one.routers[0].spec.argv, "--worker") is None
+    assert flag(one.routers[0].spec.argv, "--listen-fd") is None
 
 
 def test_engine_api_key_from_the_environment(tmp_path: Path,
