@@ -34,13 +34,18 @@ def test_equal_to_the_whole_text_on_the_traces_and_odd_text() -> None:
         want = WHOLE.encode(text, add_special_tokens=False).ids
         assert chunks.ids(text) == want, text[:80]
         assert chunks.ids(text, 7) == want[:7]
+        assert chunks.count(text) == len(want)  # remembered by now: the counting path
     assert len(chunks.ids("word " * 700)) == 700  # no truncation carried from the file
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=60))
 def test_equal_on_any_text(text: str) -> None:
-    assert ChunkTokenizer(BERT).ids(text) == WHOLE.encode(text, add_special_tokens=False).ids
+    want = WHOLE.encode(text, add_special_tokens=False).ids
+    chunks = ChunkTokenizer(BERT)
+    assert chunks.count(text) == len(want)  # learning
+    assert chunks.ids(text) == want  # remembered
+    assert chunks.count(text) == len(want)
 
 
 def test_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
