@@ -17,6 +17,7 @@ metadata lacks these keys was trained as (``LEGACY``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import pickle
 import re
 from collections import Counter
@@ -125,6 +126,8 @@ class LengthPredictor:
     """``remaining_tokens`` satisfies ``base.LengthPredictor``."""
 
     KIND: ClassVar[str] = "length"
+    ONEHOT_MEMO: ClassVar[int] = 4096
+    """Distinct (workflow, stage, model) rows whose one-hot encoding is remembered."""
 
     def __init__(self, counter: TokenCounter, onehot: OneHotEncoder, tfidf: TfidfVectorizer,
                  svd: TruncatedSVD, forest: RandomForestQuantileRegressor,
@@ -135,6 +138,10 @@ class LengthPredictor:
         self.models = frozenset(self.model_list)
         self.settings, self.meta = settings, meta
         self._categories = [{c: i for i, c in enumerate(cats)} for cats in onehot.categories_]
+        widths = [len(c) for c in self._categories]
+        self._onehot_starts = list(itertools.accumulate([0, *widths[:-1]]))
+        self._onehot_width = sum(widths)
+        self._onehot_rows: dict[tuple[str, str, str], np.ndarray] = {}
         self._analyze = word_analyzer(tfidf)
         self._term_components = np.ascontiguousarray(svd.components_.T)
         """(vocabulary, components): a term's SVD loadings in one row (a few cache lines;
@@ -178,15 +185,22 @@ class LengthPredictor:
         return counts, self._sketch([f.user_text for f in feats])
 
     def _onehot(self, rows: Sequence[tuple[str, str, str]]) -> np.ndarray:
-        """``OneHotEncoder(handle_unknown="ignore").transform``: an unseen value is zeros."""
-        widths = [len(c) for c in self._categories]
-        starts = np.cumsum([0, *widths[:-1]])
-        out = np.zeros((len(rows), sum(widths)))
+        """``OneHotEncoder(handle_unknown="ignore").transform``: an unseen value is zeros.
+        Each distinct row is encoded once and remembered (workflows, stages and models
+        repeat; at most ``ONEHOT_MEMO`` rows, then the memo restarts)."""
+        memo = self._onehot_rows
+        out = np.empty((len(rows), self._onehot_width))
         for i, row in enumerate(rows):
-            for start, cats, value in zip(starts, self._categories, row):
-                j = cats.get(value)
-                if j is not None:
-                    out[i, start + j] = 1.0
+            encoded = memo.get(row)
+            if encoded is None:
+                if len(memo) >= self.ONEHOT_MEMO:
+                    memo.clear()
+                encoded = memo[row] = np.zeros(self._onehot_width)
+                for start, cats, value in zip(self._onehot_starts, self._categories, row):
+                    j = cats.get(value)
+                    if j is not None:
+                        encoded[start + j] = 1.0
+            out[i] = encoded
         return out
 
     def _sketch(self, texts: Sequence[str]) -> np.ndarray:

@@ -59,6 +59,12 @@ def test_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chunks.ids(many) == WHOLE.encode(many, add_special_tokens=False).ids
     assert len(chunks.memo) <= 10
     assert chunks.ids(many, 5) == WHOLE.encode(many, add_special_tokens=False).ids[:5]
+    monkeypatch.setattr(ChunkTokenizer, "MAX_TEXTS", 3)
+    monkeypatch.setattr(ChunkTokenizer, "MAX_TEXT_CHARS", 20)
+    for i in range(10):
+        assert chunks.count(f"t{i} u{i}") == len(WHOLE.encode(f"t{i} u{i}").ids) - 2
+        assert len(chunks.counted) <= 3
+    assert chunks.count("long " * 10) == 10 and "long " * 10 not in chunks.counted
 
 
 def test_new_chunks_tokenized_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
