@@ -3,7 +3,7 @@
 Trained with binary cross-entropy on (prompt, model, correct?) labels, one independent
 sigmoid per candidate model, on the first stage's user prompt of each workflow run (the
 request whose model the router chooses). Any local Hugging Face encoder works; CPU
-inference in batches under ``torch.inference_mode``.
+inference in batches, the head through numpy (issue 33).
 
 Two ways to train, by the encoder's kind (``encoder.build_encoder``):
 - a transformer is fine-tuned with its head (Chimera's recipe: AdamW, ``epochs``, ``lr``,
