@@ -22,7 +22,7 @@ Input = Literal[
     "unreported_requests", "unreported_prefill_tokens", "unreported_decode_tokens",
     "max_model_len", "waiting", "requests", "prefill_tokens", "decode_tokens",
     # StateView methods
-    "matched_blocks", "cached_tokens", "prefix_class", "model_inflight_tokens",
+    "matched_blocks", "cached_tokens", "prefix_hits", "prefix_class", "model_inflight_tokens",
     "program_model",
 ]
 INPUTS: frozenset[str] = frozenset(get_args(Input))
@@ -35,7 +35,8 @@ ON_STOCK_VLLM: dict[str, Source] = {
     "batch_size": "measured", "num_waiting": "measured", "kv_usage": "measured",
     "waiting": "measured", "requests": "measured",
     # vLLM's KV events, when the engine runs with --kv-events-config (else absent: no match)
-    "matched_blocks": "kv events", "cached_tokens": "kv events", "prefix_class": "kv events",
+    "matched_blocks": "kv events", "cached_tokens": "kv events", "prefix_hits": "kv events",
+    "prefix_class": "kv events",
     # not exported by vLLM: estimated from the router's in-flight ledger
     "queued_prefill_tokens": "estimated", "pending_decode_tokens": "estimated",
     "prefill_tokens": "estimated", "decode_tokens": "estimated",

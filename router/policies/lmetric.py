@@ -102,8 +102,7 @@ class HotspotDetector:
 class LMetric(Policy[LMetricSettings]):
     name = "lmetric"
     Settings = LMetricSettings
-    inputs = frozenset({"requests", "prefill_tokens", "cached_tokens", "matched_blocks",
-                        "prefix_class"})
+    inputs = frozenset({"requests", "prefill_tokens", "prefix_hits", "prefix_class"})
 
     @staticmethod
     def built_by(build: BuildPolicy) -> LMetric:
@@ -127,20 +126,23 @@ class LMetric(Policy[LMetricSettings]):
                view: StateView) -> tuple[EngineView, bool]:
         """The replica for ``req`` and whether the hotspot filter applied."""
         cands = list(cands)
+        names = [e.name for e in cands]
+        hits = view.prefix_hits(req, names)
         prompt = req.num_prompt_tokens
-        prefill = {e.name: new_prefill_tokens(prompt, view.cached_tokens(req, e.name),
-                                              e.prefill_tokens) for e in cands}
-        winner = min(cands, key=lambda e: (lmetric_score(prefill[e.name], e.requests),
-                                           prefill[e.name]))
+        prefill = [new_prefill_tokens(prompt, cached, e.prefill_tokens)
+                   for e, (_, cached) in zip(cands, hits)]
+        requests = [e.requests for e in cands]
+        best = min(range(len(cands)),
+                   key=lambda i: (lmetric_score(prefill[i], requests[i]), prefill[i]))
+        winner = cands[best]
         if not self.settings.hotspot_detection or len(cands) < 2:
             return winner, False
-        cls = view.prefix_class(req, [e.name for e in cands])
+        cls = view.prefix_class(req, names)
         if cls is None:
             return winner, False
-        holders: list[EngineView] = []
-        others: list[EngineView] = []
-        for e in cands:
-            (holders if view.matched_blocks(req, e.name) else others).append(e)
-        if not self.detector.hotspot(cls, holders, others, winner):
+        holders = [i for i, (matched, _) in enumerate(hits) if matched]
+        others = [i for i, (matched, _) in enumerate(hits) if not matched]
+        if not self.detector.hotspot(cls, [cands[i] for i in holders],
+                                     [cands[i] for i in others], winner):
             return winner, False
-        return min(others, key=lambda e: (e.requests, prefill[e.name])), True
+        return cands[min(others, key=lambda i: (requests[i], prefill[i]))], True

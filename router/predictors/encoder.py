@@ -83,6 +83,8 @@ class ChunkTokenizer:
     costs what it costs without the memo, and bounded memory."""
 
     MAX_CHUNKS = 100_000
+    MAX_TEXTS = 1024
+    MAX_TEXT_CHARS = 16_384
     _SEPARATORS = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -90,22 +92,39 @@ class ChunkTokenizer:
         self.by_chunks = isinstance(self.tokenizer.pre_tokenizer,
                                     pre_tokenizers.BertPreTokenizer)
         self.memo: dict[str, list[int]] = {}
+        self.counted: dict[str, int] = {}
 
     def ids(self, text: str, limit: int | None = None) -> list[int]:
         """The text's token ids (no special tokens), the first ``limit`` when given."""
         if not self.by_chunks or self._SEPARATORS.search(text):
             return self.tokenizer.encode(text, add_special_tokens=False).ids[:limit]
         chunks = text.split()
-        memo = self.memo
-        out: list[int] = []
-        for chunk in chunks:
-            got = memo.get(chunk)
-            if got is None:  # its first occurrence: an earlier one would have been learnt
-                return self._learning(chunks, chunks.index(chunk), out, limit)
-            out += got
-            if limit is not None and len(out) >= limit:
-                break
-        return out[:limit]
+        try:  # every chunk remembered: the memo's lists chained at C speed
+            out = list(itertools.chain.from_iterable(map(self.memo.__getitem__, chunks)))
+            return out if limit is None else out[:limit]
+        except KeyError:
+            return self._learning(chunks, 0, [], limit)
+
+    def count(self, text: str) -> int:
+        """``len(ids(text))``, without building the list when every chunk is remembered;
+        a text seen before (a system prompt: most calls repeat one) is one lookup (texts
+        up to ``MAX_TEXT_CHARS`` characters, at most ``MAX_TEXTS`` of them)."""
+        n = self.counted.get(text)
+        if n is not None:
+            return n
+        n = None
+        if self.by_chunks and not self._SEPARATORS.search(text):
+            try:
+                n = sum(map(len, map(self.memo.__getitem__, text.split())))
+            except KeyError:
+                pass
+        if n is None:
+            n = len(self.ids(text))
+        if len(text) <= self.MAX_TEXT_CHARS:
+            if len(self.counted) >= self.MAX_TEXTS:
+                self.counted.clear()
+            self.counted[text] = n
+        return n
 
     def _learning(self, chunks: list[str], start: int, out: list[int], limit: int | None
                   ) -> list[int]:
@@ -165,7 +184,7 @@ class TokenCounter:
         if not texts:
             return []
         if self.chunks is not None:
-            return [len(self.chunks.ids(t)) for t in texts]
+            return list(map(self.chunks.count, texts))
         ids = self.tokenizer(list(texts), add_special_tokens=False,
                              return_attention_mask=False)["input_ids"]
         return [len(x) for x in ids]

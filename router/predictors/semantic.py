@@ -3,7 +3,7 @@
 Trained with binary cross-entropy on (prompt, model, correct?) labels, one independent
 sigmoid per candidate model, on the first stage's user prompt of each workflow run (the
 request whose model the router chooses). Any local Hugging Face encoder works; CPU
-inference in batches under ``torch.inference_mode``.
+inference in batches, the head through numpy (issue 33).
 
 Two ways to train, by the encoder's kind (``encoder.build_encoder``):
 - a transformer is fine-tuned with its head (Chimera's recipe: AdamW, ``epochs``, ``lr``,
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
+from scipy.special import expit
 from tqdm import tqdm
 
 from router.predictors.artifact import Metadata, library_versions, read_metadata, write_metadata
@@ -123,25 +124,30 @@ class SemanticRouter:
         self.encoder, self.head, self.model_list = encoder, head, list(models)
         self.models = frozenset(self.model_list)
         self.settings, self.meta = settings, meta
+        self._weight_t = head.weight.detach().numpy().T.copy()
+        """The head as float32 numpy arrays: a (1 x dim) product and a sigmoid cost a few
+        microseconds in numpy (scipy's ``expit``: no overflow warning), tens through torch's dispatch (equal to the torch head
+        within float32 rounding: tests/unit/test_predictor_semantic.py)."""
+        self._bias = head.bias.detach().numpy().copy()
 
     # ---- inference ----
 
-    @torch.inference_mode()
     def predict(self, feats: Sequence[RequestFeatures], batch_size: int = 32
                 ) -> list[Mapping[str, float]]:
         out: list[Mapping[str, float]] = []
         for i in range(0, len(feats), batch_size):
             emb = self._embed([f.user_text for f in feats[i:i + batch_size]])
-            # the head's own forward (``self.head(emb)``) without the module call's hooks
-            q = torch.sigmoid(torch.nn.functional.linear(emb, self.head.weight, self.head.bias))
-            out += [dict(zip(self.model_list, map(float, row))) for row in q.numpy()]
+            q = expit(emb @ self._weight_t + self._bias)
+            out += [dict(zip(self.model_list, row)) for row in q.tolist()]
         return out
 
-    def _embed(self, texts: Sequence[str]) -> torch.Tensor:
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 embeddings, one row per text."""
         if isinstance(self.encoder, StaticEncoder):
-            return torch.from_numpy(self.encoder.embed(texts))
+            return self.encoder.embed(texts)
         self.encoder.eval()
-        return self.encoder(texts)
+        with torch.inference_mode():
+            return self.encoder(texts).float().numpy()
 
     async def confidence(self, reqs: Sequence[RoutingRequest]) -> list[Mapping[str, float]]:
         return self.predict([from_request(r) for r in reqs])

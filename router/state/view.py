@@ -149,24 +149,37 @@ class StateView:
 
     def matched_blocks(self, req: RoutingRequest, engine: str) -> int:
         """Leading prompt blocks present in ``engine``'s prefix cache."""
-        key = (req.request_id, engine)
-        matched = self._matched.get(key)
-        if matched is None:
-            kv = self._table[engine].kv
-            if kv.block_size is None or not req.prompt_token_ids or not len(kv):
-                matched = 0
-            else:
-                matched = kv.match(self._block_hashes(req, kv.block_size))
-            self._matched[key] = matched
-        return matched
+        return self.prefix_hits(req, (engine,))[0][0]
+
+    def prefix_hits(self, req: RoutingRequest, engines: Sequence[str]
+                    ) -> list[tuple[int, int]]:
+        """``(matched_blocks, cached_tokens)`` of each of ``engines``, in order, in one
+        pass (a replica chooser reads both for every candidate: at 64 engines the
+        per-engine method calls were a third of LMETRIC's decision)."""
+        out = []
+        memo, table, rid = self._matched, self._table, req.request_id
+        ids, n = req.prompt_token_ids, req.num_prompt_tokens
+        hashes: dict[int, list[int]] = {}  # engines share a few block sizes
+        for name in engines:
+            kv = table[name].kv
+            size = kv.block_size
+            key = (rid, name)
+            matched = memo.get(key)
+            if matched is None:
+                if size is None or not ids or not len(kv):
+                    matched = 0
+                else:
+                    h = hashes.get(size)
+                    if h is None:
+                        h = hashes[size] = self._block_hashes(req, size)
+                    matched = kv.match(h)
+                memo[key] = matched
+            out.append((matched, 0 if size is None else cached_prefix_tokens(n, matched, size)))
+        return out
 
     def cached_tokens(self, req: RoutingRequest, engine: str) -> int:
         """Prompt tokens ``engine`` would serve from its prefix cache (vLLM's count)."""
-        kv = self._table[engine].kv
-        if kv.block_size is None:
-            return 0
-        return cached_prefix_tokens(req.num_prompt_tokens, self.matched_blocks(req, engine),
-                                    kv.block_size)
+        return self.prefix_hits(req, (engine,))[0][1]
 
     def prefix_class(self, req: RoutingRequest, engines: Sequence[str]) -> int | None:
         """Hash of the prompt's first block (its prefix class), at the block size of the

@@ -34,13 +34,18 @@ def test_equal_to_the_whole_text_on_the_traces_and_odd_text() -> None:
         want = WHOLE.encode(text, add_special_tokens=False).ids
         assert chunks.ids(text) == want, text[:80]
         assert chunks.ids(text, 7) == want[:7]
+        assert chunks.count(text) == len(want)  # remembered by now: the counting path
     assert len(chunks.ids("word " * 700)) == 700  # no truncation carried from the file
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=60))
 def test_equal_on_any_text(text: str) -> None:
-    assert ChunkTokenizer(BERT).ids(text) == WHOLE.encode(text, add_special_tokens=False).ids
+    want = WHOLE.encode(text, add_special_tokens=False).ids
+    chunks = ChunkTokenizer(BERT)
+    assert chunks.count(text) == len(want)  # learning
+    assert chunks.ids(text) == want  # remembered
+    assert chunks.count(text) == len(want)
 
 
 def test_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,6 +59,12 @@ def test_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chunks.ids(many) == WHOLE.encode(many, add_special_tokens=False).ids
     assert len(chunks.memo) <= 10
     assert chunks.ids(many, 5) == WHOLE.encode(many, add_special_tokens=False).ids[:5]
+    monkeypatch.setattr(ChunkTokenizer, "MAX_TEXTS", 3)
+    monkeypatch.setattr(ChunkTokenizer, "MAX_TEXT_CHARS", 20)
+    for i in range(10):
+        assert chunks.count(f"t{i} u{i}") == len(WHOLE.encode(f"t{i} u{i}").ids) - 2
+        assert len(chunks.counted) <= 3
+    assert chunks.count("long " * 10) == 10 and "long " * 10 not in chunks.counted
 
 
 def test_new_chunks_tokenized_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from quantile_forest import RandomForestQuantileRegressor
 from sklearn.ensemble import RandomForestRegressor
+from sklearn.feature_extraction.text import TfidfVectorizer
 
 from router.predictors.features import from_record
 from router.predictors.flat_forest import FlatForest, leaves
-from router.predictors.length import LengthPredictor, LengthSettings
+from router.predictors.length import LengthPredictor, LengthSettings, word_analyzer
 from router.predictors.metrics import kendall_tau_distance
 from tests.fixtures.predictors import split
 
@@ -194,9 +197,10 @@ def test_fast_sketch_equals_the_transforms(length: LengthPredictor) -> None:
 
 
 def test_sketch_and_median_bit_for_bit_their_first_forms(length: LengthPredictor) -> None:
-    """The sketch from the term-major loadings and the median from the compiled walk
-    equal, bit for bit, the sketch from ``components_`` columns and the numpy walk, on
-    every held-out request (alone and as one batch)."""
+    """The sketch from the compiled projection equals the numpy product of its first form
+    within float64 rounding, and the forest sees the same float32 rows from both; the
+    median from the compiled walk equals, bit for bit, the numpy walk, on every held-out
+    request (alone and as one batch)."""
     _, test = split()
     vocab, idf, comps = length.tfidf.vocabulary_, length.tfidf.idf_, length.svd.components_
 
@@ -209,8 +213,13 @@ def test_sketch_and_median_bit_for_bit_their_first_forms(length: LengthPredictor
         return comps[:, ids] @ (w / np.linalg.norm(w))
 
     texts = [r.user_text for r in test] + ["", "zzqqx", "the the the"]
-    assert np.array_equal(length._sketch(texts), np.vstack([first_sketch(t) for t in texts]))
+    first = np.vstack([first_sketch(t) for t in texts])
+    assert np.allclose(length._sketch(texts), first, rtol=1e-12, atol=1e-15)
     x = length._matrix([from_record(r) for r in test], [r.model for r in test])
+    a = x.shape[1] - length.settings.stage_index - first.shape[1]
+    x_first = x.copy()
+    x_first[:, a:a + first.shape[1]] = first[:len(test)]
+    assert np.array_equal(x.astype(np.float32), x_first.astype(np.float32))
     assert length.flat is not None
     assert np.array_equal(length.flat.predict(x), numpy_walk(length.flat, x))
     for i in range(0, len(test), 37):
@@ -291,3 +300,13 @@ def test_legacy_artifact_without_a_flat_forest(length: LengthPredictor,
     assert now.flat is not None
     assert np.array_equal(now.predict_own(test[:40], [0.5, 0.9]),
                           length.predict_own(test[:40], [0.5, 0.9]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_fast_analyzer_equals_scikit_learns(text: str) -> None:
+    """``word_analyzer`` gives scikit-learn's n-grams, in its order, for any text."""
+    tfidf = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
+    assert word_analyzer(tfidf)(text) == tfidf.build_analyzer()(text)
+    other = TfidfVectorizer(ngram_range=(1, 3))  # not the fast form's settings
+    assert word_analyzer(other)(text) == other.build_analyzer()(text)

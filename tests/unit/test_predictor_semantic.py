@@ -48,3 +48,27 @@ def test_encoder_must_be_a_local_folder(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a local Hugging Face model folder"):
         SemanticRouter.train(prompt_table(split(problems=2)[0], MODELS, True),
                              SemanticSettings(encoder=str(tmp_path)), progress=False)
+
+
+def test_numpy_head_equals_the_torch_head() -> None:
+    """``predict`` serves the head through numpy (issue 33: torch's dispatch cost tens of
+    microseconds a call): equal to ``sigmoid(head(embedding))`` in torch within float32
+    rounding, logits far past the sigmoid's range included."""
+    import torch
+
+    from router.predictors.encoder import Encoder, resolve_encoder
+
+    torch.manual_seed(0)
+    encoder = Encoder(resolve_encoder("minilm"), max_length=64)
+    head = torch.nn.Linear(encoder.dim, 2)
+    with torch.no_grad():
+        head.bias[1] = -200.0  # model 2: exp(200) overflows float32
+    model = SemanticRouter(encoder, head, MODELS, SemanticSettings(encoder="minilm"))
+    feats = [request(r, str(i)) for i, r in enumerate(split()[1][:8])]
+    with torch.inference_mode():
+        want = torch.sigmoid(head(encoder([r.user_text for r in feats]))).numpy()
+    got = asyncio.run(model.confidence(feats))
+    assert [list(q) for q in got] == [MODELS] * len(feats)
+    for row, q in zip(want, got):
+        assert [q[m] for m in MODELS] == pytest.approx(row.tolist(), rel=1e-5, abs=1e-7)
+    assert all(q[MODELS[1]] == 0.0 for q in got)  # saturated, and no overflow warning
