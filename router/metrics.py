@@ -96,9 +96,10 @@ class _CoreCollector(Collector):
         if peers is not None:
             events = CounterMetricFamily("hetserve_peer_events", "program-table and engine-"
                                          "mark changes among router workers (sent; applied, "
-                                         "malformed or rejected as received)",
+                                         "malformed, rejected or stale as received; stale: "
+                                         "older than the change it would undo, dropped)",
                                          labels=["outcome"])
-            for outcome in ("sent", "applied", "malformed", "rejected"):
+            for outcome in ("sent", "applied", "malformed", "rejected", "stale"):
                 events.add_metric([outcome], getattr(peers, outcome))
             yield events
 

@@ -24,9 +24,10 @@ outcome: ``resent`` when it provably never left its client (``unsent``: its pool
 keep-alive connection was found closed before its first byte was written),
 ``resent_unanswered`` when it was written and the connection was then reset or closed
 without a response byte (``unanswered``: it may have reached the router).
-The router's ``hetserve_redispatched_total`` says how many were routed again unseen. Per engine fault, the time until the router stopped routing to
-the engine (its ``hetserve_engine_up`` polled every 50 ms) and until the launcher had it
-up again. Loopback only, bounded by ``--max-seconds``.
+The router's ``hetserve_redispatched_total`` says how many were routed again unseen. Per
+engine fault, the time until the router stopped routing to the engine (its
+``hetserve_engine_up`` polled every 50 ms) and until the launcher had it up again.
+Loopback only, bounded by ``--max-seconds``.
 """
 
 from __future__ import annotations
@@ -360,8 +361,8 @@ def _run(args: argparse.Namespace, cluster: Cluster) -> dict[str, object]:
 
 def table(result: dict[str, object]) -> str:
     lines = ["| phase | ended | ok | error (clear) | refused (router down) | cut (router "
-             "died) | lost | resent (by the client: unsent) | resent (unanswered) | re-dispatched | routed around after | "
-             "back after |",
+             "died) | lost | resent (by the client: unsent) | resent (unanswered) | "
+             "re-dispatched | routed around after | back after |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in result["phases"]:  # type: ignore[attr-defined]
         o = p["outcomes"]

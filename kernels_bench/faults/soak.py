@@ -15,12 +15,12 @@ passed, each fault after the cluster recovered from the last:
 Clients cycle through four kinds of call: a chat answer, a streamed one, a three-stage
 program (workflow metadata, one program id), and a stream the client abandons after its
 first chunk. Every request is classified as in ``kernels_bench faults`` (``ok``,
-``error``, ``refused``, ``cut``, ``lost``; ``abandoned`` for a deliberate disconnect; those
-their client sent twice, ``resent`` and ``resent_unanswered``, counted apart:
-``kernels_bench.faults.resend``) and attributed to the fault window it ended in. Every ``--sample-s`` the tool samples each
-process of the cluster (RSS and open descriptors, the engine's tree summed) and each
-router worker's ``/metrics`` (its RSS, descriptors, asyncio tasks, program-table, KV-index
-and in-flight ledger sizes). Loopback only.
+``error``, ``refused``, ``cut``, ``lost``; ``abandoned`` for a deliberate disconnect;
+those their client sent twice, ``resent`` and ``resent_unanswered``, counted apart:
+``kernels_bench.faults.resend``) and attributed to the fault window it ended in. Every
+``--sample-s`` the tool samples each process of the cluster (RSS and open descriptors, the
+engine's tree summed) and each router worker's ``/metrics`` (its RSS, descriptors, asyncio
+tasks, program-table, KV-index and in-flight ledger sizes). Loopback only.
 """
 
 from __future__ import annotations
@@ -391,8 +391,8 @@ class Soak:
                 "timeline_s": TIMELINE_S,
                 "timeline": {str(k): dict(v) for k, v in sorted(timeline.items())},
                 "not_ok": [asdict(c) for c in calls
-                           if c.resent or c.resent_unanswered or c.outcome not in ("ok", "abandoned", "refused")
-                           ][:5000]}
+                           if c.resent or c.resent_unanswered
+                           or c.outcome not in ("ok", "abandoned", "refused")][:5000]}
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:

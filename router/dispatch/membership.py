@@ -53,6 +53,11 @@ class Membership:
         self.config, self.state, self.clock = config, state, clock
         instances = config.instances()
         self.instances: dict[str, EngineInstance] = {i.name: i for i in instances}
+        self._first: dict[str, str] = {}
+        """Each served model's first engine in the file: the one an engine added to a
+        model left without any is like (``Policy.add_engine``)."""
+        for i in instances:
+            self._first.setdefault(i.served_model_name, i.name)
         """The engine instances routed to (``config.instances()``, plus added ones)."""
         self.nodes: dict[str, str | None] = {i.name: i.node for i in instances}
         """Where each engine runs, when the launcher placed it on a Ray node; such an
@@ -202,10 +207,12 @@ class Membership:
         return inst, version
 
     def _add(self, entry: dict[str, Any]) -> EngineInstance:
-        self.config = with_engine(self.config, entry)
+        state = self.state
+        self.config = with_engine(self.config, entry, state.table.served)
         inst = next(i for i in self.config.instances() if i.name == entry["name"])
-        state, model = self.state, inst.served_model_name
-        like = state.table.models[model][0].name
+        model = inst.served_model_name
+        engines = state.table.models.get(model)
+        like = engines[0].name if engines else self._first[model]
         state.table.add(inst)
         self.instances[inst.name] = inst
         self._names.add(inst.name)
@@ -238,8 +245,10 @@ class Membership:
 
     def _remove(self, instance: str, drained: bool = True) -> list[tuple[StreamSubscriber, str]]:
         """Forget ``instance``; the endpoints no other engine uses, to unsubscribe.
-        ``drained``: only if marked down with nothing in flight here (an admin call); a
-        peer's removal, already ordered after the calls it won over, is applied as is."""
+        ``drained``: only if marked down with nothing in flight here and not the last
+        engine of its model (an admin call); a peer's removal, already ordered after the
+        calls it won over, is applied as is, also when it leaves its model without an
+        engine (requests for it then get a 503 until an engine of it is added)."""
         state = self.state
         e = state.table.engines.get(instance)
         if e is None:
@@ -250,7 +259,7 @@ class Membership:
         inflight = state.open_requests[instance]
         if drained and inflight:
             raise ValueError(f"'{instance}' still has {inflight} request(s) in flight")
-        self.config = without_engine(self.config, instance)
+        self.config = without_engine(self.config, instance, last=not drained)
         inst = self.instances.pop(instance)
         state.table.remove(instance)
         self._names.discard(instance)
@@ -337,7 +346,8 @@ class Membership:
         came before their add (from a third worker) but are newer."""
         name = entry["name"]
         if name in self.instances:
-            with_engine(without_engine(self.config, name), entry)  # refused as a whole
+            with_engine(without_engine(self.config, name, last=True), entry,
+                        self.state.table.served)  # refused as a whole
             self._unsubscribe_later(self._remove(name, drained=False))
         self._add(entry)
         self.versions.added(name, version, text)
