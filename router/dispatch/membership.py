@@ -29,12 +29,12 @@ from router.config.membership import with_engine, without_engine
 from router.dispatch.health_probe import HealthProber
 from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Completed,
                                    EngineEvent, Marked, Moved, PeerEvent, Peers, Removed,
-                                   Routed, sync_endpoints)
+                                   Routed, State, sync_endpoints)
 from router.dispatch.scraper import MetricsScraper
 from router.dispatch.subscriber import StreamSubscriber
 from router.policies.base import Policy
 from router.state.cluster import ClusterState
-from router.state.engine_versions import EngineVersions, Version
+from router.state.engine_versions import ORIGIN, EngineVersions, Version
 from router.state.stats import RouterStats, StreamCounters
 from router.state.view import EngineView, engine_view
 from router.state.vllm_metrics import VllmMetrics, stock_snapshot
@@ -83,7 +83,7 @@ class Membership:
         self.worker = worker
         self.versions = EngineVersions(self.instances, worker or 0)
         """The admin changes' order across router workers (``router.state.engine_versions``)."""
-        self.peers = _peers(r, worker, self._apply_peer)
+        self.peers = _peers(r, worker, self._apply_peer, self._registers)
         self._cleanup: set[asyncio.Task[None]] = set()
         """Unsubscribing from a removed engine's endpoints (a peer's removal)."""
         self._zap: AsyncioAuthenticator | None = None
@@ -302,15 +302,36 @@ class Membership:
             programs.routed(event.program_id, event.model, now)
         elif isinstance(event, Completed):
             programs.completed(event.program_id, event.final, event.error, now)
-        else:
+        elif isinstance(event, State):
+            return self._apply_engine(event.event, joined=True)
+        elif isinstance(event, (Marked, Moved, Added, Removed)):
             return self._apply_engine(event)
+        else:  # Hello, Synced: the link's own (``Peers.feed``)
+            raise ValueError(f"a {type(event).__name__} is not a change")
         return True
 
-    def _apply_engine(self, event: EngineEvent) -> bool:
+    def _registers(self) -> list[EngineEvent]:
+        """Every versioned register held here, as the events that set them (for a worker
+        that joins: ``Peers``)."""
+        out: list[EngineEvent] = []
+        for name, rec in self.versions.records.items():
+            if rec.life != ORIGIN:
+                out.append(Added(name, rec.life, rec.entry) if rec.present and rec.entry
+                           else Removed(name, rec.life))
+            if rec.mark is not None:
+                out.append(Marked(name, rec.mark.version, rec.mark.up, rec.mark.reason))
+            if rec.place is not None:
+                out.append(Moved(name, rec.place.version, rec.place.url, rec.place.node))
+        return out
+
+    def _apply_engine(self, event: EngineEvent, joined: bool = False) -> bool:
         """A peer's admin change, applied if its version is above the one held for what
-        it sets (``router.state.engine_versions``); False if not."""
+        it sets (``router.state.engine_versions``); False if not. ``joined``: one of a
+        peer's registers sent to this worker as it joined, which may be this worker's own
+        change from before it restarted."""
         name, version, versions = event.instance, event.version, self.versions
-        if version.worker >= self.config.router.workers or version.worker == self.worker:
+        if version.worker >= self.config.router.workers or (version.worker == self.worker
+                                                            and not joined):
             raise ValueError(f"version {version} is not of a peer worker")
         entry = msgspec.json.decode(event.entry) if isinstance(event, Added) else {}
         if not isinstance(entry, dict) or (isinstance(event, Added)
@@ -407,8 +428,8 @@ class Membership:
         counters.kv_gaps, counters.kv_resyncs = seqs.gaps, seqs.resyncs
 
 
-def _peers(r: RouterConfig, worker: int | None,
-           apply: Callable[[PeerEvent], bool]) -> Peers | None:
+def _peers(r: RouterConfig, worker: int | None, apply: Callable[[PeerEvent], bool],
+           registers: Callable[[], list[EngineEvent]]) -> Peers | None:
     """The link to the other router workers; None for a lone router."""
     if r.workers == 1:
         return None
@@ -416,5 +437,5 @@ def _peers(r: RouterConfig, worker: int | None,
         raise ValueError(f"router.workers = {r.workers}: each process needs --worker I "
                          "(0..workers-1), router.port and router.sync_dir (the launcher "
                          "sets both)")
-    return Peers(sync_endpoints(r.sync_dir, r.port, r.workers), worker, apply)
+    return Peers(sync_endpoints(r.sync_dir, r.port, r.workers), worker, apply, registers)
 

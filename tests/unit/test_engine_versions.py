@@ -5,6 +5,7 @@ path (``Peers.feed`` -> ``Membership._apply_engine``) of real ``RouterCore`` obj
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from router.config.cluster import parse_cluster_config
 from router.dispatch.core import RouterCore
-from router.dispatch.peers import Added, EngineEvent, Marked, Moved, Removed
+from router.dispatch.peers import Added, EngineEvent, Hello, Marked, Moved, Removed
 from router.metrics import RouterMetrics
 from router.state.engine_versions import MAX_COUNTER, ORIGIN, EngineVersions, Version
 
@@ -242,3 +243,31 @@ def test_a_stale_peer_change_is_counted_in_metrics() -> None:
     assert (peers.applied, peers.stale) == (1, 1)
     assert core.state.table["a"].marked_down == "newer"
     assert stale().endswith(" 1.0")
+
+
+def test_a_restarted_worker_takes_what_a_peer_holds() -> None:
+    """Worker 1 moves ``a``; worker 0 (told of it) marks ``b`` down, removes it and adds
+    ``c``. Worker 1 restarts with the file's engines and says ``Hello``: worker 0 sends it
+    every register it holds (``State``: worker 1's own move among them), and the
+    restarted worker ends with worker 0's table; a third worker skips them."""
+    encode = msgspec.msgpack.Encoder().encode
+    w0, w1 = (RouterCore(_CONFIG, worker=i) for i in (0, 1))  # type: ignore[arg-type]
+    sent: list[bytes] = []
+    for core in (w0, w1):
+        core.membership.peers.publish = lambda e: sent.append(encode(e))  # type: ignore
+    w1.membership.admin_move("a", "http://127.0.0.1:9555")
+    w0.membership.peers.feed(sent.pop())  # type: ignore[union-attr]
+    w0.membership.admin_mark("b", False, "drain")
+    asyncio.run(w0.membership.admin_remove("b"))
+    w0.membership.admin_add(_entry(Path("/nonexistent"), "c", 9100))
+    w0.membership.admin_mark("c", False, "later")
+    sent.clear()
+    restarted, third = (RouterCore(_CONFIG, worker=i) for i in (1, 2))  # type: ignore
+    w0.membership.peers.feed(encode(Hello(1)))  # type: ignore[union-attr]
+    for message in sent:
+        restarted.membership.peers.feed(message)  # type: ignore[union-attr]
+        third.membership.peers.feed(message)  # type: ignore[union-attr]
+    assert _table(restarted) == _table(w0) != _table(third)
+    assert _table(restarted)["a"][0] == "http://127.0.0.1:9555" and "b" not in _table(w0)
+    assert restarted.membership.peers.joined == {0}  # type: ignore[union-attr]
+    assert third.membership.peers.skipped == len(sent)  # type: ignore[union-attr]
