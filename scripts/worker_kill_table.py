@@ -6,8 +6,9 @@ Each SOAK_JSON is the ``soak.json`` of ``python -m kernels_bench soak --only
 kill-router-worker``. Per run: the kills, the requests refused, the requests cut split by
 when their client sent them (before the kill of the window they ended in: in flight on
 the killed worker, the only ones issue 35 allows; or after it), lost, resent (``unsent``),
-resent unanswered (and of those, how many were sent after the kill and how many ended ok),
-and ok. Files from before ``resent_unanswered`` existed count it as 0.
+resent unanswered (and of those, how many were sent after the kill and how many then ended
+ok, or abandoned by a client that meant to), and ok. Files from before
+``resent_unanswered`` existed count it as 0.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ def row(name: str, result: dict) -> str:
     unanswered = [c for c in result["not_ok"] if c.get("resent_unanswered")]
     late = sum(1 for c in unanswered if (k := kill_of(c["ended"])) is not None
                and c["sent"] >= k)
-    ok = sum(1 for c in unanswered if c["outcome"] == "ok")
+    ok = sum(1 for c in unanswered if c["outcome"] in ("ok", "abandoned"))
     o = result["outcomes"]
     return (f"| {name} | {len(starts)} | {o['refused']} | {in_flight} | {after} | {o['lost']} "
             f"| {result['resent']} | {result.get('resent_unanswered', 0)} ({late} sent after "
-            f"the kill, {ok} ok) | {o['ok']:,} |")
+            f"the kill, {ok} then ok) | {o['ok']:,} |")
 
 
 def main(argv: list[str]) -> None:
