@@ -96,9 +96,11 @@ class _CoreCollector(Collector):
         if peers is not None:
             events = CounterMetricFamily("hetserve_peer_events", "program-table and engine-"
                                          "mark changes among router workers (sent; applied, "
-                                         "malformed or rejected as received)",
-                                         labels=["outcome"])
-            for outcome in ("sent", "applied", "malformed", "rejected"):
+                                         "malformed, rejected, stale or skipped as received; "
+                                         "stale: older than the change it would undo, "
+                                         "dropped; skipped: a joining worker's state meant "
+                                         "for another)", labels=["outcome"])
+            for outcome in ("sent", "applied", "malformed", "rejected", "stale", "skipped"):
                 events.add_metric([outcome], getattr(peers, outcome))
             yield events
 

@@ -71,22 +71,24 @@ def _secs(v: float | None) -> str:
 
 def table(result: dict) -> str:
     """One row per fault: what ended in its window (and how much of it its client sent
-    twice), routed around, back."""
+    twice: unsent, unanswered), routed around, back."""
     lines = ["| t (s) | fault | target | " + " | ".join(OUTCOME_COLUMNS)
-             + " | resent | routed around | back |",
-             "|---|---|---|" + "---|" * len(OUTCOME_COLUMNS) + "---|---|---|"]
+             + " | resent | resent unanswered | routed around | back |",
+             "|---|---|---|" + "---|" * len(OUTCOME_COLUMNS) + "---|---|---|---|"]
     o = result["steady"]
     lines.append("| 0 | (steady) | - | " + " | ".join(str(o[c]) for c in OUTCOME_COLUMNS)
-                 + f" | {result['steady_resent']} | - | - |")
+                 + f" | {result['steady_resent']} | {result.get('steady_resent_unanswered', 0)}"
+                 " | - | - |")
     for f in result["faults"]:
         o = f["outcomes"]
         around = "-" if f["routed_around_s"] is None else f"{f['routed_around_s']:.2f} s"
         lines.append(f"| {f['at'] - result['t_start']:.0f} | {f['kind']} | {f['target']} | "
                      + " | ".join(str(o[c]) for c in OUTCOME_COLUMNS)
-                     + f" | {f['resent']} | {around} | {_secs(f['back_s'])} |")
+                     + f" | {f['resent']} | {f.get('resent_unanswered', 0)} | {around} | "
+                     f"{_secs(f['back_s'])} |")
     o = result["outcomes"]
     lines.append("| | **total** | | " + " | ".join(f"**{o[c]}**" for c in OUTCOME_COLUMNS)
-                 + f" | **{result['resent']}** | | |")
+                 + f" | **{result['resent']}** | **{result.get('resent_unanswered', 0)}** | | |")
     return "\n".join(lines)
 
 

@@ -18,12 +18,16 @@ refused: the router was down; clear at once), ``cut`` (the connection to the rou
 mid-request: the router process died; the client sees a transport error) or ``lost``
 (nothing the client could tell from success: no answer before its timeout, or an answer
 or stream that ended cleanly but incomplete, with neither ``[DONE]`` nor an error event).
-A request that provably never left its client (``unsent``: its pooled keep-alive
-connection was found closed before its first byte was written) is sent once more on a new
-connection, as a standard client does, and counted as ``resent`` whatever its outcome.
-The router's ``hetserve_redispatched_total`` says how many were routed again unseen. Per engine fault, the time until the router stopped routing to
-the engine (its ``hetserve_engine_up`` polled every 50 ms) and until the launcher had it
-up again. Loopback only, bounded by ``--max-seconds``.
+A request whose connection failed before any byte of an answer came back is sent once
+more on a new connection (``kernels_bench.faults.resend``) and counted apart whatever its
+outcome: ``resent`` when it provably never left its client (``unsent``: its pooled
+keep-alive connection was found closed before its first byte was written),
+``resent_unanswered`` when it was written and the connection was then reset or closed
+without a response byte (``unanswered``: it may have reached the router).
+The router's ``hetserve_redispatched_total`` says how many were routed again unseen. Per
+engine fault, the time until the router stopped routing to the engine (its
+``hetserve_engine_up`` polled every 50 ms) and until the launcher had it up again.
+Loopback only, bounded by ``--max-seconds``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import aiohttp
 import httpx
 import psutil
 
+from kernels_bench.faults.resend import AnswerTracking, unanswered, unsent
 from router.config.cluster import ClusterConfig, load_cluster_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +72,9 @@ class Record:
     seconds: float = 0.0
     detail: str = ""
     resent: bool = False
-    """Sent again on a new connection (``unsent``)."""
+    """Sent again on a new connection (``resend.unsent``)."""
+    resent_unanswered: bool = False
+    """Sent again on a new connection (``resend.unanswered``)."""
 
 
 @dataclass
@@ -81,6 +88,8 @@ class Phase:
     outcomes: dict[str, int] = field(default_factory=dict)
     resent: int = 0
     """Requests among them sent twice by their client (``unsent``)."""
+    resent_unanswered: int = 0
+    """Requests among them sent twice by their client (``unanswered``)."""
     redispatched: float = 0.0
 
 
@@ -108,7 +117,8 @@ class ClosedLoop:
 
     async def _main(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session, \
+        async with aiohttp.ClientSession(timeout=timeout, trust_env=False,
+                                         connector=AnswerTracking()) as session, \
                 aiohttp.ClientSession(timeout=timeout, trust_env=False,
                                       connector=aiohttp.TCPConnector(force_close=True)
                                       ) as self._fresh:
@@ -119,28 +129,24 @@ class ClosedLoop:
 
     async def _post(self, session: aiohttp.ClientSession, body: dict[str, Any],
                     request: Resendable) -> aiohttp.ClientResponse:
-        """POST ``body``; once more, on a new connection, if the first try never left the
-        client (``unsent``: then ``request.resent``)."""
+        """POST ``body``; once more, on a new connection, if the first try's connection
+        failed before any byte of an answer (``kernels_bench.faults.resend``: then
+        ``request.resent`` or ``request.resent_unanswered``)."""
         try:
             return await session.post(self.url, json=body)
-        except aiohttp.ClientOSError as exc:
-            if not unsent(exc):
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+            if unsent(exc):
+                request.resent = True
+            elif unanswered(exc):
+                request.resent_unanswered = True
+            else:
                 raise
-        request.resent = True
         return await self._fresh.post(self.url, json=body)
 
 
 class Resendable(Protocol):
     resent: bool
-
-
-def unsent(exc: aiohttp.ClientOSError) -> bool:
-    """Whether a request provably never reached the server: aiohttp found its connection
-    closing (a pooled keep-alive connection the server had closed) when it came to write
-    the request, whose headers and small body go out in that one write, so not a byte of
-    it was sent. A request that failed after its bytes were written (reset, disconnected,
-    cut mid-answer) may have reached the server and is never resent."""
-    return isinstance(exc.__cause__, aiohttp.ClientConnectionResetError)
+    resent_unanswered: bool
 
 
 def transport_outcome(exc: aiohttp.ClientError | asyncio.TimeoutError) -> str:
@@ -343,6 +349,8 @@ def _run(args: argparse.Namespace, cluster: Cluster) -> dict[str, object]:
     for p in phases:
         p.outcomes = {o: counts[p.name][o] for o in OUTCOMES}
         p.resent = sum(1 for r in load.records if r.phase == p.name and r.resent)
+        p.resent_unanswered = sum(1 for r in load.records
+                                  if r.phase == p.name and r.resent_unanswered)
     samples = [asdict(r) for r in load.records if r.outcome != "ok"][:200]
     events = [line for line in cluster.output().splitlines()
               if re.search(r"killed|wedged|exited|up again|restart", line)]
@@ -353,9 +361,9 @@ def _run(args: argparse.Namespace, cluster: Cluster) -> dict[str, object]:
 
 def table(result: dict[str, object]) -> str:
     lines = ["| phase | ended | ok | error (clear) | refused (router down) | cut (router "
-             "died) | lost | resent (by the client) | re-dispatched | routed around after | "
-             "back after |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "died) | lost | resent (by the client: unsent) | resent (unanswered) | "
+             "re-dispatched | routed around after | back after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in result["phases"]:  # type: ignore[attr-defined]
         o = p["outcomes"]
 
@@ -364,6 +372,7 @@ def table(result: dict[str, object]) -> str:
 
         lines.append(f"| {p['name']} | {sum(o.values())} | {o['ok']} | {o['error']} | "
                      f"{o['refused']} | {o['cut']} | {o['lost']} | {p['resent']} | "
+                     f"{p.get('resent_unanswered', 0)} | "
                      f"{p['redispatched']:.0f} | "
                      f"{secs(p['down_after_s'])} | {secs(p['back_after_s'])} |")
     return "\n".join(lines)

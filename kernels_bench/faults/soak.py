@@ -15,12 +15,12 @@ passed, each fault after the cluster recovered from the last:
 Clients cycle through four kinds of call: a chat answer, a streamed one, a three-stage
 program (workflow metadata, one program id), and a stream the client abandons after its
 first chunk. Every request is classified as in ``kernels_bench faults`` (``ok``,
-``error``, ``refused``, ``cut``, ``lost``; ``abandoned`` for a deliberate disconnect; those
-their client sent twice, ``resent``, counted apart) and attributed to the fault window it
-ended in. Every ``--sample-s`` the tool samples each
-process of the cluster (RSS and open descriptors, the engine's tree summed) and each
-router worker's ``/metrics`` (its RSS, descriptors, asyncio tasks, program-table, KV-index
-and in-flight ledger sizes). Loopback only.
+``error``, ``refused``, ``cut``, ``lost``; ``abandoned`` for a deliberate disconnect;
+those their client sent twice, ``resent`` and ``resent_unanswered``, counted apart:
+``kernels_bench.faults.resend``) and attributed to the fault window it ended in. Every
+``--sample-s`` the tool samples each process of the cluster (RSS and open descriptors, the
+engine's tree summed) and each router worker's ``/metrics`` (its RSS, descriptors, asyncio
+tasks, program-table, KV-index and in-flight ledger sizes). Loopback only.
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ class Call:
     outcome: str = "pending"
     detail: str = ""
     resent: bool = False
-    """Sent again on a new connection (``signals.unsent``)."""
+    """Sent again on a new connection (``resend.unsent``)."""
+    resent_unanswered: bool = False
+    """Sent again on a new connection (``resend.unanswered``)."""
 
 
 @dataclass
@@ -92,7 +94,9 @@ class Fault:
     outcomes: dict[str, int] = field(default_factory=dict)
     """Requests that ended between this fault and the next."""
     resent: int = 0
-    """Requests among them sent twice by their client."""
+    """Requests among them sent twice by their client (``unsent``)."""
+    resent_unanswered: int = 0
+    """Requests among them sent twice by their client (``unanswered``)."""
 
 
 class Clients(ClosedLoop):
@@ -364,9 +368,10 @@ class Soak:
             window = steady if k < 0 else windows[k]
             window[c.outcome] += 1
             window["resent"] += c.resent
+            window["resent_unanswered"] += c.resent_unanswered
         for f, w in zip(self.faults, windows):
             f.outcomes = {o: w[o] for o in (*OUTCOMES, "abandoned")}
-            f.resent = w["resent"]
+            f.resent, f.resent_unanswered = w["resent"], w["resent_unanswered"]
         total = Counter(c.outcome for c in calls)
         timeline: dict[int, Counter[str]] = {}
         for c in calls:
@@ -376,6 +381,8 @@ class Soak:
                 "t_start": t_start, "engines": self.engines,
                 "outcomes": {o: total[o] for o in (*OUTCOMES, "abandoned")},
                 "resent": sum(c.resent for c in calls), "steady_resent": steady["resent"],
+                "resent_unanswered": sum(c.resent_unanswered for c in calls),
+                "steady_resent_unanswered": steady["resent_unanswered"],
                 "by_kind": {k: dict(Counter(c.outcome for c in calls if c.kind == k))
                             for k in KINDS},
                 "steady": {o: steady[o] for o in (*OUTCOMES, "abandoned")},
@@ -384,8 +391,8 @@ class Soak:
                 "timeline_s": TIMELINE_S,
                 "timeline": {str(k): dict(v) for k, v in sorted(timeline.items())},
                 "not_ok": [asdict(c) for c in calls
-                           if c.resent or c.outcome not in ("ok", "abandoned", "refused")
-                           ][:5000]}
+                           if c.resent or c.resent_unanswered
+                           or c.outcome not in ("ok", "abandoned", "refused")][:5000]}
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:

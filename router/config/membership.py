@@ -4,7 +4,7 @@ the file's rules hold for every engine set it goes through."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +13,14 @@ from router.config.engines import decode_engine
 from router.settings import SettingsError, check
 
 
-def with_engine(cfg: ClusterConfig, table: Mapping[str, Any]) -> ClusterConfig:
+def with_engine(cfg: ClusterConfig, table: Mapping[str, Any],
+                served: Collection[str] | None = None) -> ClusterConfig:
     """``cfg`` with one more engine entry: a replica the launcher started while the router
     runs (``POST /admin/engines/{name}/add``). It must be an entry with a ``url``, a new
     instance name and a model already served (a new model needs a router restart: its
-    policy was built for the models it had); checked as in a file (ConfigError)."""
+    policy was built for the models it had); checked as in a file (ConfigError).
+    ``served``: the models served (default: those of ``cfg``'s engines; a router's models
+    also count when other workers' removals left them without an engine)."""
     source = f"{cfg.source} (added engine)"
     try:
         e = decode_engine(dict(table), len(cfg.engines), Path(cfg.source).parent)
@@ -26,7 +29,8 @@ def with_engine(cfg: ClusterConfig, table: Mapping[str, Any]) -> ClusterConfig:
         check(f"{key}.name", e.name not in {i.name for i in cfg.instances()},
               f"{e.name!r} is already an engine instance")
         check(f"{key}.served_model_name",
-              e.served_model_name in {x.served_model_name for x in cfg.engines},
+              e.served_model_name in (served if served is not None
+                                      else {x.served_model_name for x in cfg.engines}),
               f"{e.served_model_name!r} is not served here; a new model needs a restart of "
               "the router")
         new = dataclasses.replace(cfg, engines=[*cfg.engines, e])
@@ -36,14 +40,17 @@ def with_engine(cfg: ClusterConfig, table: Mapping[str, Any]) -> ClusterConfig:
     return new
 
 
-def without_engine(cfg: ClusterConfig, name: str) -> ClusterConfig:
+def without_engine(cfg: ClusterConfig, name: str, last: bool = False) -> ClusterConfig:
     """``cfg`` without the engine entry ``name``: one with a ``url`` (the launcher's
-    placed or added replicas), not the last of its model (ConfigError)."""
+    placed or added replicas), not the last of its model unless ``last`` (ConfigError).
+    An admin call is refused the last engine of a model; another router worker's removal
+    (``last=True``) was ordered after the calls it won over and is applied as is."""
     e = next((x for x in cfg.engines if x.name == name), None)
     if e is None or not e.remote:
         raise ConfigError(cfg.source, f"engines.{name}", "no engine entry of that name with a "
                           "url (only engines the launcher placed or added can be removed)")
-    if sum(x.replicas for x in cfg.engines if x.served_model_name == e.served_model_name) == 1:
+    if not last and sum(x.replicas for x in cfg.engines
+                        if x.served_model_name == e.served_model_name) == 1:
         raise ConfigError(cfg.source, f"engines.{name}", f"the last engine of model "
                           f"{e.served_model_name!r}")
     return dataclasses.replace(cfg, engines=[x for x in cfg.engines if x is not e])

@@ -29,12 +29,12 @@ from router.config.membership import with_engine, without_engine
 from router.dispatch.health_probe import HealthProber
 from router.dispatch.peers import (MAX_ENTRY_CHARS, MAX_URL_CHARS, Added, Completed,
                                    EngineEvent, Marked, Moved, PeerEvent, Peers, Removed,
-                                   Routed, sync_endpoints)
+                                   Routed, State, sync_endpoints)
 from router.dispatch.scraper import MetricsScraper
 from router.dispatch.subscriber import StreamSubscriber
 from router.policies.base import Policy
 from router.state.cluster import ClusterState
-from router.state.engine_versions import EngineVersions, Version
+from router.state.engine_versions import ORIGIN, EngineVersions, Version
 from router.state.stats import RouterStats, StreamCounters
 from router.state.view import EngineView, engine_view
 from router.state.vllm_metrics import VllmMetrics, stock_snapshot
@@ -53,6 +53,11 @@ class Membership:
         self.config, self.state, self.clock = config, state, clock
         instances = config.instances()
         self.instances: dict[str, EngineInstance] = {i.name: i for i in instances}
+        self._first: dict[str, str] = {}
+        """Each served model's first engine in the file: the one an engine added to a
+        model left without any is like (``Policy.add_engine``)."""
+        for i in instances:
+            self._first.setdefault(i.served_model_name, i.name)
         """The engine instances routed to (``config.instances()``, plus added ones)."""
         self.nodes: dict[str, str | None] = {i.name: i.node for i in instances}
         """Where each engine runs, when the launcher placed it on a Ray node; such an
@@ -78,7 +83,7 @@ class Membership:
         self.worker = worker
         self.versions = EngineVersions(self.instances, worker or 0)
         """The admin changes' order across router workers (``router.state.engine_versions``)."""
-        self.peers = _peers(r, worker, self._apply_peer)
+        self.peers = _peers(r, worker, self._apply_peer, self._registers)
         self._cleanup: set[asyncio.Task[None]] = set()
         """Unsubscribing from a removed engine's endpoints (a peer's removal)."""
         self._zap: AsyncioAuthenticator | None = None
@@ -202,10 +207,12 @@ class Membership:
         return inst, version
 
     def _add(self, entry: dict[str, Any]) -> EngineInstance:
-        self.config = with_engine(self.config, entry)
+        state = self.state
+        self.config = with_engine(self.config, entry, state.table.served)
         inst = next(i for i in self.config.instances() if i.name == entry["name"])
-        state, model = self.state, inst.served_model_name
-        like = state.table.models[model][0].name
+        model = inst.served_model_name
+        engines = state.table.models.get(model)
+        like = engines[0].name if engines else self._first[model]
         state.table.add(inst)
         self.instances[inst.name] = inst
         self._names.add(inst.name)
@@ -238,8 +245,10 @@ class Membership:
 
     def _remove(self, instance: str, drained: bool = True) -> list[tuple[StreamSubscriber, str]]:
         """Forget ``instance``; the endpoints no other engine uses, to unsubscribe.
-        ``drained``: only if marked down with nothing in flight here (an admin call); a
-        peer's removal, already ordered after the calls it won over, is applied as is."""
+        ``drained``: only if marked down with nothing in flight here and not the last
+        engine of its model (an admin call); a peer's removal, already ordered after the
+        calls it won over, is applied as is, also when it leaves its model without an
+        engine (requests for it then get a 503 until an engine of it is added)."""
         state = self.state
         e = state.table.engines.get(instance)
         if e is None:
@@ -250,7 +259,7 @@ class Membership:
         inflight = state.open_requests[instance]
         if drained and inflight:
             raise ValueError(f"'{instance}' still has {inflight} request(s) in flight")
-        self.config = without_engine(self.config, instance)
+        self.config = without_engine(self.config, instance, last=not drained)
         inst = self.instances.pop(instance)
         state.table.remove(instance)
         self._names.discard(instance)
@@ -293,15 +302,36 @@ class Membership:
             programs.routed(event.program_id, event.model, now)
         elif isinstance(event, Completed):
             programs.completed(event.program_id, event.final, event.error, now)
-        else:
+        elif isinstance(event, State):
+            return self._apply_engine(event.event, joined=True)
+        elif isinstance(event, (Marked, Moved, Added, Removed)):
             return self._apply_engine(event)
+        else:  # Hello, Synced: the link's own (``Peers.feed``)
+            raise ValueError(f"a {type(event).__name__} is not a change")
         return True
 
-    def _apply_engine(self, event: EngineEvent) -> bool:
+    def _registers(self) -> list[EngineEvent]:
+        """Every versioned register held here, as the events that set them (for a worker
+        that joins: ``Peers``)."""
+        out: list[EngineEvent] = []
+        for name, rec in self.versions.records.items():
+            if rec.life != ORIGIN:
+                out.append(Added(name, rec.life, rec.entry) if rec.present and rec.entry
+                           else Removed(name, rec.life))
+            if rec.mark is not None:
+                out.append(Marked(name, rec.mark.version, rec.mark.up, rec.mark.reason))
+            if rec.place is not None:
+                out.append(Moved(name, rec.place.version, rec.place.url, rec.place.node))
+        return out
+
+    def _apply_engine(self, event: EngineEvent, joined: bool = False) -> bool:
         """A peer's admin change, applied if its version is above the one held for what
-        it sets (``router.state.engine_versions``); False if not."""
+        it sets (``router.state.engine_versions``); False if not. ``joined``: one of a
+        peer's registers sent to this worker as it joined, which may be this worker's own
+        change from before it restarted."""
         name, version, versions = event.instance, event.version, self.versions
-        if version.worker >= self.config.router.workers or version.worker == self.worker:
+        if version.worker >= self.config.router.workers or (version.worker == self.worker
+                                                            and not joined):
             raise ValueError(f"version {version} is not of a peer worker")
         entry = msgspec.json.decode(event.entry) if isinstance(event, Added) else {}
         if not isinstance(entry, dict) or (isinstance(event, Added)
@@ -337,7 +367,8 @@ class Membership:
         came before their add (from a third worker) but are newer."""
         name = entry["name"]
         if name in self.instances:
-            with_engine(without_engine(self.config, name), entry)  # refused as a whole
+            with_engine(without_engine(self.config, name, last=True), entry,
+                        self.state.table.served)  # refused as a whole
             self._unsubscribe_later(self._remove(name, drained=False))
         self._add(entry)
         self.versions.added(name, version, text)
@@ -397,8 +428,8 @@ class Membership:
         counters.kv_gaps, counters.kv_resyncs = seqs.gaps, seqs.resyncs
 
 
-def _peers(r: RouterConfig, worker: int | None,
-           apply: Callable[[PeerEvent], bool]) -> Peers | None:
+def _peers(r: RouterConfig, worker: int | None, apply: Callable[[PeerEvent], bool],
+           registers: Callable[[], list[EngineEvent]]) -> Peers | None:
     """The link to the other router workers; None for a lone router."""
     if r.workers == 1:
         return None
@@ -406,5 +437,5 @@ def _peers(r: RouterConfig, worker: int | None,
         raise ValueError(f"router.workers = {r.workers}: each process needs --worker I "
                          "(0..workers-1), router.port and router.sync_dir (the launcher "
                          "sets both)")
-    return Peers(sync_endpoints(r.sync_dir, r.port, r.workers), worker, apply)
+    return Peers(sync_endpoints(r.sync_dir, r.port, r.workers), worker, apply, registers)
 

@@ -25,10 +25,14 @@ removal, the admin mark, the URL), so every worker ends with the last writer's c
 whatever the arrival order; an older one is counted (``stale``) and dropped. A removal
 leaves a tombstone (bounded), so a late older add does not bring the engine back. The
 marks a worker sets itself (a failed call's breaker, the health prober, silent
-telemetry) are its own observations: they are not published. A restarted worker holds
-the cluster file's engines (counter 0) until a change of each reaches it; its own calls
-are stamped at least with the wall clock in ms (one host, one clock), so they win over
-the older changes it has not heard of.
+telemetry) are its own observations: they are not published. A worker that starts (or
+restarts: it holds the cluster file's engines, counter 0) says ``Hello`` until every
+peer answered, or for ``JOIN_TIMEOUT_S``: each peer sends it every versioned register it
+holds (``State``: an add with its entry, a removal, a mark, a move, each with its
+version), then ``Synced``; the joining worker applies them by the same rule as any change,
+its own from before the restart included, so it ends with what the others hold. Its own
+calls are stamped at least with the wall clock in ms (one host, one clock), so they win
+over the older changes it has not heard of yet.
 
 The receive loop is as total as the telemetry's: bounded message size, a strict decoder
 (a version's counter is 1..2**63-1 and its worker index below ``MAX_WORKERS``, else the
@@ -43,7 +47,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Annotated, Callable
+from typing import Annotated, Callable, Iterable
 
 import msgspec
 import zmq
@@ -51,7 +55,7 @@ import zmq.asyncio
 
 from router.config.engines import MAX_NODE_CHARS
 from router.request import MAX_LABEL_CHARS
-from router.settings import MAX_NAME_CHARS
+from router.settings import MAX_NAME_CHARS, MAX_WORKERS
 from router.state.engine_versions import Version
 
 MAX_PEER_MESSAGE_BYTES = 64 << 10
@@ -62,6 +66,12 @@ MAX_ENTRY_CHARS = 16384
 """Longest engine entry (JSON) an ``Added`` event carries."""
 MAX_REASON_CHARS = 1024
 """Longest reason a ``Marked`` event carries (the admin API refuses longer ones)."""
+JOIN_TIMEOUT_S = 10.0
+"""How long a starting worker says ``Hello`` while a peer has not answered (a dead one
+never does)."""
+JOIN_FIRST_S, JOIN_MAX_S = 0.05, 2.0
+"""The first and the longest interval between two ``Hello``s (doubling): ZeroMQ drops
+what a new PUB socket sends before a peer's SUB reconnected to it."""
 
 _Label = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_CHARS)]
 _Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
@@ -117,9 +127,32 @@ class Removed(msgspec.Struct, tag="removed", array_like=True, frozen=True):
     version: Version
 
 
-PeerEvent = Routed | Completed | Marked | Moved | Added | Removed
 EngineEvent = Marked | Moved | Added | Removed
 """The events that change an engine's admin state: each carries its ``Version``."""
+_Worker = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORKERS)]
+
+
+class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
+    """Worker ``worker`` started: each peer sends it what it holds (``State``)."""
+
+    worker: _Worker
+
+
+class State(msgspec.Struct, tag="state", array_like=True, frozen=True):
+    """One of a peer's versioned registers, for worker ``to``, which said ``Hello``."""
+
+    to: _Worker
+    event: EngineEvent
+
+
+class Synced(msgspec.Struct, tag="synced", array_like=True, frozen=True):
+    """Worker ``peer`` sent worker ``to`` every register it holds."""
+
+    to: _Worker
+    peer: _Worker
+
+
+PeerEvent = Routed | Completed | Marked | Moved | Added | Removed | Hello | State | Synced
 
 log = logging.getLogger("hetserve.router.peers")
 
@@ -134,11 +167,18 @@ class Peers:
     """This worker's link to the others: ``publish`` a change, ``apply`` theirs."""
 
     def __init__(self, endpoints: list[str], worker: int,
-                 apply: Callable[[PeerEvent], bool]) -> None:
-        """``apply``: applies a peer's event; False when the event is older than what it
-        would change (dropped), ValueError when it names what is not here."""
+                 apply: Callable[[PeerEvent], bool],
+                 registers: Callable[[], Iterable[EngineEvent]] = tuple) -> None:
+        """``apply``: applies a peer's event (a ``State`` for this worker: a peer's
+        register); False when the event is older than what it would change (dropped),
+        ValueError when it names what is not here. ``registers``: the versioned registers
+        this worker holds, as events, sent to a peer that says ``Hello``."""
         if not 0 <= worker < len(endpoints):
             raise ValueError(f"worker {worker} is not in 0..{len(endpoints) - 1}")
+        self.worker, self.workers = worker, len(endpoints)
+        self._registers = registers
+        self.joined: set[int] = set()
+        """The peers that sent this worker their registers since it started."""
         self.endpoint = endpoints[worker]
         self.peer_endpoints = [ep for i, ep in enumerate(endpoints) if i != worker]
         self._apply = apply
@@ -147,6 +187,7 @@ class Peers:
         self._pub: zmq.Socket[bytes] | None = None
         self._sub: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
+        self._join_task: asyncio.Task[None] | None = None
         self.sent = 0
         self.applied = 0
         self.malformed = 0
@@ -156,6 +197,8 @@ class Peers:
         self.stale = 0
         """Engine events older than the change they would undo (dropped: a later one
         holds)."""
+        self.skipped = 0
+        """A join's messages for another worker (``State``, ``Synced``)."""
 
     async def start(self, ctx: zmq.asyncio.Context) -> None:
         """Bind this worker's PUB socket, connect to the peers' and start applying."""
@@ -175,13 +218,15 @@ class Peers:
             await self.stop()
             raise ValueError(f"router workers' sync socket {self.endpoint}: {exc}") from None
         self._task = asyncio.create_task(self._run(sub), name="router peers")
+        self._join_task = asyncio.create_task(self._join(), name="router peers join")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._join_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._join_task = None
         for sock in (self._pub, self._sub):
             if sock is not None:
                 sock.close(linger=0)
@@ -195,12 +240,46 @@ class Peers:
             self._pub.send(self._encode(event), zmq.NOBLOCK)
             self.sent += 1
 
+    async def _join(self) -> None:
+        """Say ``Hello`` until every peer answered (``Synced``) or ``JOIN_TIMEOUT_S``."""
+        loop = asyncio.get_running_loop()
+        deadline, wait = loop.time() + JOIN_TIMEOUT_S, JOIN_FIRST_S
+        while len(self.joined) < self.workers - 1 and loop.time() < deadline:
+            self.publish(Hello(self.worker))
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, JOIN_MAX_S)
+        if len(self.joined) < self.workers - 1:
+            log.warning("router worker %d: no state from worker(s) %s within %.0f s (down?); "
+                        "it holds what it had", self.worker, ", ".join(
+                            str(i) for i in range(self.workers)
+                            if i != self.worker and i not in self.joined), JOIN_TIMEOUT_S)
+
+    def _answer(self, worker: int) -> None:
+        """Send ``worker`` (which said ``Hello``) every register held here."""
+        for event in self._registers():
+            self.publish(State(worker, event))
+        self.publish(Synced(worker, self.worker))
+
     def feed(self, message: bytes) -> None:
         """Decode and apply one peer message; never raises for a bad one."""
         try:
             event = self._decode(message)
         except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
             self.malformed += 1
+            return
+        if isinstance(event, (State, Synced)) and event.to != self.worker:
+            self.skipped += 1
+            return
+        if isinstance(event, (Hello, Synced)):
+            peer = event.worker if isinstance(event, Hello) else event.peer
+            if peer == self.worker or peer >= self.workers:
+                self.rejected += 1
+                return
+            if isinstance(event, Hello):
+                self._answer(peer)
+            else:
+                self.joined.add(peer)
+            self.applied += 1
             return
         try:
             fresh = self._apply(event)

@@ -148,9 +148,14 @@ class Routing:
         table = self.state.table
         model = req.requested_model
         if model is not None and model not in table.models:
+            if model in table.served:  # its last engines were removed
+                raise NoEngineAvailable(f"model '{model}' has no engine: every one was "
+                                        "removed")
             raise ValueError(f"model '{model}' is not served here; served models: "
-                             f"{', '.join(sorted(table.models))} (or 'auto')")
+                             f"{', '.join(sorted(table.served))} (or 'auto')")
         engines = table.models[model] if model is not None else table.ordered
+        if not engines:
+            raise NoEngineAvailable("no engine: every one was removed")
         need = req.num_prompt_tokens + (req.max_tokens or 1)
         fits = [e for e in engines if e.max_model_len is None or e.max_model_len >= need]
         if not fits:

@@ -57,7 +57,11 @@ class EngineTable:
         """Engines in name order."""
         self.ordered: list[EngineState] = []
         self.models: dict[str, list[EngineState]] = {}
-        """Served model -> its engines, in name order."""
+        """Served model -> its engines, in name order (a model with none is not here)."""
+        self.served: set[str] = set()
+        """The models served: the router's policy was built for them, and an engine of
+        one may be added. One may have no engine left (other router workers' removals of
+        its last engines: ``router.dispatch.membership``)."""
         for inst in instances:
             self._put(inst)
         self._index()
@@ -71,6 +75,7 @@ class EngineTable:
     def _put(self, inst: Any) -> EngineState:
         if inst.name in self.engines:
             raise ValueError(f"two instances are named '{inst.name}'")
+        self.served.add(inst.served_model_name)
         e = self.engines[inst.name] = EngineState(
             inst.name, inst.served_model_name, inst.url, inst.max_model_len,
             scraped=getattr(inst, "kind", "hetserve") == "vllm")

@@ -213,3 +213,44 @@ async def _joined(apps: list[object], clients: list[object]) -> None:
     while _table(apps[0]) != _table(apps[1]) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
 
+
+
+def test_removals_at_once_of_a_models_last_engines_converge(tmp_path: Path) -> None:
+    """Two removals at once, to different workers, of a model's last two engines: each
+    worker applies its own (the model still has the other engine there) and then the
+    other's (a peer's removal is not refused as the last engine), so both end without the
+    model's engines; a request for it gets a 503 with an OpenAI error, and an add brings
+    it back in both."""
+    config = _config(tmp_path)
+
+    async def go() -> None:
+        apps = [create_app(config, worker=i) for i in (0, 1)]  # type: ignore[arg-type]
+        async with served(apps[0]) as c0, served(apps[1]) as c1:
+            await _joined(apps, [c0, c1])
+            for name in ("a", "b"):
+                assert await _post(c0, name, "down", {}, None) == 200
+            await _settled(apps)
+            answers = await asyncio.gather(_call(c0, "b", "remove", {}, None),
+                                           _call(c1, "a", "remove", {}, None))
+            assert [a[0] for a in answers] == [200, 200], answers
+            await _settled(apps)
+            assert _table(apps[0]) == _table(apps[1]) == {}
+            for client in (c0, c1):
+                async with client.post("/v1/chat/completions", json={
+                        "model": "tiny-a", "max_tokens": 4,
+                        "messages": [{"role": "user", "content": "hi"}]}) as resp:
+                    body = await resp.json()
+                    assert resp.status == 503, body
+                    assert "has no engine" in body["error"]["message"]
+                for path, expected in (("/v1/models", 200), ("/health", 503), ("/metrics", 200)):
+                    async with client.get(path) as resp:  # /health: no engine is up
+                        assert resp.status == expected, (path, await resp.text())
+            status, _ = await _call(c1, "c", "add", {}, {"model": "builtin:tiny-a",
+                                                         "url": "http://127.0.0.1:9300"},
+                                    tmp_path)
+            assert status == 200
+            await _settled(apps)
+            assert _table(apps[0]) == _table(apps[1])
+            assert list(_table(apps[0])) == ["c"]
+            assert _subscriptions(apps[0]) == _subscriptions(apps[1])
+    asyncio.run(go())

@@ -5,6 +5,7 @@ path (``Peers.feed`` -> ``Membership._apply_engine``) of real ``RouterCore`` obj
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 
 from router.config.cluster import parse_cluster_config
 from router.dispatch.core import RouterCore
-from router.dispatch.peers import Added, EngineEvent, Marked, Moved, Removed
+from router.dispatch.peers import Added, EngineEvent, Hello, Marked, Moved, Removed
+from router.metrics import RouterMetrics
 from router.state.engine_versions import MAX_COUNTER, ORIGIN, EngineVersions, Version
 
 # ---- the rule ----
@@ -108,8 +110,9 @@ WORKERS = 4
 """Events come from workers 0..2; each simulated receiver is worker 3 (its own)."""
 RECEIVERS = 3
 NAMES = ["a", "b", "c", "d"]
-"""``a`` and ``b`` are the file's; ``a`` is never removed or re-added (a model keeps an
-engine: the removal of the last one is refused, which is not order-free)."""
+"""``a`` and ``b`` are the file's, ``c`` and ``d`` added; any of them may be removed, also
+the model's last engine (an admin call may not remove it, but a peer's removal, ordered
+after what it won over, is applied as is)."""
 
 
 def _config(tmp: Path) -> object:
@@ -128,14 +131,12 @@ def _entry(tmp: Path, name: str, port: int) -> dict[str, object]:
 _CONFIG = _config(Path("/nonexistent"))
 
 
-def _event(kind: str, name: str, version: Version, up: bool) -> EngineEvent | None:
+def _event(kind: str, name: str, version: Version, up: bool) -> EngineEvent:
     port = 10000 + version.counter * 8 + version.worker  # one per version: no port clash
     if kind == "mark":
         return Marked(name, version, up, f"r{version.counter}.{version.worker}")
     if kind == "move":
         return Moved(name, version, f"http://127.0.0.1:{port}")
-    if name == "a":
-        return None
     if kind == "add":
         entry = _entry(Path("/nonexistent"), name, port)
         return Added(name, version, msgspec.json.encode(entry).decode())
@@ -147,14 +148,10 @@ def event_sets(draw: st.DrawFn) -> list[EngineEvent]:
     """Engine events with distinct versions (counters 1..12, workers 0..2)."""
     versions = draw(st.lists(st.tuples(st.integers(1, 12), st.integers(0, RECEIVERS - 1)),
                              min_size=3, max_size=20, unique=True))
-    events = []
-    for counter, worker in versions:
-        ev = _event(draw(st.sampled_from(["mark", "move", "add", "remove"])),
-                    draw(st.sampled_from([*NAMES, "c"])), Version(counter, worker),
-                    draw(st.booleans()))
-        if ev is not None:
-            events.append(ev)
-    return events
+    return [_event(draw(st.sampled_from(["mark", "move", "add", "remove"])),
+                   draw(st.sampled_from([*NAMES, "c"])), Version(counter, worker),
+                   draw(st.booleans()))
+            for counter, worker in versions]
 
 
 def _table(core: RouterCore) -> dict[str, tuple[str, str | None, str | None, str]]:
@@ -225,3 +222,52 @@ def test_two_adds_of_one_name_at_once_end_with_the_later() -> None:
     assert _table(cores[0]) == _table(cores[1])
     assert cores[0].state.table["c"].url == "http://127.0.0.1:9101"
     assert cores[1].membership.peers.stale == 1  # type: ignore[union-attr]
+
+
+def test_a_stale_peer_change_is_counted_in_metrics() -> None:
+    """A peer's change older than the one held is dropped and counted, in ``Peers.stale``
+    and in ``/metrics`` (``hetserve_peer_events_total{outcome="stale"}``)."""
+    encode = msgspec.msgpack.Encoder().encode
+    core = RouterCore(_CONFIG, worker=RECEIVERS)  # type: ignore[arg-type]
+    peers = core.membership.peers
+    assert peers is not None
+    metrics = RouterMetrics(core, "round_robin")
+
+    def stale() -> str:
+        return next(line for line in metrics.render().decode().splitlines()
+                    if line.startswith('hetserve_peer_events_total{outcome="stale"}'))
+
+    assert stale().endswith(" 0.0")
+    peers.feed(encode(Marked("a", Version(5, 1), False, "newer")))
+    peers.feed(encode(Marked("a", Version(4, 2), True, "older")))
+    assert (peers.applied, peers.stale) == (1, 1)
+    assert core.state.table["a"].marked_down == "newer"
+    assert stale().endswith(" 1.0")
+
+
+def test_a_restarted_worker_takes_what_a_peer_holds() -> None:
+    """Worker 1 moves ``a``; worker 0 (told of it) marks ``b`` down, removes it and adds
+    ``c``. Worker 1 restarts with the file's engines and says ``Hello``: worker 0 sends it
+    every register it holds (``State``: worker 1's own move among them), and the
+    restarted worker ends with worker 0's table; a third worker skips them."""
+    encode = msgspec.msgpack.Encoder().encode
+    w0, w1 = (RouterCore(_CONFIG, worker=i) for i in (0, 1))  # type: ignore[arg-type]
+    sent: list[bytes] = []
+    for core in (w0, w1):
+        core.membership.peers.publish = lambda e: sent.append(encode(e))  # type: ignore
+    w1.membership.admin_move("a", "http://127.0.0.1:9555")
+    w0.membership.peers.feed(sent.pop())  # type: ignore[union-attr]
+    w0.membership.admin_mark("b", False, "drain")
+    asyncio.run(w0.membership.admin_remove("b"))
+    w0.membership.admin_add(_entry(Path("/nonexistent"), "c", 9100))
+    w0.membership.admin_mark("c", False, "later")
+    sent.clear()
+    restarted, third = (RouterCore(_CONFIG, worker=i) for i in (1, 2))  # type: ignore
+    w0.membership.peers.feed(encode(Hello(1)))  # type: ignore[union-attr]
+    for message in sent:
+        restarted.membership.peers.feed(message)  # type: ignore[union-attr]
+        third.membership.peers.feed(message)  # type: ignore[union-attr]
+    assert _table(restarted) == _table(w0) != _table(third)
+    assert _table(restarted)["a"][0] == "http://127.0.0.1:9555" and "b" not in _table(w0)
+    assert restarted.membership.peers.joined == {0}  # type: ignore[union-attr]
+    assert third.membership.peers.skipped == len(sent)  # type: ignore[union-attr]

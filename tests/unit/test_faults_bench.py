@@ -32,10 +32,11 @@ def test_classify(status: int, stream: bool, data: bytes, outcome: str) -> None:
 def test_table_lists_every_phase() -> None:
     phases = [{"name": name, "outcomes": {"ok": 3, "error": 1, "refused": 0, "cut": 0,
                                           "lost": 0},
-               "resent": 1, "redispatched": 2.0, "down_after_s": 0.5, "back_after_s": None}
+               "resent": 1, "resent_unanswered": 4,
+               "redispatched": 2.0, "down_after_s": 0.5, "back_after_s": None}
               for name in ("steady", "kill-engine")]
     text = table({"phases": phases})
-    assert "| kill-engine | 4 | 3 | 1 | 0 | 0 | 0 | 1 | 2 | 0.50 s | - |" in text
+    assert "| kill-engine | 4 | 3 | 1 | 0 | 0 | 0 | 1 | 4 | 2 | 0.50 s | - |" in text
 
 
 @pytest.mark.parametrize("exc, outcome", [

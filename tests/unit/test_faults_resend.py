@@ -1,11 +1,15 @@
-"""The benchmark clients' one resend (``kernels_bench.faults.signals``): a request whose
-pooled keep-alive connection its server had closed, found before a byte was written, is
-sent once more on a new connection and marked; one the server received never is. Against
-a loopback server that counts the requests it reads."""
+"""The benchmark clients' one resend (``kernels_bench.faults.resend``): a request whose
+connection failed before any byte of an answer came back is sent once more on a new
+connection and marked, ``resent`` if it never left the client (a pooled keep-alive
+connection its server had closed, found before a byte was written), ``resent_unanswered``
+if it was written and the connection was then closed or reset; one that got any byte of an
+answer never is. Against a loopback server that counts the requests it reads."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from types import SimpleNamespace
 
 import aiohttp
@@ -21,31 +25,38 @@ class Twice(ClosedLoop):
 
     def __init__(self, url: str) -> None:
         super().__init__(url, "m", concurrency=1, timeout_s=10)
-        self.got: list[tuple[str, bool]] = []
+        self.got: list[tuple[str, bool, bool]] = []
 
     async def _client(self, session: aiohttp.ClientSession, i: int) -> None:
         for _ in range(2):
-            request = SimpleNamespace(resent=False)
+            request = SimpleNamespace(resent=False, resent_unanswered=False)
             try:
                 async with await self._post(session, {"n": 1}, request) as resp:
                     await resp.read()
                     outcome = "ok"
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 outcome = transport_outcome(exc)
-            self.got.append((outcome, request.resent))
+            self.got.append((outcome, request.resent, request.resent_unanswered))
 
 
-@pytest.mark.parametrize("answer, got, received", [
-    # the server answers and closes at once: the second request finds the pooled
-    # connection closed before writing, never reaches the server, and is resent
-    (True, [("ok", False), ("ok", True)], 2),
-    # the server reads each request and closes without an answer: both reached it, and
-    # neither is sent again
-    (False, [("cut", False), ("cut", False)], 2),
+CUT, CUT_RESENT = ("cut", False, False), ("cut", False, True)
+
+
+@pytest.mark.parametrize("server, got, received", [
+    # answers and closes at once: the second request finds the pooled connection closed
+    # before writing, never reaches the server, and is resent
+    ("answer", [("ok", False, False), ("ok", True, False)], 2),
+    # reads each request and closes (FIN), or resets (RST), without a byte of an answer:
+    # each is sent once more (and cut again)
+    ("close", [CUT_RESENT, CUT_RESENT], 4),
+    ("reset", [CUT_RESENT, CUT_RESENT], 4),
+    # a byte of an answer came back: never sent again, whatever came of it
+    ("partial status line", [CUT, CUT], 2),
+    ("partial body", [CUT, CUT], 2),
 ])
-def test_only_a_request_that_never_left_is_resent(answer: bool, got: list[tuple[str, bool]],
-                                                  received: int) -> None:
-    async def go() -> tuple[list[tuple[str, bool]], int]:
+def test_only_a_request_without_an_answer_byte_is_resent(
+        server: str, got: list[tuple[str, bool, bool]], received: int) -> None:
+    async def go() -> tuple[list[tuple[str, bool, bool]], int]:
         count = 0
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -54,14 +65,21 @@ def test_only_a_request_that_never_left_is_resent(answer: bool, got: list[tuple[
             length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
             await reader.readexactly(length)
             count += 1
-            if answer:
-                writer.write(ANSWER)
-                await writer.drain()
+            if server == "reset":
+                writer.get_extra_info("socket").setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return
+            writer.write({"answer": ANSWER, "close": b"",
+                          "partial status line": b"HTTP/1.1 20",
+                          "partial body": ANSWER[:-2].replace(b"length: 2", b"length: 9")
+                          + b"{"}[server])
+            await writer.drain()
             writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        async with server:
-            port = server.sockets[0].getsockname()[1]
+        server_ = await asyncio.start_server(handle, "127.0.0.1", 0)
+        async with server_:
+            port = server_.sockets[0].getsockname()[1]
             client = Twice(f"http://127.0.0.1:{port}")
             await client._main()
         return client.got, count

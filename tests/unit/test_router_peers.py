@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from router.config.cluster import parse_cluster_config
 from router.dispatch.core import RouterCore
-from router.dispatch.peers import (Completed, Marked, Moved, PeerEvent, Peers, Routed,
-                                   sync_endpoints)
+from router.dispatch.peers import (Completed, Hello, Marked, Moved, PeerEvent, Peers, Routed,
+                                   State, Synced, sync_endpoints)
 from router.request import MAX_LABEL_CHARS
 from router.state.engine_versions import Version
 
@@ -84,7 +84,8 @@ _VERSIONS = st.one_of(st.lists(st.integers(-2, 2**64 - 1) | st.sampled_from([0, 
     st.builds(msgspec.msgpack.encode, st.recursive(
         _LEAF, lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=20)),
     st.builds(lambda tag, rest: msgspec.msgpack.encode([tag, *rest]),  # near-valid events
-              st.sampled_from(["routed", "completed", "marked", "moved", "added", "removed"]),
+              st.sampled_from(["routed", "completed", "marked", "moved", "added", "removed",
+                               "hello", "state", "synced"]),
               st.lists(_LEAF, max_size=4)),
     st.builds(lambda tag, name, version, rest: msgspec.msgpack.encode(  # engine events
                   [tag, name, version, *rest]),
@@ -99,12 +100,20 @@ _VERSIONS = st.one_of(st.lists(st.integers(-2, 2**64 - 1) | st.sampled_from([0, 
 @example(msgspec.msgpack.encode(["marked", "a", [1, 5], True, "x"]))  # not a worker here
 @example(msgspec.msgpack.encode(["marked", "a", [1, 0], True, "x"]))  # its own index
 @example(msgspec.msgpack.encode(["removed", "a", [1, 1]]))
+@example(msgspec.msgpack.encode(["hello", 1]))  # a join: answered
+@example(msgspec.msgpack.encode(["hello", 0]))  # its own index
+@example(msgspec.msgpack.encode(["hello", 7]))  # not a worker here
+@example(msgspec.msgpack.encode(["synced", 1, 0]))  # for another worker
+@example(msgspec.msgpack.encode(["synced", 0, 1]))
+@example(msgspec.msgpack.encode(["state", 0, ["marked", "a", [1, 0], False, "x"]]))  # own
+@example(msgspec.msgpack.encode(["state", 0, ["routed", "p", "a"]]))  # not a register
+@example(msgspec.msgpack.encode(["state", 1, ["removed", "a", [1, 1]]]))  # for another
 def test_any_message_is_applied_or_counted(message: bytes) -> None:
     core = RouterCore(_CONFIG, worker=0)
     assert core.membership.peers is not None
     core.membership.peers.feed(message)
     peers = core.membership.peers
-    assert peers.applied + peers.malformed + peers.rejected + peers.stale == 1
+    assert peers.applied + peers.malformed + peers.rejected + peers.stale + peers.skipped == 1
 
 
 def test_bad_versions_are_counted_and_dropped() -> None:
@@ -156,3 +165,45 @@ def test_a_worker_needs_its_index(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--worker I"):
         RouterCore(_config(tmp_path))
     assert RouterCore(_config(tmp_path, workers=1)).membership.peers is None
+
+
+def test_a_starting_worker_gets_its_peers_registers(tmp_path: Path) -> None:
+    """Over real sockets: worker 1 starts after worker 0 and says ``Hello`` until worker 0
+    answered (ZeroMQ drops what a new PUB sends before the peer's SUB joined); worker 0
+    sends it each register it holds, then ``Synced``."""
+    held = [Marked("a", Version(5, 0), False, "x"), Moved("b", Version(6, 1), "http://h:1")]
+
+    async def go() -> tuple[list[PeerEvent], set[int]]:
+        endpoints = sync_endpoints(str(tmp_path), 8000, 2)
+        got: list[PeerEvent] = []
+        ctx = zmq.asyncio.Context()
+        first = Peers(endpoints, 0, lambda e: True, lambda: held)
+        await first.start(ctx)
+        joiner = Peers(endpoints, 1, lambda e: got.append(e) or True)
+        await joiner.start(ctx)
+        for _ in range(200):
+            if joiner.joined:
+                break
+            await asyncio.sleep(0.02)
+        await joiner.stop()
+        await first.stop()
+        ctx.term()
+        return got, joiner.joined
+
+    got, joined = asyncio.run(go())
+    assert joined == {0}
+    assert [State(1, e) for e in held] == got[:2]
+
+
+def test_join_messages_are_counted() -> None:
+    core = RouterCore(_CONFIG, worker=0)
+    peers = core.membership.peers
+    assert peers is not None
+    sent: list[PeerEvent] = []
+    peers.publish = sent.append  # type: ignore[method-assign]
+    encode = msgspec.msgpack.encode
+    peers.feed(encode(Hello(1)))
+    assert sent == [Synced(1, 0)]  # nothing versioned held yet
+    peers.feed(encode(Synced(0, 1)))
+    peers.feed(encode(Synced(1, 0)))  # for another worker (with more of them)
+    assert (peers.applied, peers.skipped, peers.joined) == (2, 1, {1})

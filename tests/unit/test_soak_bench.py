@@ -32,24 +32,25 @@ def result() -> dict:
                 "rss_bytes": (100 + t) * 2**20, "fds": 40} for t in range(0, 600, 5)]
     return {"t_start": 100.0, "duration_s": 600.0, "concurrency": 4, "steady": outcomes,
             "outcomes": outcomes, "samples": samples, "resent": 3, "steady_resent": 0,
+            "resent_unanswered": 5, "steady_resent_unanswered": 1,
             "not_ok": [], "timeline_s": 10.0,
             "timeline": {"0": {"ok": 30}, "5": {"ok": 20, "cut": 2}},
             "faults": [{"kind": "kill-router-worker", "target": "router-0", "at": 150.0,
                         "routed_around_s": None, "back_s": 8.25, "outcomes": outcomes,
-                        "resent": 3},
+                        "resent": 3, "resent_unanswered": 4},
                        {"kind": "stop-engine", "target": "tiny-a-1", "at": 250.0,
                         "routed_around_s": 1.5, "back_s": None, "outcomes": outcomes,
-                        "resent": 0}]}
+                        "resent": 0, "resent_unanswered": 1}]}
 
 
 def test_table_and_trends(tmp_path: Path) -> None:
     text = table(result())
-    assert "| 50 | kill-router-worker | router-0 | 10 | 1 | 0 | 2 | 0 | 3 | 3 | - | 8.2 s |" \
+    assert "| 50 | kill-router-worker | router-0 | 10 | 1 | 0 | 2 | 0 | 3 | 3 | 4 | - | 8.2 s |" \
         in text
-    assert "| 150 | stop-engine | tiny-a-1 | 10 | 1 | 0 | 2 | 0 | 3 | 0 | 1.50 s | not back |" \
+    assert "| 150 | stop-engine | tiny-a-1 | 10 | 1 | 0 | 2 | 0 | 3 | 0 | 1 | 1.50 s | not back |" \
         in text
-    assert "| | **total** | | **10** | **1** | **0** | **2** | **0** | **3** | **3** | | |" \
-        in text
+    assert ("| | **total** | | **10** | **1** | **0** | **2** | **0** | **3** | **3** | **5** "
+            "| | |") in text
     # at 5 min (t = 300 s after the start): 400 MiB; last sample 695 MiB
     assert "| router-0 (psutil) | rss_bytes | 400 MiB | 695 MiB | 100 MiB | 695 MiB |" \
         in trends(result())
