@@ -112,7 +112,6 @@ class ChunkTokenizer:
         n = self.counted.get(text)
         if n is not None:
             return n
-        n = None
         if self.by_chunks and not self._SEPARATORS.search(text):
             try:
                 n = sum(map(len, map(self.memo.__getitem__, text.split())))

@@ -159,21 +159,14 @@ class StateView:
         out = []
         memo, table, rid = self._matched, self._table, req.request_id
         ids, n = req.prompt_token_ids, req.num_prompt_tokens
-        hashes: dict[int, list[int]] = {}  # engines share a few block sizes
         for name in engines:
             kv = table[name].kv
             size = kv.block_size
             key = (rid, name)
             matched = memo.get(key)
             if matched is None:
-                if size is None or not ids or not len(kv):
-                    matched = 0
-                else:
-                    h = hashes.get(size)
-                    if h is None:
-                        h = hashes[size] = self._block_hashes(req, size)
-                    matched = kv.match(h)
-                memo[key] = matched
+                matched = memo[key] = 0 if size is None or not ids or not len(kv) else \
+                    kv.match(self._block_hashes(req, size))
             out.append((matched, 0 if size is None else cached_prefix_tokens(n, matched, size)))
         return out
 
