@@ -38,8 +38,10 @@ SCHEMA_VERSION = 1
 DEFAULT_INTERVAL_S = 0.020
 """Minimum time between two snapshots while the engine is busy."""
 
-DEFAULT_HEARTBEAT_S = 1.0
-"""Maximum time between two snapshots while the engine is idle."""
+DEFAULT_HEARTBEAT_S = 0.5
+"""Maximum time between two snapshots while the engine is idle (or in a long step): a
+third of the router's default ``heartbeat_timeout_s``, so a stopped engine is routed
+around within 2 s and a late heartbeat or two is no false alarm."""
 
 MAX_SEQ_JUMP = 1 << 20
 """Largest forward jump of a sequence number taken as lost frames: 5.8 hours of snapshots

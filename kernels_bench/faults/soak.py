@@ -12,9 +12,10 @@ passed, each fault after the cluster recovered from the last:
 - ``restart-launcher``: SIGTERM to the launcher (a graceful stop of the whole cluster)
   and a new launcher on the same file, as an operator restarts a cluster.
 
-Clients cycle through four kinds of call: a chat answer, a streamed one, a three-stage
-program (workflow metadata, one program id), and a stream the client abandons after its
-first chunk. Every request is classified as in ``kernels_bench faults`` (``ok``,
+Clients cycle through five kinds of call: a chat answer, a streamed one, a three-stage
+program (workflow metadata, one program id), a stream the client abandons after its
+first chunk, and a chat answer to a prompt no call shared before (``fresh``: it stores new
+KV blocks, so engines keep evicting and the router's KV index keeps changing). Every request is classified as in ``kernels_bench faults`` (``ok``,
 ``error``, ``refused``, ``cut``, ``lost``; ``abandoned`` for a deliberate disconnect;
 those their client sent twice, ``resent`` and ``resent_unanswered``, counted apart:
 ``kernels_bench.faults.resend``) and attributed to the fault window it ended in. Every
@@ -47,7 +48,7 @@ from router.config.cluster import ClusterConfig, load_cluster_config
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CLUSTER = ROOT / "examples" / "soak.toml"
 SCHEDULE = ("kill-engine", "stop-engine", "kill-router-worker", "restart-launcher")
-KINDS = ("chat", "stream", "program", "abandon")
+KINDS = ("chat", "stream", "program", "abandon", "fresh")
 PROGRAM_STAGES = 3
 PREAMBLE = " ".join(f"Rule {i}: answer briefly and count carefully." for i in range(12))
 """A shared system prompt of some 250 tokens: longer than a KV block, so engines publish
@@ -130,9 +131,10 @@ class Clients(ClosedLoop):
         call = Call(time.time(), kind)
         self.calls.append(call)
         stream = kind in ("stream", "abandon")
+        system = f"Session {uuid.uuid4().hex}. {PREAMBLE}" if kind == "fresh" else PREAMBLE
         body: dict[str, object] = {
             "model": self.model, "max_tokens": 24, "stream": stream,
-            "messages": [{"role": "system", "content": PREAMBLE},
+            "messages": [{"role": "system", "content": system},
                          {"role": "user", "content": "Count from one to twenty."}]}
         if workflow is not None:
             body["workflow"] = workflow

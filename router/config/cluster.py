@@ -70,8 +70,10 @@ class RouterConfig(Verified):
     """The raw ``[router.policies.<name>]`` tables, validated by ``router.policies``."""
     predictors: dict[str, str] = field(default_factory=dict)
     """Predictor artifact paths by predictor name."""
-    heartbeat_timeout_s: Positive = 2.0
-    """An engine with no telemetry for this long is marked down."""
+    heartbeat_timeout_s: Positive = 1.5
+    """An engine with no telemetry for this long is marked down: three of the engines'
+    heartbeats (``engine_ext.telemetry.DEFAULT_HEARTBEAT_S``, sent while idle or in a long
+    step), so a stopped engine is routed around within 2 s (docs/reliability.md)."""
     scheduler_stall_timeout_s: Positive = 30.0
     """An engine whose telemetry (sent by a thread apart from its scheduler) shows the same
     scheduler step for this long while requests run or wait is down until the step moves

@@ -53,7 +53,7 @@ def test_defaults_are_loopback_and_names(tmp_path: Path) -> None:
     cfg = load(tmp_path, ROUTER + ENGINE_A)
     assert cfg.router.host == "127.0.0.1"
     assert cfg.router.port is None
-    assert cfg.router.heartbeat_timeout_s == 2.0
+    assert cfg.router.heartbeat_timeout_s == 1.5
     assert cfg.router.allow_client_priority is False
     (e,) = cfg.engines
     assert e.host == "127.0.0.1"
