@@ -14,13 +14,17 @@ from router.settings import SettingsError, check
 
 
 def with_engine(cfg: ClusterConfig, table: Mapping[str, Any],
-                served: Collection[str] | None = None) -> ClusterConfig:
+                served: Collection[str] | None = None,
+                models: Mapping[str, str] | None = None) -> ClusterConfig:
     """``cfg`` with one more engine entry: a replica the launcher started while the router
     runs (``POST /admin/engines/{name}/add``). It must be an entry with a ``url``, a new
     instance name and a model already served (a new model needs a router restart: its
     policy was built for the models it had); checked as in a file (ConfigError).
     ``served``: the models served (default: those of ``cfg``'s engines; a router's models
-    also count when other workers' removals left them without an engine)."""
+    also count when other workers' removals left them without an engine). ``models``: the
+    model each served name was started with (default: those of ``cfg``'s engines); an
+    engine of another model under that name is refused even when the name has no engine
+    left, since the policy's predictors and profiles were built for the first."""
     source = f"{cfg.source} (added engine)"
     try:
         e = decode_engine(dict(table), len(cfg.engines), Path(cfg.source).parent)
@@ -33,6 +37,11 @@ def with_engine(cfg: ClusterConfig, table: Mapping[str, Any],
                                       else {x.served_model_name for x in cfg.engines}),
               f"{e.served_model_name!r} is not served here; a new model needs a restart of "
               "the router")
+        first = (models if models is not None
+                 else {x.served_model_name: x.model for x in cfg.engines}).get(e.served_model_name)
+        check(f"{key}.model", first is None or e.model == first,
+              f"{e.served_model_name!r} is served by {first!r} here, not {e.model!r}; "
+              "another model needs a restart of the router")
         new = dataclasses.replace(cfg, engines=[*cfg.engines, e])
         new.verify_engines()
     except SettingsError as err:

@@ -53,12 +53,14 @@ class Membership:
         self.config, self.state, self.clock = config, state, clock
         instances = config.instances()
         self.instances: dict[str, EngineInstance] = {i.name: i for i in instances}
+        """The engine instances routed to (``config.instances()``, plus added ones)."""
         self._first: dict[str, str] = {}
         """Each served model's first engine in the file: the one an engine added to a
         model left without any is like (``Policy.add_engine``)."""
         for i in instances:
             self._first.setdefault(i.served_model_name, i.name)
-        """The engine instances routed to (``config.instances()``, plus added ones)."""
+        self._models = {e.served_model_name: e.model for e in config.engines}
+        """The model each served name was started with (``with_engine``'s ``models``)."""
         self.nodes: dict[str, str | None] = {i.name: i.node for i in instances}
         """Where each engine runs, when the launcher placed it on a Ray node; such an
         engine may move to another host (``move_engine``)."""
@@ -208,7 +210,7 @@ class Membership:
 
     def _add(self, entry: dict[str, Any]) -> EngineInstance:
         state = self.state
-        self.config = with_engine(self.config, entry, state.table.served)
+        self.config = with_engine(self.config, entry, state.table.served, self._models)
         inst = next(i for i in self.config.instances() if i.name == entry["name"])
         model = inst.served_model_name
         engines = state.table.models.get(model)
@@ -368,7 +370,7 @@ class Membership:
         name = entry["name"]
         if name in self.instances:
             with_engine(without_engine(self.config, name, last=True), entry,
-                        self.state.table.served)  # refused as a whole
+                        self.state.table.served, self._models)  # refused as a whole
             self._unsubscribe_later(self._remove(name, drained=False))
         self._add(entry)
         self.versions.added(name, version, text)

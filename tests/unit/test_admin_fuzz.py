@@ -219,8 +219,8 @@ def test_removals_at_once_of_a_models_last_engines_converge(tmp_path: Path) -> N
     """Two removals at once, to different workers, of a model's last two engines: each
     worker applies its own (the model still has the other engine there) and then the
     other's (a peer's removal is not refused as the last engine), so both end without the
-    model's engines; a request for it gets a 503 with an OpenAI error, and an add brings
-    it back in both."""
+    model's engines; a request for it gets a 503 with an OpenAI error, an add of another
+    model under its name is refused, and an add of its own model brings it back in both."""
     config = _config(tmp_path)
 
     async def go() -> None:
@@ -245,6 +245,10 @@ def test_removals_at_once_of_a_models_last_engines_converge(tmp_path: Path) -> N
                 for path, expected in (("/v1/models", 200), ("/health", 503), ("/metrics", 200)):
                     async with client.get(path) as resp:  # /health: no engine is up
                         assert resp.status == expected, (path, await resp.text())
+            status, body = await _call(c1, "d", "add", {}, {"model": "builtin:tiny-b",
+                                                             "url": "http://127.0.0.1:9301"},
+                                       tmp_path)  # the name's first model, not another
+            assert status == 400 and "served by 'builtin:tiny-a'" in str(body), (status, body)
             status, _ = await _call(c1, "c", "add", {}, {"model": "builtin:tiny-a",
                                                          "url": "http://127.0.0.1:9300"},
                                     tmp_path)
