@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -13,6 +14,8 @@ from kernels_bench.faults import soak
 from kernels_bench.faults.soak import DEFAULT_CLUSTER, ROUTER_GAUGES, run
 
 OUTCOME_COLUMNS = ("ok", "error", "refused", "cut", "lost", "abandoned")
+ENGINE_FAULTS = ("kill-engine", "stop-engine")
+"""The faults an engine suffers, which the router must route around."""
 MAX_SECONDS = 7 * 86400.0
 """The longest duration, timeout or interval a flag takes (a week)."""
 
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(table(result))
     print()
+    print(by_kind(result))
+    print()
     print(trends(result))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(json.dumps(result, indent=1))
@@ -89,6 +94,35 @@ def table(result: dict) -> str:
     o = result["outcomes"]
     lines.append("| | **total** | | " + " | ".join(f"**{o[c]}**" for c in OUTCOME_COLUMNS)
                  + f" | **{result['resent']}** | **{result.get('resent_unanswered', 0)}** | | |")
+    return "\n".join(lines)
+
+
+def _spread(values: list[float]) -> str:
+    """``min / median / max`` of ``values`` in seconds, ``-`` when there are none."""
+    if not values:
+        return "-"
+    v = sorted(values)
+    return f"{v[0]:.2f} / {statistics.median(v):.2f} / {v[-1]:.2f} s"
+
+
+def by_kind(result: dict) -> str:
+    """One row per kind of fault: how often, what ended in its windows, how many of its
+    engine faults were routed around within 2 s (issue 35's bar), and routed around and
+    back as min / median / max (a target never back counts in ``not back``)."""
+    lines = ["| fault | times | " + " | ".join(OUTCOME_COLUMNS)
+             + " | routed around <= 2 s | routed around | back | not back |",
+             "|---|---|" + "---|" * len(OUTCOME_COLUMNS) + "---|---|---|---|"]
+    for kind in dict.fromkeys(f["kind"] for f in result["faults"]):
+        faults = [f for f in result["faults"] if f["kind"] == kind]
+        around = [f["routed_around_s"] for f in faults if f["routed_around_s"] is not None]
+        back = [f["back_s"] for f in faults if f["back_s"] is not None]
+        within = (f"{sum(a <= 2.0 for a in around)} of {len(faults)}"
+                  if kind in ENGINE_FAULTS else "-")
+        lines.append(f"| {kind} | {len(faults)} | "
+                     + " | ".join(str(sum(f["outcomes"][c] for f in faults))
+                                  for c in OUTCOME_COLUMNS)
+                     + f" | {within} | {_spread(around)} | {_spread(back)} | "
+                     f"{len(faults) - len(back)} |")
     return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.commands.soak import main, plot, table, trends
+from kernels_bench.commands.soak import by_kind, main, plot, table, trends
 from kernels_bench.faults.soak import _sum
 
 METRICS = """# HELP hetserve_engine_up 1 if the router routes to the engine, else 0
@@ -51,6 +51,13 @@ def test_table_and_trends(tmp_path: Path) -> None:
         in text
     assert ("| | **total** | | **10** | **1** | **0** | **2** | **0** | **3** | **3** | **5** "
             "| | |") in text
+    two = result()
+    two["faults"].append({**two["faults"][1], "routed_around_s": 2.5, "back_s": 60.0})
+    rows = by_kind(two)
+    assert "| kill-router-worker | 1 | 10 | 1 | 0 | 2 | 0 | 3 | - | - | 8.25 / 8.25 / 8.25 s | 0 |" \
+        in rows
+    assert ("| stop-engine | 2 | 20 | 2 | 0 | 4 | 0 | 6 | 1 of 2 | 1.50 / 2.00 / 2.50 s | "
+            "60.00 / 60.00 / 60.00 s | 1 |") in rows
     # at 5 min (t = 300 s after the start): 400 MiB; last sample 695 MiB
     assert "| router-0 (psutil) | rss_bytes | 400 MiB | 695 MiB | 100 MiB | 695 MiB |" \
         in trends(result())
