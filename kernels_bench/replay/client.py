@@ -63,6 +63,8 @@ class CallResult:
     cached_tokens: int | None = None
     first_token_s: float | None = None
     end_s: float = 0.0
+    queue_s: float | None = None
+    """Engine arrival to first scheduling, where the engine reports it (the twin)."""
     error: str | None = None
 
 
@@ -181,7 +183,8 @@ class AgenticClient:
             trace_prompt_tokens=(job.run.models[trace_model].stages[stage].prompt_tokens
                                  if trace_model else 0),
             cached_tokens=res.cached_tokens,
-            expected_return_s=body["workflow"].get("expected_return_s"), error=res.error)
+            expected_return_s=body["workflow"].get("expected_return_s"), queue_s=res.queue_s,
+            error=res.error)
         if rec.error is None and not trace_model:
             rec.error = f"the router chose model {res.model!r}, which the replay does not map"
         elif rec.error is None and rec.output_tokens != rec.forced_tokens:

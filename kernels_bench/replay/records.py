@@ -51,6 +51,10 @@ class RequestRecord:
     tool_gap_s: float | None = None
     """The tool gap the client waited after this call (``--tool-gap``); None: none
     followed (a final stage, or gaps off)."""
+    queue_s: float | None = None
+    """Engine queue time: the engine's arrival of the call to its first scheduling (what
+    the summary's ``queue_s.mean`` averages); None: not reported (a live engine's
+    response carries none, only its counters)."""
     error: str | None = None
 
 

@@ -141,7 +141,7 @@ POOLED_META = ("baseline", "tool_gap", "context", "workflows", "problems", "arri
 """What the folders pooled as seeds of one replay must agree on (``summary.json`` meta)."""
 
 
-def _pooled(folders: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+def pooled(folders: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                list[dict[str, Any]], dict[str, Any]]:
     """Requests, workflows and runs of ``folders`` as one replay whose repeat ``k`` is
     the ``k``-th (folder, repeat) pair, and the first folder's meta with ``seeds`` (every
@@ -169,7 +169,7 @@ def _pooled(folders: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[st
 def analyse(folder: Path | Sequence[Path], baseline: str | None = None,
             block_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0) -> dict[str, Any]:
     """Values and comparisons of one replay folder, or of several pooled as the seeds
-    of one replay (``_pooled``; counters summed over them) (JSON-ready)."""
+    of one replay (``pooled``; counters summed over them) (JSON-ready)."""
     folders = [folder] if isinstance(folder, Path) else list(folder)
     if len(folders) == 1:
         summary = load_summary(folders[0])
@@ -177,7 +177,7 @@ def analyse(folder: Path | Sequence[Path], baseline: str | None = None,
         meta = {**meta, "seeds": [meta.get("seed")]}
         request_rows, flow_rows = _rows(folders[0], "requests"), _rows(folders[0], "workflows")
     else:
-        request_rows, flow_rows, run_rows, meta = _pooled(folders)
+        request_rows, flow_rows, run_rows, meta = pooled(folders)
     base = baseline or meta["baseline"]
     context = meta.get("context", "trace")
     calls: dict[tuple[str, float, int, str], Calls] = {}

@@ -4,6 +4,7 @@ replay's client, records as the live replay writes them (no engine server, no so
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -80,6 +81,10 @@ def test_a_twin_replay_repeats_exactly_in_this_and_in_other_processes(
     run = summary["runs"][0]["summary"]
     assert run["twin"]["virtual_s"] > 0 and run["errors"] == 0
     assert run["queue_s"]["n"] == run["calls"]  # every call reached an engine's queue
+    mine = [r["queue_s"] for r in one if r["policy"] == summary["runs"][0]["policy"]]
+    assert sum(mine) / len(mine) == pytest.approx(run["queue_s"]["mean"], abs=1e-12)
+    with (tmp_path / "one" / "requests.csv").open(encoding="utf-8") as f:
+        assert "queue_s" in next(csv.reader(f))
     assert summary["meta"]["twin"]["charge_decision"] is False
 
 
