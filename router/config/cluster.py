@@ -74,6 +74,12 @@ class RouterConfig(Verified):
     """An engine with no telemetry for this long is marked down: three of the engines'
     heartbeats (``engine_ext.telemetry.DEFAULT_HEARTBEAT_S``, sent while idle or in a long
     step), so a stopped engine is routed around within 2 s (docs/reliability.md)."""
+    sole_engine_timeout_s: Positive = 5.0
+    """The heartbeat timeout of an engine no other engine of its model could replace (none
+    up and heard from within its own timeout): marking it down would turn a late answer
+    into a certain 503. On this 2-core machine a model's last engine, starved while the
+    other restarted, went silent 1.5-2.0 s (docs/reliability.md); the larger of this and
+    ``heartbeat_timeout_s`` applies."""
     scheduler_stall_timeout_s: Positive = 30.0
     """An engine whose telemetry (sent by a thread apart from its scheduler) shows the same
     scheduler step for this long while requests run or wait is down until the step moves

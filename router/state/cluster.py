@@ -25,10 +25,10 @@ class ClusterState:
 
     def __init__(self, instances: Sequence[Any], heartbeat_timeout_s: float,
                  stall_timeout_s: float, program_ttl_s: float,
-                 scrape_timeout_s: float = 10.0) -> None:
+                 scrape_timeout_s: float = 10.0, sole_timeout_s: float = 5.0) -> None:
         """``instances``: objects with ``name, served_model_name, url, max_model_len``."""
         self.table = EngineTable(instances, heartbeat_timeout_s, stall_timeout_s,
-                                 scrape_timeout_s)
+                                 scrape_timeout_s, sole_timeout_s)
         self.ledger = InflightLedger()
         self.programs = ProgramTable(program_ttl_s)
         self.hasher = BlockHasher()

@@ -3,9 +3,12 @@
 Liveness: an engine is down while it is marked down (failed HTTP calls, the launcher's
 admin calls; only ``mark(up=True)`` clears a mark, which the health prober does for
 failed calls) or while its snapshots have stopped for ``heartbeat_timeout_s``
-(``scrape_timeout_s`` for a stock vLLM engine, whose snapshots are its scrapes). An engine
+(``scrape_timeout_s`` for a stock vLLM engine, whose snapshots are its scrapes), or for
+``sole_timeout_s`` when no other engine of its model is live: routing around needs
+somewhere to route to, and marking a model's last live engine down turns a late answer
+(an engine starved of CPU, a router loop that fell behind) into a certain 503. An engine
 that has not sent a snapshot yet is up (engines announce themselves at start and send
-a heartbeat every second when idle, so the router sees them within a second); after
+a heartbeat every 0.5 s when idle, so the router sees them within a second); after
 its first snapshot it must keep sending them. When an engine goes down its KV index is
 cleared and the caller releases its in-flight accounting; it receives nothing until it
 is back.
@@ -43,7 +46,8 @@ class EngineState:
 
 class EngineTable:
     def __init__(self, instances: Iterable[Any], heartbeat_timeout_s: float,
-                 stall_timeout_s: float = 30.0, scrape_timeout_s: float = 10.0) -> None:
+                 stall_timeout_s: float = 30.0, scrape_timeout_s: float = 10.0,
+                 sole_timeout_s: float = 5.0) -> None:
         """``instances``: objects with ``name, served_model_name, url, max_model_len``
         (and ``kind``: ``vllm`` for a scraped engine). ``stall_timeout_s``: an engine whose telemetry keeps coming (from its sender
         thread) with the scheduler's step unchanged for this long while work is running or
@@ -53,6 +57,7 @@ class EngineTable:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.scrape_timeout_s = scrape_timeout_s
+        self.sole_timeout_s = sole_timeout_s
         self.engines: dict[str, EngineState] = {}
         """Engines in name order."""
         self.ordered: list[EngineState] = []
@@ -153,14 +158,27 @@ class EngineTable:
         """Apply heartbeat staleness; returns engines that just went down."""
         went_down = []
         for e in self.engines.values():
-            timeout = self.scrape_timeout_s if e.scraped else self.heartbeat_timeout_s
-            if (e.down_reason is None and e.last_seen is not None
-                    and now - e.last_seen > timeout):
+            if e.down_reason is not None or e.last_seen is None:
+                continue
+            silent, timeout = now - e.last_seen, self._timeout(e)
+            sole = silent > timeout and not any(
+                self._live(o, now) for o in self.models[e.model] if o is not e)
+            if sole:
+                timeout = max(timeout, self.sole_timeout_s)
+            if silent > timeout:
                 what = "good /metrics scrape" if e.scraped else "telemetry"
-                self._down(e, f"no {what} for {now - e.last_seen:.1f} s "
-                              f"({'scrape' if e.scraped else 'heartbeat'} timeout {timeout:g} s)")
+                kind = "sole engine" if sole else "scrape" if e.scraped else "heartbeat"
+                self._down(e, f"no {what} for {silent:.1f} s ({kind} timeout {timeout:g} s)")
                 went_down.append(e.name)
         return went_down
+
+    def _timeout(self, e: EngineState) -> float:
+        return self.scrape_timeout_s if e.scraped else self.heartbeat_timeout_s
+
+    def _live(self, e: EngineState, now: float) -> bool:
+        """Up, and heard from within its own timeout (or not yet heard from)."""
+        return e.down_reason is None and (e.last_seen is None
+                                          or now - e.last_seen <= self._timeout(e))
 
     @staticmethod
     def _down(e: EngineState, reason: str) -> bool:

@@ -85,6 +85,30 @@ def test_stale_engine_goes_down_receives_nothing_and_comes_back() -> None:
     assert core.membership.stats.engine_down_events == 1
 
 
+def test_a_models_last_live_engine_gets_the_sole_engine_timeout() -> None:
+    """Silent past the heartbeat timeout with no other engine of its model live (the other
+    marked down, or silent too: a router loop that fell behind), an engine stays up until
+    ``sole_engine_timeout_s``; with a live peer it goes down at the heartbeat timeout."""
+    core, clock = make_core(sole_engine_timeout_s=5.0)
+    core.membership.snapshots.feed(snap_frames("e0", 0))
+    core.membership.snapshots.feed(snap_frames("e1", 0))
+    clock.t += 3.0  # both silent: neither could replace the other
+    assert view(core, "e0").up and view(core, "e1").up
+    core.membership.mark_engine("e1", False, "restarting")
+    clock.t += 2.0  # 5.0 s: exactly the sole timeout
+    assert view(core, "e0").up and route(core).instance == "e0"
+    clock.t += 0.01
+    e0 = view(core, "e0")
+    assert not e0.up and "no telemetry for 5.0 s (sole engine timeout 5 s)" in e0.down_reason
+    core.membership.snapshots.feed(snap_frames("e0", 1))
+    core.membership.mark_engine("e1", True, "")
+    core.membership.snapshots.feed(snap_frames("e1", 1))
+    clock.t += 2.1
+    core.membership.snapshots.feed(snap_frames("e1", 2))  # e1 live: e0 has a replacement
+    e0 = view(core, "e0")
+    assert not e0.up and "(heartbeat timeout 2 s)" in e0.down_reason
+
+
 def test_a_stalled_scheduler_is_down_until_its_step_moves() -> None:
     core, clock = make_core(scheduler_stall_timeout_s=5.0)
     core.membership.snapshots.feed(snap_frames("e0", 0, step=7, batch_size=2))
