@@ -111,10 +111,13 @@ def rebuild_command(trace: Trace, path: Path, problems: int) -> str:
     opts += [f"{flag} {settings[key]}" for flag, key in (
         ("--seed", "seed"), ("--max-tokens", "max_tokens"), ("--code-timeout", "code_timeout_s"))
         if key in settings]
+    models = trace.models
     if "sampling" in settings:
         k = max((len(v) for r in trace.runs for v in r.samples.values()), default=0)
         opts += [f"--samples {k}", f"--temperature {settings['sampling']['temperature']}",
                  f"--top-p {settings['sampling']['top_p']}"]
+        models = sorted({m for r in trace.runs for m in r.samples}) or models
+    opts.append("--models " + " ".join(shlex.quote(m) for m in models))
     return " ".join(["python -m kernels_bench trace build", *opts,
                      f"--suite {trace.header.suite}", f"--problems {problems}",
                      f"--out {path.as_posix()}"])

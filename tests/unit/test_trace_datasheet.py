@@ -59,7 +59,7 @@ def test_summarize(tmp_path: Path) -> None:
     assert s["truncated_stages"] == {"big": 1, "small": 0}
     assert s["judged"]["small"] == {"boxed": {"n": 3, "accuracy": 2 / 3}}
     assert s["rebuild"] == ("python -m kernels_bench trace build --cluster c.toml --seed 0 "
-                            f"--suite math --problems 2 --out {path.as_posix()}")
+                            f"--models big small --suite math --problems 2 --out {path.as_posix()}")
 
 
 def test_distribution() -> None:
