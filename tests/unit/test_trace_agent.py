@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kernels_bench.commands.trace import main
 from kernels_bench.replay.workload import chat_messages
 from kernels_bench.trace.agent import MODEL, AgentSettings, _Tokens, generate, parse_range
 from router.trace_format import Message, load_trace
@@ -17,11 +18,11 @@ SMALL = AgentSettings(programs=3, stages=3, context=(60, 90), tool=(10, 30), out
 def test_valid_seeded_and_counted(tmp_path: Path) -> None:
     a, b, c = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl.gz", tmp_path / "c.jsonl.gz"
     generate(SMALL, a)
-    generate(SMALL, b)
+    main(["agent", "--out", str(b), "--programs", "3", "--stages", "3", "--context", "60-90",
+          "--tool", "10-30", "--output", "5-12"])
     generate(AgentSettings(**{**SMALL.__dict__, "seed": 1}), c)
-    assert a.read_bytes() == b.read_bytes()
-    assert a.read_bytes() != c.read_bytes()
     trace = load_trace(a)
+    assert trace.runs == load_trace(b).runs != load_trace(c).runs
     assert trace.header.workflows == {"agent": ["read", "tool", "tool"]}
     assert len(trace.runs) == 3 and trace.models == [MODEL]
     tokens = _Tokens(SMALL.model)
@@ -41,3 +42,5 @@ def test_settings_are_checked() -> None:
         parse_range("a-b")
     with pytest.raises(ValueError):
         AgentSettings(context=(10, 5)).check()
+    with pytest.raises(SystemExit):
+        main(["agent", "--out", "x.jsonl.gz", "--tool", "9-2"])
