@@ -9,7 +9,7 @@ Models:
 
 - ``tiny-a``: random LlamaForCausalLM, hidden 64, 2 layers (fast).
 - ``tiny-b``: random Qwen2ForCausalLM, hidden 384, 6 layers (slower, same tokenizer).
-- ``*-shape``: shape twins. ``config.json`` holds the real model's values (from its public
+- ``*-shape``: shape twins (Qwen2.5 0.5B, 1.5B and 7B, SmolLM2-135M). ``config.json`` holds the real model's values (from its public
   config) and there are no weight files: vLLM makes random weights at load time with
   ``--load-format dummy``. Two deliberate differences from the real model: the tokenizer is
   ours (``vocab_size`` stays the real, larger one, which vLLM accepts; ids past our vocab
@@ -94,15 +94,19 @@ class BuiltinModel:
         return {"architectures": [self.architecture], **self.config, **TOKEN_IDS}
 
 
-def _qwen2_shape(hidden: int, inter: int, heads: int, layers: int) -> dict[str, Any]:
-    """Qwen2.5 small-model config.json values (Instruct and Coder-Instruct share them)."""
+def _qwen2_shape(hidden: int, inter: int, heads: int, layers: int, kv_heads: int = 2,
+                 window_layers: int = 21, tied: bool = True, vocab: int = 151936
+                 ) -> dict[str, Any]:
+    """Qwen2.5 config.json values (Instruct and Coder-Instruct share them); the defaults
+    are the small models' (0.5B, 1.5B)."""
     return {
         "model_type": "qwen2", "hidden_size": hidden, "intermediate_size": inter,
-        "num_attention_heads": heads, "num_key_value_heads": 2, "num_hidden_layers": layers,
-        "hidden_act": "silu", "max_position_embeddings": 32768, "max_window_layers": 21,
-        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
-        "use_sliding_window": False, "tie_word_embeddings": True, "attention_dropout": 0.0,
-        "initializer_range": 0.02, "torch_dtype": "bfloat16", "vocab_size": 151936,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "num_hidden_layers": layers, "hidden_act": "silu", "max_position_embeddings": 32768,
+        "max_window_layers": window_layers, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+        "sliding_window": 32768, "use_sliding_window": False, "tie_word_embeddings": tied,
+        "attention_dropout": 0.0, "initializer_range": 0.02, "torch_dtype": "bfloat16",
+        "vocab_size": vocab,
     }
 
 
@@ -136,6 +140,12 @@ _MODELS = (
         "qwen2.5-1.5b-shape", "Qwen2ForCausalLM",
         "Qwen2.5-1.5B-Instruct / Qwen2.5-Coder-1.5B-Instruct shape, dummy weights",
         _qwen2_shape(hidden=1536, inter=8960, heads=12, layers=28), shape_twin=True,
+    ),
+    BuiltinModel(
+        "qwen2.5-7b-shape", "Qwen2ForCausalLM",
+        "Qwen2.5-7B-Instruct / Qwen2.5-Coder-7B-Instruct shape, dummy weights",
+        _qwen2_shape(hidden=3584, inter=18944, heads=28, layers=28, kv_heads=4,
+                     window_layers=28, tied=False, vocab=152064), shape_twin=True,
     ),
     BuiltinModel(
         "smollm2-135m-shape", "LlamaForCausalLM", "SmolLM2-135M-Instruct shape, dummy weights",

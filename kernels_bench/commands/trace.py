@@ -79,6 +79,39 @@ def champ(argv: list[str]) -> None:
     print(f"{written} units -> {args.out} ({skipped} conversations without a summary skipped)")
 
 
+def agent(argv: list[str]) -> None:
+    """``trace agent``: synthetic long-context agent programs (``trace.agent``)."""
+    from kernels_bench.trace.agent import AgentSettings, generate, parse_range, summary
+
+    d = AgentSettings()
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels_bench trace agent",
+        description="Write a trace of synthetic long-context agent programs (made-up texts "
+                    "and outcomes: for latency and KV measures, with --context chat).")
+    ap.add_argument("--out", type=Path, required=True, help="trace file (.jsonl.gz)")
+    ap.add_argument("--programs", type=int, default=d.programs, help="default %(default)s")
+    ap.add_argument("--stages", type=int, default=d.stages,
+                    help="stages per program, the first reads the context (default %(default)s)")
+    for name, what in (("context", "stage 0's context"), ("tool", "each tool output"),
+                       ("output", "each answer")):
+        lo, hi = getattr(d, name)
+        ap.add_argument(f"--{name}", default=f"{lo}-{hi}", metavar="LO-HI",
+                        help=f"tokens of {what}, uniform (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=d.seed, help="default %(default)s")
+    ap.add_argument("--model", default=d.model,
+                    help="whose tokenizer counts tokens (default %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        s = AgentSettings(args.programs, args.stages, parse_range(args.context),
+                          parse_range(args.tool), parse_range(args.output), args.seed,
+                          args.model)
+        s.check()
+    except ValueError as e:
+        ap.error(str(e))
+    command = shlex.join(["python", "-m", "kernels_bench", "trace", "agent", *argv])
+    print(f"{args.out}: {summary(generate(s, args.out, command))}")
+
+
 def datasheet(argv: list[str]) -> None:
     """``trace datasheet``: the datasheet of trace files (``trace.datasheet``)."""
     from kernels_bench.trace.datasheet import plot, render, summarize
@@ -160,6 +193,7 @@ def compact(argv: list[str]) -> None:
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "build": (build, "run a cluster's models over a suite's workflows"),
     "champ": (champ, "convert champ-dataset into a trace"),
+    "agent": (agent, "write synthetic long-context agent programs"),
     "datasheet": (datasheet, "write the datasheet of trace files"),
     "rejudge": (rejudge, "judge a finished trace again from its outputs"),
     "validate": (validate, "check trace files"),

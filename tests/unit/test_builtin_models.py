@@ -131,6 +131,7 @@ def test_shape_twins_have_only_config_and_tokenizer(built: dict[str, Path], name
 def test_real_shapes_are_the_public_ones() -> None:
     assert bm.param_count(bm.BUILTIN_MODELS["qwen2.5-0.5b-shape"]) == 494_032_768
     assert bm.param_count(bm.BUILTIN_MODELS["qwen2.5-1.5b-shape"]) == 1_543_714_304
+    assert bm.param_count(bm.BUILTIN_MODELS["qwen2.5-7b-shape"]) == 7_615_616_512
     assert bm.param_count(bm.BUILTIN_MODELS["smollm2-135m-shape"]) == 134_515_008
 
 
