@@ -11,9 +11,10 @@ Models:
 - ``tiny-b``: random Qwen2ForCausalLM, hidden 384, 6 layers (slower, same tokenizer).
 - ``*-shape``: shape twins (Qwen2.5 0.5B, 1.5B and 7B, SmolLM2-135M). ``config.json``
   holds the real model's values (from its public config) and there are no weight files:
-  vLLM makes random weights at load time with ``--load-format dummy``. Two deliberate differences from the real model: the tokenizer is
-  ours (``vocab_size`` stays the real, larger one, which vLLM accepts; ids past our vocab
-  decode to nothing) and the bos/eos/pad ids are our tokenizer's.
+  vLLM makes random weights at load time with ``--load-format dummy``. Two deliberate
+  differences from the real model: the tokenizer is ours (``vocab_size`` stays the real,
+  larger one, which vLLM accepts; ids past our vocab decode to nothing) and the
+  bos/eos/pad ids are our tokenizer's.
 
 Tokenizer: byte-level BPE (vocab 4096) trained with ``tokenizers`` on the first
 ``CORPUS_CHARS`` characters of the Python standard library's top-level modules (sorted by

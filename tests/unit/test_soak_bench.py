@@ -54,8 +54,8 @@ def test_table_and_trends(tmp_path: Path) -> None:
     two = result()
     two["faults"].append({**two["faults"][1], "routed_around_s": 2.5, "back_s": 60.0})
     rows = by_kind(two)
-    assert "| kill-router-worker | 1 | 10 | 1 | 0 | 2 | 0 | 3 | - | - | 8.25 / 8.25 / 8.25 s | 0 |" \
-        in rows
+    assert ("| kill-router-worker | 1 | 10 | 1 | 0 | 2 | 0 | 3 | - | - | 8.25 / 8.25 / 8.25 s "
+            "| 0 |") in rows
     assert ("| stop-engine | 2 | 20 | 2 | 0 | 4 | 0 | 6 | 1 of 2 | 1.50 / 2.00 / 2.50 s | "
             "60.00 / 60.00 / 60.00 s | 1 |") in rows
     # at 5 min (t = 300 s after the start): 400 MiB; last sample 695 MiB
