@@ -13,15 +13,16 @@ passed, each fault after the cluster recovered from the last:
   and a new launcher on the same file, as an operator restarts a cluster.
 
 Clients cycle through five kinds of call: a chat answer, a streamed one, a three-stage
-program (workflow metadata, one program id), a stream the client abandons after its
-first chunk, and a chat answer to a prompt no call shared before (``fresh``: it stores new
-KV blocks, so engines keep evicting and the router's KV index keeps changing). Every
-request is classified as in ``kernels_bench faults`` (``ok``, ``error``, ``refused``,
-``cut``, ``lost``; ``abandoned`` for a deliberate disconnect; those their client sent twice, ``resent`` and ``resent_unanswered``, counted apart:
-``kernels_bench.faults.resend``) and attributed to the fault window it ended in. Every
-``--sample-s`` the tool samples each process of the cluster (RSS and open descriptors, the
-engine's tree summed) and each router worker's ``/metrics`` (its RSS, descriptors, asyncio
-tasks, program-table, KV-index and in-flight ledger sizes). Loopback only.
+program (workflow metadata, one program id), a stream the client abandons after its first
+chunk, and a chat answer to a prompt no call shared before (``fresh``: it stores new KV
+blocks, so engines keep evicting and the router's KV index keeps changing). Every request
+is classified as in ``kernels_bench faults`` (``ok``, ``error``, ``refused``, ``cut``,
+``lost``; ``abandoned`` for a deliberate disconnect; those their client sent twice,
+``resent`` and ``resent_unanswered``, counted apart: ``kernels_bench.faults.resend``) and
+attributed to the fault window it ended in. Every ``--sample-s`` the tool samples each
+process of the cluster (RSS and open descriptors, the engine's tree summed) and each
+router worker's ``/metrics`` (its RSS, descriptors, asyncio tasks, program-table, KV-index
+and in-flight ledger sizes). Loopback only.
 """
 
 from __future__ import annotations
