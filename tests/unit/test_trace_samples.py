@@ -153,8 +153,8 @@ def test_datasheet_reports_samples_per_unit_and_p_correct(tmp_path: Path) -> Non
     assert sm["p_correct"]["solve"] == {"n": 2, "accuracy": pytest.approx((1 / 2 + 1 / 3) / 2)}
     assert s["accuracy"]["m"]["solve"] == {"n": 2, "accuracy": 0.5}  # greedy, as before
     assert s["rebuild"].endswith(f"--seed 0 --max-tokens 512 --code-timeout 10.0 --samples 3 "
-                                 f"--temperature 0.7 --top-p 0.95 --models m --suite math --problems 2 "
-                                 f"--out {path.as_posix()}")
+                                 f"--temperature 0.7 --top-p 0.95 --models m --suite math "
+                                 f"--problems 2 --out {path.as_posix()}")
     from kernels_bench.trace.datasheet import render
 
     text = render([s], "t", "x")
