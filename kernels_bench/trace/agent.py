@@ -41,6 +41,8 @@ SYSTEM = ("You are a coding agent. Read the repository below, then call tools an
           "after each tool result.")
 WORDS = tuple(sorted({*keyword.kwlist, *(n for n in dir(builtins) if not n.startswith("_"))}))
 """The vocabulary of the random texts."""
+MAX_PROGRAMS, MAX_STAGES, MAX_TOKENS = 100_000, 1_000, 1_000_000
+"""Bounds of the settings (a file of that size is hours of tokenizing already)."""
 
 
 @dataclass(frozen=True)
@@ -58,12 +60,12 @@ class AgentSettings:
 
     def check(self) -> None:
         """ValueError on a setting the generator cannot honour."""
-        if self.programs < 1 or self.stages < 1:
-            raise ValueError("programs and stages must be >= 1")
+        if not (1 <= self.programs <= MAX_PROGRAMS and 1 <= self.stages <= MAX_STAGES):
+            raise ValueError(f"programs must be 1-{MAX_PROGRAMS} and stages 1-{MAX_STAGES}")
         for name in ("context", "tool", "output"):
             lo, hi = getattr(self, name)
-            if not 1 <= lo <= hi:
-                raise ValueError(f"{name} range {lo}-{hi}: need 1 <= lo <= hi")
+            if not 1 <= lo <= hi <= MAX_TOKENS:
+                raise ValueError(f"{name} range {lo}-{hi}: need 1 <= lo <= hi <= {MAX_TOKENS}")
 
 
 class _Tokens:
@@ -99,7 +101,6 @@ class _Tokens:
         return self.tok.decode(ids[:n])
 
 
-
 def program(tokens: _Tokens, s: AgentSettings, index: int) -> Unit:
     """Program ``index`` of the file of ``s``."""
     rng = random.Random(f"{s.seed}|{index}")
@@ -111,14 +112,14 @@ def program(tokens: _Tokens, s: AgentSettings, index: int) -> Unit:
     # Counted turn by turn: the template's special tokens separate turns, so a
     # conversation's tokens are the sum of its turns' (tests/unit/test_trace_agent.py).
     stages = []
-    for j in range(s.stages):
+    for j, role in enumerate(roles(s.stages)):
         new = first if j == 0 else [Message("user", "Tool result:\n"
                                             + tokens.text(rng, rng.randint(*s.tool)))]
         if j:
             conversation += tokens.count(new)
         out = rng.randint(*s.output)
         answer = tokens.text(rng, out)
-        stages.append(Stage(index=j, role="read" if j == 0 else "tool", messages=new,
+        stages.append(Stage(index=j, role=role, messages=new,
                             prompt_tokens=conversation + tokens.generation,
                             output_tokens=out, output_text=answer, finish_reason="length",
                             latency_s=0.0))

@@ -42,3 +42,8 @@ class RequestRecord:
     """End of the step that sampled its last output token."""
     generated: int = 0
     """Output tokens sampled so far."""
+
+    @property
+    def queue_s(self) -> float | None:
+        """Engine queue time: arrival to first scheduling; None while not yet scheduled."""
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival

@@ -169,8 +169,7 @@ class TwinRouter:
         res.output_tokens, res.prompt_tokens = record.generated, record.prompt_tokens
         res.cached_tokens = record.cached_tokens
         res.first_token_s, res.end_s = record.first_token, self.sim.now()
-        if record.first_scheduled is not None:
-            res.queue_s = record.first_scheduled - record.arrival
+        res.queue_s = record.queue_s
         return res
 
     async def _engine_prompt(self, parsed: ParsedRequest, routing: RoutingRequest,

@@ -128,8 +128,8 @@ def engine_counters(engines: Sequence[EngineTwin]) -> EngineCounters:
             c.prefix_hits += r.cached_tokens
             c.prompt_tokens += r.prompt_tokens
             c.generation_tokens += r.generated
-            if r.first_scheduled is not None:
-                c.queue_sum_s += r.first_scheduled - r.arrival
+            if r.queue_s is not None:
+                c.queue_sum_s += r.queue_s
                 c.queue_count += 1
     return c
 

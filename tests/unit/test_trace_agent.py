@@ -40,7 +40,9 @@ def test_settings_are_checked() -> None:
     assert parse_range("4000-12000") == (4000, 12000) and parse_range("7") == (7, 7)
     with pytest.raises(ValueError):
         parse_range("a-b")
-    with pytest.raises(ValueError):
-        AgentSettings(context=(10, 5)).check()
+    for bad in (AgentSettings(context=(10, 5)), AgentSettings(programs=10**9),
+                AgentSettings(stages=0), AgentSettings(tool=(1, 10**12))):
+        with pytest.raises(ValueError):
+            bad.check()
     with pytest.raises(SystemExit):
         main(["agent", "--out", "x.jsonl.gz", "--tool", "9-2"])
