@@ -217,6 +217,10 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
             await _wait_for(collector, lambda s: s.num_waiting >= outstanding - 2, watch=shorts)
             await _complete(client, " ".join(["low"] * low_prompt_words), 2, 1_000_000)
             await asyncio.gather(*shorts)
+            # Every step's snapshot is sent before the idle heartbeat that follows it on
+            # the same socket: wait for one, or the tail of the run may not be here yet.
+            after = max(s.seq for s in collector.snapshots)
+            await _wait_for(collector, lambda s: s.heartbeat and s.seq > after)
 
     asyncio.run(run())
     snaps = sorted(collector.snapshots, key=lambda s: s.step)
@@ -225,6 +229,7 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
         return               # (0 steps of waiting, within any bound); seen in 1 of 2 runs
     first = low_queued.index(True)
     last = len(low_queued) - 1 - low_queued[::-1].index(True)
+    assert first > 0, "the collector missed the steps before the low request came"
     assert not any(low_queued[last + 1:]) and all(low_queued[first:last + 1])
     waited = snaps[last + 1].step - snaps[first - 1].step  # bracketing: an upper bound
     # The shorts wait at most outstanding * short_tokens < 3S steps, so they never reach
