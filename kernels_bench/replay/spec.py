@@ -15,7 +15,9 @@ Policy spec grammar: ``ROUTER[-static][:SCHED][+oracle][@KEY=VALUE,...]``.
   it picks (``allow_client_priority`` is turned on for that run);
 - ``@KEY=VALUE,...``: settings of the router policy for this spec only, over the cluster
   file's ``[router.policies.ROUTER]`` (values in TOML syntax, without commas), e.g.
-  ``chimera:stjf@tau=0.5,delta_s=0.1``: a sweep on one engine start. The KV retention
+  ``chimera:stjf@tau=0.5,delta_s=0.1``: a sweep on one engine start. ``POLICY.KEY``
+  sets another policy's table instead, e.g. the replica chooser of Chimera:
+  ``chimera:stjf@lmetric.count_arriving=true``. The KV retention
   keys of the engines (``router.config.engines.RETENTION_KEYS``) set every local engine
   instead, e.g. ``chimera:stjf@max_protected_programs=0`` (retention off: vLLM's LRU
   alone) or ``chimera:stjf@retention_ttl_only=true``.
@@ -86,6 +88,11 @@ def parse_policy(text: str, routers: Iterable[str], scheds: Iterable[str]) -> Po
     if router not in routers:
         raise SpecError(f"policy {text!r}: unknown router policy {router!r}; known: "
                         f"{', '.join(routers)} (or '{ORACLE}')")
+    for key, _ in overrides:
+        table, dot, _ = key.partition(".")
+        if dot and table not in routers:
+            raise SpecError(f"policy {text!r}: setting {key!r} names no router policy "
+                            f"{table!r}; known: {', '.join(routers)}")
     if colon and sched not in scheds:
         raise SpecError(f"policy {text!r}: unknown engine scheduler {sched!r}; known: "
                         f"{', '.join(scheds)}")

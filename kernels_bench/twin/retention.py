@@ -10,6 +10,11 @@ Per workflow (errors left out, as everywhere), from its calls (``requests.jsonl`
   the previous stage's): over the calls after the first stage, the previous call's prompt
   tokens in full blocks (``--block-size``) that the call did not find cached: what was
   in the engine's cache when the program left and had to be computed again;
+  and of it, what was recomputed on the engine of the previous call (what LRU evicted
+  there: all retention can save; the rest follows a call the router *moved* to another
+  engine);
+- calls moved: calls after the first stage that the router sent to another engine than
+  the previous stage's call;
 - recomputed prompt tokens: prompt tokens not found in the prefix cache, over the calls
   of stages after the first (the first stage's context is new in every arm);
 - TTFT of later stages: mean TTFT of its calls after the first stage;
@@ -75,20 +80,40 @@ def recomputed(calls: Calls) -> float | None:
     return float(sum(r["prompt_tokens"] - r["cached_tokens"] for r in later))
 
 
-def recomputed_prefix(calls: Calls, block_size: int) -> float | None:
-    """The previous call's prompt tokens, in full blocks, that the calls after the first
-    stage did not find cached (each attempt's stages in order)."""
+def _after_previous(calls: Calls) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]] | None:
+    """(previous call, call) for the calls after the first stage whose previous stage ran
+    (each attempt's stages in order); None when a later call has no cached count."""
     by_place = {(r["attempt"], r["stage_index"]): r for r in calls}
     later = [r for r in calls if r["stage_index"] > 0]
     if not later or any(r.get("cached_tokens") is None for r in later):
         return None
+    return [(prev, r) for r in later
+            if (prev := by_place.get((r["attempt"], r["stage_index"] - 1))) is not None]
+
+
+def recomputed_prefix(calls: Calls, block_size: int, moved: bool | None = None
+                      ) -> float | None:
+    """The previous call's prompt tokens, in full blocks, that the calls after the first
+    stage did not find cached. ``moved``: only the calls the router sent to another
+    engine than the previous call's (True; that engine never had the prefix) or to the
+    same one (False; what LRU evicted there, all retention can save)."""
+    pairs = _after_previous(calls)
+    if pairs is None:
+        return None
     total = 0
-    for r in later:
-        prev = by_place.get((r["attempt"], r["stage_index"] - 1))
-        if prev is not None:
+    for prev, r in pairs:
+        if moved is None or moved == (prev.get("engine") != r.get("engine")):
             prefix = min(prev["prompt_tokens"], r["prompt_tokens"]) // block_size * block_size
             total += max(0, prefix - r["cached_tokens"])
     return float(total)
+
+
+def moved_calls(calls: Calls) -> float | None:
+    """Calls after the first stage that the router sent to another engine than the
+    previous stage's call."""
+    pairs = _after_previous(calls)
+    return None if pairs is None else float(sum(prev.get("engine") != r.get("engine")
+                                                for prev, r in pairs))
 
 
 def later_ttft(calls: Calls) -> float | None:
@@ -112,9 +137,12 @@ class Metric:
 def metrics(stages: int, block_size: int | None) -> list[Metric]:
     """The table's metrics for workflows of up to ``stages`` stages; ``block_size``: the
     engines' (a chat-context replay), None: no recomputed-prefix metric."""
-    prefix = [] if block_size is None else [Metric(
-        "recomputed_prefix", "recomputed prefix tokens / wf",
-        lambda c, w: recomputed_prefix(c, block_size), fmt="{:.0f}")]
+    prefix = [] if block_size is None else [
+        Metric("recomputed_prefix", "recomputed prefix tokens / wf",
+               lambda c, w: recomputed_prefix(c, block_size), fmt="{:.0f}"),
+        Metric("recomputed_prefix_same", "of which on the same engine",
+               lambda c, w: recomputed_prefix(c, block_size, moved=False), fmt="{:.0f}"),
+        Metric("moved", "calls moved / wf", lambda c, w: moved_calls(c))]
     return [
         *(Metric(f"hit.{k}", f"hit % stage {k}", lambda c, w, h=_hit(k): h(c), True, "{:.1f}")
           for k in range(stages)),

@@ -3,7 +3,9 @@
 score_i = prefill_i x b_i, lowest wins, with
   prefill_i = P - C_i + Q_i  (new prefill tokens if routed to i: prompt tokens minus the
                               prefix i has cached, plus i's queued prefill tokens),
-  b_i       = i's batch size (its running plus waiting requests).
+  b_i       = i's batch size (its running plus waiting requests), plus 1 with
+              ``count_arriving`` (the batch the request would join; hetserve's, off by
+              default).
 Ties (e.g. several idle engines, b = 0) go to fewer new prefill tokens, then the name.
 
 Two-phase hotspot detector for the request's prefix class (the hash of its first
@@ -38,6 +40,10 @@ class LMetricSettings:
     """How many of the hottest prefix classes phase 1 examines (chosen here)."""
     win_factor: PositiveInt = 2
     """Phase 2 threshold: more than win_factor x |M| consecutive wins (LMETRIC: 2)."""
+    count_arriving: bool = False
+    """b_i + 1 in ``lmetric_score`` instead of LMETRIC's b_i. With b_i an idle engine
+    scores 0 whatever it must prefill, so a program's next call leaves the engine that
+    caches its prefix for any idle one (docs/results-retention.md, "Engine-sticky")."""
 
 
 def new_prefill_tokens(prompt: int, cached: int, queued_prefill: int) -> int:
@@ -45,9 +51,9 @@ def new_prefill_tokens(prompt: int, cached: int, queued_prefill: int) -> int:
     return prompt - cached + queued_prefill
 
 
-def lmetric_score(prefill: int, batch_size: int) -> int:
-    """score_i = prefill_i x b_i."""
-    return prefill * batch_size
+def lmetric_score(prefill: int, batch_size: int, count_arriving: bool = False) -> int:
+    """score_i = prefill_i x b_i (``count_arriving``: x (b_i + 1))."""
+    return prefill * (batch_size + count_arriving)
 
 
 def hotspot_phase1(x: float, x_bar: float, m: int, m_bar: int) -> bool:
@@ -132,8 +138,9 @@ class LMetric(Policy[LMetricSettings]):
         prefill = [new_prefill_tokens(prompt, cached, e.prefill_tokens)
                    for e, (_, cached) in zip(cands, hits)]
         requests = [e.requests for e in cands]
-        best = min(range(len(cands)),
-                   key=lambda i: (lmetric_score(prefill[i], requests[i]), prefill[i]))
+        arriving = self.settings.count_arriving
+        best = min(range(len(cands)), key=lambda i: (
+            lmetric_score(prefill[i], requests[i], arriving), prefill[i]))
         winner = cands[best]
         if not self.settings.hotspot_detection or len(cands) < 2:
             return winner, False

@@ -33,6 +33,23 @@ def test_kv_affinity_against_load() -> None:
     assert w.decide(p, r).instance == "e0"
 
 
+def test_count_arriving_keeps_a_program_off_an_idle_engine() -> None:
+    # LMETRIC's b_i: the idle engine scores 0 and wins whatever it must prefill; with the
+    # arriving request counted, the engine caching the prefix wins until its batch costs
+    # more than the idle engine's whole prompt.
+    w = World({"e0": "a", "e1": "a"})
+    w.cache("e0", PROMPT)
+    w.load("e0", batch=2)
+    w.load("e1", batch=0)
+    r = req(tokens=PROMPT)
+    assert w.decide(w.build("lmetric", {"hotspot_detection": False}), r).instance == "e1"
+    sticky = w.build("lmetric", {"hotspot_detection": False, "count_arriving": True})
+    assert lmetric_score(4, 2, count_arriving=True) == 12
+    assert w.decide(sticky, r).instance == "e0"        # 4 x 3 = 12 ties 12 x 1: fewer prefill
+    w.load("e0", batch=3)                               # 4 x 4 = 16 > 12
+    assert w.decide(sticky, r).instance == "e1"
+
+
 def test_ties_go_to_fewer_prefill_tokens() -> None:
     w = World({"e0": "a", "e1": "a"})
     w.cache("e1", PROMPT)

@@ -76,6 +76,7 @@ def test_spec_settings_override_the_files() -> None:
     assert (spec.router, spec.sched, spec.static) == ("chimera", "stjf", True)
     assert spec.overrides == (("tau", 0.5), ("delta_s", 0.1), ("sticky", False))
     for bad, fragment in (("chimera@tau", "not KEY=VALUE"), ("chimera@tau=x y", "TOML"),
-                          ("chimera@tau=1,tau=2", "given twice")):
+                          ("chimera@tau=1,tau=2", "given twice"),
+                          ("chimera@nope.win_factor=3", "names no router policy 'nope'")):
         with pytest.raises(SpecError, match=fragment):
             parse_policies([bad], ROUTERS, SCHEDS)

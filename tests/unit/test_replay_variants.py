@@ -73,6 +73,15 @@ def test_router_variant(cfg: ClusterConfig) -> None:
         check_variant(cfg, router_variant(cfg, oracle, None), oracle)
 
 
+def test_a_spec_may_set_another_policys_table(cfg: ClusterConfig) -> None:
+    spec, = specs("chimera:stjf@lmetric.count_arriving=true,tau=0.5")
+    r = router_variant(cfg, spec, None)
+    assert r.policies["lmetric"]["count_arriving"] is True
+    assert r.policies["chimera"]["tau"] == 0.5 and "count_arriving" not in r.policies["chimera"]
+    assert router_variant(cfg, *specs("chimera"), None).policies.get("lmetric", {}).get(
+        "count_arriving") is None
+
+
 ARTIFACTS = {"semantic_router": "/a/sr", "length": "/a/len", "knn": "/a/knn",
              "capability": "/a/cap"}
 

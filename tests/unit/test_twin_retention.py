@@ -220,6 +220,11 @@ def test_the_reports_token_counts_on_hand_made_calls() -> None:
     assert report.recomputed(calls) == 236.0 + 50.0
     assert report.recomputed_prefix([*calls, call(1, 300, 0, attempt=2)], 16) == 32.0
     assert report.recomputed([call(0, 100, 0), {**call(1, 50, 0), "cached_tokens": None}]) is None
+    # stage 1 moved to engine b: its 32 recomputed tokens follow the move
+    on = [{**c, "engine": e} for c, e in zip(calls, ("a", "b", "b"))]
+    assert report.moved_calls(on) == 1.0
+    assert report.recomputed_prefix(on, 16, moved=False) == 0.0
+    assert report.recomputed_prefix(on, 16, moved=True) == 32.0
 
 
 def _hand_made_replay(folder: Path, seed: int, saved: float, gap: str = "exp:8") -> Path:
