@@ -31,6 +31,7 @@ from engine_ext.telemetry import (
     SchedulerSnapshot,
     SnapshotSink,
     TelemetryPublisher,
+    server_pid,
 )
 from scheduler_patches.queues import CountingFCFSQueue, CountingPriorityQueue
 from scheduler_patches.settings import hetserve_config
@@ -76,6 +77,7 @@ class TelemetryMixin:
                 interval_s=float(table.get("telemetry_interval_ms", DEFAULT_INTERVAL_S * 1e3)) / 1e3,
                 heartbeat_s=float(table.get("telemetry_heartbeat_ms", DEFAULT_HEARTBEAT_S * 1e3)) / 1e3,
                 curve=curve,
+                server_pid=server_pid(),
             ))
 
     def attach_telemetry(self, sink: SnapshotSink) -> None:

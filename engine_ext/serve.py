@@ -34,7 +34,7 @@ import sys
 from typing import Any
 
 from engine_ext.curve import engine_curve
-from engine_ext.telemetry import DEFAULT_INTERVAL_S
+from engine_ext.telemetry import DEFAULT_INTERVAL_S, SERVER_PID_ENV
 from scheduler_patches.program_admission import AdmissionSettings, admission_settings
 from scheduler_patches.protected import RetentionSettings, retention_settings
 from scheduler_patches.settings import ENGINE_POLICIES, vllm_scheduling_policy
@@ -164,6 +164,7 @@ def vllm_argv(ns: argparse.Namespace, passthrough: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ[SERVER_PID_ENV] = str(os.getpid())  # its EngineCore falls silent without it
     ns, passthrough = build_parser().parse_known_args(argv)
     try:
         argv_out = vllm_argv(ns, passthrough)

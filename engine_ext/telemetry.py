@@ -20,6 +20,7 @@ stream's position.
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -42,6 +43,11 @@ DEFAULT_HEARTBEAT_S = 0.5
 """Maximum time between two snapshots while the engine is idle (or in a long step): a
 third of the router's default ``heartbeat_timeout_s``, so a stopped engine is routed
 around within 2 s and a late heartbeat or two is no false alarm."""
+
+SERVER_PID_ENV = "HETSERVE_SERVER_PID"
+"""Set by ``engine_ext.serve`` to its own pid, inherited by vLLM's EngineCore process:
+a publisher in a child of that process falls silent once the server is gone
+(``server_pid``)."""
 
 MAX_SEQ_JUMP = 1 << 20
 """Largest forward jump of a sequence number taken as lost frames: 5.8 hours of snapshots
@@ -319,6 +325,17 @@ def heartbeat_of(last: SchedulerSnapshot, seq: int, ts: float) -> SchedulerSnaps
     return msgspec.structs.replace(last, seq=seq, ts=ts, finished=[], heartbeat=True)
 
 
+def server_pid() -> int | None:
+    """The pid of the API server whose EngineCore child this process is (``SERVER_PID_ENV``
+    names this process's parent), else None (the engine runs in the server's process, or
+    was not started by ``engine_ext.serve``)."""
+    try:
+        pid = int(os.environ.get(SERVER_PID_ENV, ""))
+    except ValueError:
+        return None
+    return pid if pid == os.getppid() else None
+
+
 class TelemetryPublisher:
     """Sends snapshots from a background thread; the engine step never blocks on I/O.
 
@@ -327,6 +344,12 @@ class TelemetryPublisher:
     Frames pass to the sender thread through a bounded queue; when it is full the frame
     is dropped and the sequence gap tells the router. While the engine is idle, the
     thread re-sends the last state as a heartbeat every ``heartbeat_s``.
+
+    ``server_pid``: the API server this engine core serves. A killed server leaves its
+    EngineCore running (vLLM's core does not watch its parent) until the launcher kills
+    the tree; the core's heartbeats would keep a dead engine "up" at the router. So once
+    this process's parent is no longer ``server_pid``, nothing more is sent and the
+    router's heartbeat timeout routes around the engine.
     """
 
     def __init__(
@@ -337,9 +360,11 @@ class TelemetryPublisher:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         ctx: zmq.Context | None = None,
         curve: EngineCurve | None = None,
+        server_pid: int | None = None,
     ) -> None:
         """``curve``: encrypt and authenticate to the router (``engine_ext.curve``)."""
         self.endpoint = endpoint
+        self.server_pid = server_pid
         self.curve = curve
         self.topic = topic.encode("utf-8")
         self.interval_s = interval_s
@@ -382,6 +407,10 @@ class TelemetryPublisher:
         self._last_sent = time.monotonic()
         return heartbeat_of(last, self.next_seq(), time.time())
 
+    def orphaned(self) -> bool:
+        """Whether the API server this engine core served is gone."""
+        return self.server_pid is not None and os.getppid() != self.server_pid
+
     def _run(self) -> None:
         sock = self._ctx.socket(zmq.PUB)
         sock.setsockopt(zmq.LINGER, 0)
@@ -398,7 +427,7 @@ class TelemetryPublisher:
                     snap: SchedulerSnapshot | None = self._queue.get(timeout=self.heartbeat_s / 4)
                 except queue.Empty:
                     snap = self._heartbeat()
-                if snap is None:
+                if snap is None or self.orphaned():
                     continue
                 frames = (self.topic, snap.seq.to_bytes(8, "big", signed=True), encode_snapshot(snap))
                 try:

@@ -74,6 +74,10 @@ def _secs(v: float | None) -> str:
     return "not back" if v is None else f"{v:.1f} s"
 
 
+def _at(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def table(result: dict) -> str:
     """One row per fault: what ended in its window (and how much of it its client sent
     twice: unsent, unanswered), routed around, back."""
@@ -87,6 +91,9 @@ def table(result: dict) -> str:
     for f in result["faults"]:
         o = f["outcomes"]
         around = "-" if f["routed_around_s"] is None else f"{f['routed_around_s']:.2f} s"
+        if f.get("worker_down_s"):
+            around += " (workers " + ", ".join(_at(d) for d in f["worker_down_s"]) + \
+                f"; launcher {_at(f.get('launcher_saw_s'))})"
         lines.append(f"| {f['at'] - result['t_start']:.0f} | {f['kind']} | {f['target']} | "
                      + " | ".join(str(o[c]) for c in OUTCOME_COLUMNS)
                      + f" | {f['resent']} | {f.get('resent_unanswered', 0)} | {around} | "

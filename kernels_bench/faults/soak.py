@@ -90,6 +90,11 @@ class Fault:
     at: float
     routed_around_s: float | None = None
     """Until every router worker's ``hetserve_engine_up`` for the engine read 0."""
+    worker_down_s: list[float | None] = field(default_factory=list)
+    """Per router worker, until its ``hetserve_engine_up`` for the engine first read 0
+    (engine faults; None: not within 30 s)."""
+    launcher_saw_s: float | None = None
+    """Until the launcher printed that the engine died or was wedged (engine faults)."""
     back_s: float | None = None
     """Until the target served again: an engine routed to by every worker, a router
     worker up, the restarted cluster's table printed."""
@@ -260,6 +265,25 @@ class Soak:
         return [None if (text := _metrics(u)) is None
                 else _sum(text, "hetserve_engine_up", pattern) for u in self.worker_urls]
 
+    def _watch_down(self, fault: Fault, mark: int, timeout_s: float) -> None:
+        """Poll every worker's ``hetserve_engine_up`` for ``fault.target`` and the
+        launcher's output until every worker reads 0 (``routed_around_s``), noting when
+        each worker first read 0 and when the launcher said the engine died or hung."""
+        line = rf"{re.escape(fault.target)} (killed|exited|wedged)"
+        down: list[float | None] = [None] * len(self.worker_urls)
+
+        def check() -> bool:
+            now = time.time() - fault.at
+            for i, v in enumerate(self._engine_up(fault.target)):
+                if v == 0.0 and down[i] is None:
+                    down[i] = now
+            if fault.launcher_saw_s is None and re.search(line, self.cluster.output()[mark:]):
+                fault.launcher_saw_s = now
+            return all(d is not None for d in down)
+
+        fault.routed_around_s = self._until(check, timeout_s)
+        fault.worker_down_s = down
+
     def _until(self, check, timeout_s: float, poll_s: float = 0.05) -> float | None:
         t0 = time.time()
         while time.time() - t0 < timeout_s:
@@ -314,8 +338,7 @@ class Soak:
             else:
                 for p in [tree, *tree.children(recursive=True)]:
                     p.suspend()
-            fault.routed_around_s = self._until(
-                lambda: all(v == 0.0 for v in self._engine_up(target)), 30.0)
+            self._watch_down(fault, mark, 30.0)
             self.faults.append(fault)
             print(f"{kind} {target}", flush=True)
             seen = self._until(lambda: re.search(rf"{re.escape(target)} is up again",

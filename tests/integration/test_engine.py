@@ -11,11 +11,15 @@ machine can starve the client until that request has finished."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import zmq
 
@@ -238,6 +242,31 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
     # (--max-promotions 0) it waits for the whole stream: 202 steps when measured.
     bound = promotions * S + short_tokens + 3
     assert waited <= bound, f"low request waited {waited} steps, bound {bound}"
+
+
+def test_a_killed_servers_engine_core_falls_silent(aging_engine, aging_collector):
+    """SIGKILL to the API server leaves vLLM's EngineCore running (the launcher kills the
+    tree later); its telemetry must stop at once, or its heartbeats keep the dead engine
+    up at the router. Runs last on this module's aging engine, which it kills."""
+    engine, collector = aging_engine, aging_collector
+    server = psutil.Process(engine.proc.pid)
+    cores = server.children(recursive=True)
+    assert cores, "the engine server has no EngineCore process"
+    before = len(collector.snapshots)
+    time.sleep(1.5)  # idle: heartbeats every 0.5 s
+    assert len(collector.snapshots) > before, "no heartbeat from the live engine"
+    try:
+        server.kill()
+        engine.proc.wait(timeout=30)
+        time.sleep(0.5)  # what was sent before the kill
+        after = len(collector.snapshots)
+        time.sleep(2.0)
+        assert any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in cores), \
+            "the EngineCore died with its server: nothing to test"
+        assert len(collector.snapshots) == after, "the orphaned EngineCore still publishes"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(engine.proc.pid, signal.SIGKILL)
 
 
 def test_telemetry_reports_batch_and_waiting(engine, collector):

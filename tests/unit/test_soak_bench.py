@@ -51,6 +51,9 @@ def test_table_and_trends(tmp_path: Path) -> None:
         in text
     assert ("| | **total** | | **10** | **1** | **0** | **2** | **0** | **3** | **3** | **5** "
             "| | |") in text
+    timed = result()
+    timed["faults"][1] |= {"worker_down_s": [0.25, 1.5], "launcher_saw_s": None}
+    assert "| 1.50 s (workers 0.25, 1.50; launcher -) | not back |" in table(timed)
     two = result()
     two["faults"].append({**two["faults"][1], "routed_around_s": 2.5, "back_s": 60.0})
     rows = by_kind(two)

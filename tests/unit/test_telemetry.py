@@ -8,6 +8,7 @@ import zmq
 
 from engine_ext.telemetry import (
     SCHEMA_VERSION,
+    SERVER_PID_ENV,
     BlockRemoved,
     BlockStored,
     KVEventBatch,
@@ -149,3 +150,65 @@ def test_rate_limit():
         assert not pub.due()
     finally:
         pub.close()
+
+
+
+_SERVER = """
+import os, subprocess, sys, time
+if sys.argv[3] == "watched":  # as engine_ext.serve does
+    os.environ["HETSERVE_SERVER_PID"] = str(os.getpid())
+subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+time.sleep(60)
+"""
+_CORE = """
+import sys, time
+from engine_ext.telemetry import SchedulerSnapshot, TelemetryPublisher, server_pid
+pub = TelemetryPublisher(sys.argv[1], "e", heartbeat_s=0.1, server_pid=server_pid())
+pub.publish(SchedulerSnapshot(engine_id="e", seq=pub.next_seq(), ts=time.time(), step=0,
+            batch_size=0, num_waiting=0, queued_prefill_tokens=0, pending_decode_tokens=0,
+            kv_usage=0.0, num_preemptions=0))
+time.sleep(60)
+"""
+
+
+def _frames_after_the_server_dies(tmp_path, mode: str) -> int:
+    """Heartbeats a "core" sent in 1 s after its "server" was SIGKILLed (it lives on)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    endpoint = f"ipc://{tmp_path}/{mode}.sock"
+    ctx, sock = _sub(endpoint)
+    env = {k: v for k, v in os.environ.items() if k != SERVER_PID_ENV}
+    server = subprocess.Popen([sys.executable, "-c", _SERVER, _CORE, endpoint, mode],
+                              env=env, start_new_session=True)
+    try:
+        _recv(sock, 60)  # the core publishes (its heartbeats every 0.1 s)
+        core = psutil.Process(server.pid).children()[0]
+        server.kill()
+        server.wait()
+        time.sleep(0.3)  # frames already sent
+        while sock.poll(0):
+            sock.recv_multipart()
+        n, end = 0, time.monotonic() + 1.0
+        while (left := end - time.monotonic()) > 0:
+            if sock.poll(int(left * 1000)):
+                sock.recv_multipart()
+                n += 1
+        assert core.is_running() and core.status() != psutil.STATUS_ZOMBIE
+        return n
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        ctx.destroy(linger=0)
+
+
+def test_an_orphaned_engine_core_falls_silent(tmp_path):
+    # A process tree like vLLM's: a server whose child (the engine core) publishes. A
+    # killed server leaves the core alive; told the server's pid (HETSERVE_SERVER_PID,
+    # set by engine_ext.serve) it then sends nothing, so the router's heartbeat timeout
+    # routes around the engine. Without it, its heartbeats go on.
+    assert _frames_after_the_server_dies(tmp_path, "unwatched") >= 5
+    assert _frames_after_the_server_dies(tmp_path, "watched") == 0
