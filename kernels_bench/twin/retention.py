@@ -339,8 +339,10 @@ def plot(results: Sequence[Mapping[str, Any]], path: Path) -> None:
             if row == 0:
                 ax.set_title(f"tool gap {res['tool_gap']}", fontsize=10)
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    rows = (len(labels) + 1) // 2
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.035 * rows, 1, 1))  # the legend below the plots
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
