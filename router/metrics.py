@@ -121,13 +121,19 @@ class _CoreCollector(Collector):
                                       "engines by outcome (ok, or why one failed: "
                                       + ", ".join(FAILURES) + ")",
                                       labels=["engine", "outcome"])
+        down_at = GaugeMetricFamily("hetserve_engine_down_timestamp_seconds", "Unix time "
+                                    "the engine last went from up to down (absent if it "
+                                    "never did)", labels=labels)
         kv_blocks = GaugeMetricFamily("hetserve_engine_kv_index_blocks", "blocks in the "
                                       "router's index of the engine's prefix cache (from its "
                                       "KV events)", labels=labels)
         for view in membership.engines():
             values = [view.name, view.model]
-            kv_blocks.add_metric(values, len(self._core.state.table[view.name].kv))
-            info.add_metric([*values, self._core.state.table[view.name].url,
+            state = self._core.state.table[view.name]
+            kv_blocks.add_metric(values, len(state.kv))
+            if state.down_at is not None:
+                down_at.add_metric(values, state.down_at)
+            info.add_metric([*values, state.url,
                              membership.nodes.get(view.name) or "",
                              membership.instances[view.name].kind], 1.0)
             counts = membership.scraper.scrapes.get(view.name)
@@ -142,6 +148,7 @@ class _CoreCollector(Collector):
         yield info
         yield scrapes
         yield kv_blocks
+        yield down_at
 
     def _telemetry(self) -> Iterator[Metric]:
         stats = self._core.membership.stats

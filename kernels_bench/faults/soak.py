@@ -89,10 +89,13 @@ class Fault:
     target: str
     at: float
     routed_around_s: float | None = None
-    """Until every router worker's ``hetserve_engine_up`` for the engine read 0."""
+    """Until every router worker had marked the engine down: the largest of
+    ``worker_down_s`` (the scrapes that read it take a while on a busy CPU; the router's
+    own timestamp does not)."""
     worker_down_s: list[float | None] = field(default_factory=list)
-    """Per router worker, until its ``hetserve_engine_up`` for the engine first read 0
-    (engine faults; None: not within 30 s)."""
+    """Per router worker, until it marked the engine down: its
+    ``hetserve_engine_down_timestamp_seconds`` less the fault's time, read once its
+    ``hetserve_engine_up`` read 0 (engine faults; None: not within 30 s)."""
     launcher_saw_s: float | None = None
     """Until the launcher printed that the engine died or was wedged (engine faults)."""
     back_s: float | None = None
@@ -266,23 +269,28 @@ class Soak:
                 else _sum(text, "hetserve_engine_up", pattern) for u in self.worker_urls]
 
     def _watch_down(self, fault: Fault, mark: int, timeout_s: float) -> None:
-        """Poll every worker's ``hetserve_engine_up`` for ``fault.target`` and the
-        launcher's output until every worker reads 0 (``routed_around_s``), noting when
-        each worker first read 0 and when the launcher said the engine died or hung."""
+        """Poll every worker's ``/metrics`` for ``fault.target`` and the launcher's output
+        until every worker has it down, noting when each marked it down (its own
+        timestamp) and when the launcher was seen to say the engine died or hung."""
         line = rf"{re.escape(fault.target)} (killed|exited|wedged)"
+        pattern = f'engine="{fault.target}"'
         down: list[float | None] = [None] * len(self.worker_urls)
 
         def check() -> bool:
-            now = time.time() - fault.at
-            for i, v in enumerate(self._engine_up(fault.target)):
-                if v == 0.0 and down[i] is None:
-                    down[i] = now
+            for i, u in enumerate(self.worker_urls):
+                if down[i] is not None or (text := _metrics(u)) is None:
+                    continue
+                at = _sum(text, "hetserve_engine_down_timestamp_seconds", pattern)
+                if _sum(text, "hetserve_engine_up", pattern) == 0.0 and at is not None \
+                        and at >= fault.at:
+                    down[i] = at - fault.at
             if fault.launcher_saw_s is None and re.search(line, self.cluster.output()[mark:]):
-                fault.launcher_saw_s = now
+                fault.launcher_saw_s = time.time() - fault.at
             return all(d is not None for d in down)
 
-        fault.routed_around_s = self._until(check, timeout_s)
+        self._until(check, timeout_s)
         fault.worker_down_s = down
+        fault.routed_around_s = None if None in down else max(d for d in down if d is not None)
 
     def _until(self, check, timeout_s: float, poll_s: float = 0.05) -> float | None:
         t0 = time.time()

@@ -16,6 +16,8 @@ is back.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -42,6 +44,9 @@ class EngineState:
     """Router clock when the scheduler last stepped (or had nothing to do)."""
     scraped: bool = False
     """A stock vLLM engine: its snapshots are ``/metrics`` scrapes."""
+    down_at: float | None = None
+    """Wall-clock time (``time.time()``) it last went from up to down, for
+    ``hetserve_engine_down_timestamp_seconds``."""
 
 
 class EngineTable:
@@ -116,6 +121,8 @@ class EngineTable:
         if e.marked_down is not None:
             return False
         was_up, e.down_reason = e.down_reason is None, self._stalled(e, now)
+        if was_up and e.down_reason is not None:
+            e.down_at = time.time()
         return was_up and e.down_reason is not None
 
     def _stalled(self, e: EngineState, now: float) -> str | None:
@@ -185,4 +192,6 @@ class EngineTable:
         was_up = e.down_reason is None
         e.down_reason = reason
         e.kv.clear()
+        if was_up:
+            e.down_at = time.time()
         return was_up

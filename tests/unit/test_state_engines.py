@@ -4,6 +4,8 @@ explicit marks, and the router's own in-flight accounting."""
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from typing import Any
 
 import msgspec
@@ -183,6 +185,29 @@ def test_mark_down_is_sticky_until_marked_up() -> None:
     assert view(core, "e0").up and view(core, "e0").last_seen_age_s is None
     with pytest.raises(ValueError, match="unknown instance 'nope'"):
         core.membership.mark_engine("nope", False, "x")
+
+
+def test_the_time_an_engine_went_down_is_kept_and_exported() -> None:
+    # hetserve_engine_down_timestamp_seconds: wall-clock time of the last up -> down,
+    # absent before any; a second down mark while down does not move it.
+    from prometheus_client import generate_latest
+
+    from router.metrics import RouterMetrics
+
+    core, _ = make_core()
+    table = core.state.table
+    assert table["e0"].down_at is None
+    before = time.time()
+    core.membership.mark_engine("e0", False, "HTTP 502")
+    at = table["e0"].down_at
+    assert at is not None and before <= at <= time.time()
+    core.membership.mark_engine("e0", False, "again")
+    assert table["e0"].down_at == at
+    text = generate_latest(RouterMetrics(core, "vllm").registry).decode()
+    exported = re.search(r'^hetserve_engine_down_timestamp_seconds\{engine="e0",model="a"\} '
+                         r'(\S+)$', text, re.MULTILINE)
+    assert exported is not None and float(exported.group(1)) == at
+    assert 'hetserve_engine_down_timestamp_seconds{engine="e1"' not in text
 
 
 def test_engine_down_releases_inflight_and_clears_its_kv_index() -> None:
