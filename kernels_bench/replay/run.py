@@ -96,16 +96,16 @@ def router_variant(cfg: ClusterConfig, spec: PolicySpec,
                    priors: dict[str, dict[str, float]] | None,
                    artifacts: Mapping[str, str] | None = None) -> RouterConfig:
     """The router of a run: the spec's policy, oracle priorities allowed, the file's
-    settings with the spec's over them (``POLICY.KEY``: that policy's table), the predictors the policy routes on from
-    ``artifacts`` (a ``-static`` spec: none, ``static_prior = true`` instead), trace priors
-    filled in when given."""
+    settings with the spec's over them (``POLICY.KEY``: that policy's table), the
+    predictors the policy routes on from ``artifacts`` (a ``-static`` spec: none,
+    ``static_prior = true`` instead), trace priors filled in when given."""
     tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in
                                          cfg.router.policies.items()}
     predictors = dict(cfg.router.predictors)
     used = POLICIES[spec.router].predictors_used
     for key, value in spec.overrides:
-        table, _, name = key.rpartition(".")
-        table = table or spec.router
+        table, dot, name = key.partition(".")
+        table, name = (table, name) if dot else (spec.router, key)
         tables[table] = {**tables.get(table, {}), name: value}
     if spec.static:
         tables[spec.router] = {**tables.get(spec.router, {}), "static_prior": True}
