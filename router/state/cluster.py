@@ -6,8 +6,9 @@ counters and the requests open on each engine; ``maintain`` ages it on the reque
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from router.state.engines import EngineTable
 from router.state.inflight import InflightLedger
@@ -25,10 +26,11 @@ class ClusterState:
 
     def __init__(self, instances: Sequence[Any], heartbeat_timeout_s: float,
                  stall_timeout_s: float, program_ttl_s: float,
-                 scrape_timeout_s: float = 10.0, sole_timeout_s: float = 5.0) -> None:
+                 scrape_timeout_s: float = 10.0, sole_timeout_s: float = 5.0,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         """``instances``: objects with ``name, served_model_name, url, max_model_len``."""
         self.table = EngineTable(instances, heartbeat_timeout_s, stall_timeout_s,
-                                 scrape_timeout_s, sole_timeout_s)
+                                 scrape_timeout_s, sole_timeout_s, wall_clock)
         self.ledger = InflightLedger()
         self.programs = ProgramTable(program_ttl_s)
         self.hasher = BlockHasher()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from engine_ext.telemetry import KVEventBatch, SchedulerSnapshot
 from router.state.kv_index import KVPrefixIndex
@@ -45,14 +45,15 @@ class EngineState:
     scraped: bool = False
     """A stock vLLM engine: its snapshots are ``/metrics`` scrapes."""
     down_at: float | None = None
-    """Wall-clock time (``time.time()``) it last went from up to down, for
+    """The router's wall clock when it last went from up to down, for
     ``hetserve_engine_down_timestamp_seconds``."""
 
 
 class EngineTable:
     def __init__(self, instances: Iterable[Any], heartbeat_timeout_s: float,
                  stall_timeout_s: float = 30.0, scrape_timeout_s: float = 10.0,
-                 sole_timeout_s: float = 5.0) -> None:
+                 sole_timeout_s: float = 5.0,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         """``instances``: objects with ``name, served_model_name, url, max_model_len``
         (and ``kind``: ``vllm`` for a scraped engine). ``stall_timeout_s``: an engine whose telemetry keeps coming (from its sender
         thread) with the scheduler's step unchanged for this long while work is running or
@@ -63,6 +64,8 @@ class EngineTable:
         self.stall_timeout_s = stall_timeout_s
         self.scrape_timeout_s = scrape_timeout_s
         self.sole_timeout_s = sole_timeout_s
+        self.wall_clock = wall_clock
+        """Stamps ``EngineState.down_at`` (the router's wall clock: simulated in the twin)."""
         self.engines: dict[str, EngineState] = {}
         """Engines in name order."""
         self.ordered: list[EngineState] = []
@@ -122,7 +125,7 @@ class EngineTable:
             return False
         was_up, e.down_reason = e.down_reason is None, self._stalled(e, now)
         if was_up and e.down_reason is not None:
-            e.down_at = time.time()
+            e.down_at = self.wall_clock()
         return was_up and e.down_reason is not None
 
     def _stalled(self, e: EngineState, now: float) -> str | None:
@@ -187,11 +190,10 @@ class EngineTable:
         return e.down_reason is None and (e.last_seen is None
                                           or now - e.last_seen <= self._timeout(e))
 
-    @staticmethod
-    def _down(e: EngineState, reason: str) -> bool:
+    def _down(self, e: EngineState, reason: str) -> bool:
         was_up = e.down_reason is None
         e.down_reason = reason
         e.kv.clear()
         if was_up:
-            e.down_at = time.time()
+            e.down_at = self.wall_clock()
         return was_up

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from typing import Any
 
 import msgspec
@@ -194,13 +193,14 @@ def test_the_time_an_engine_went_down_is_kept_and_exported() -> None:
 
     from router.metrics import RouterMetrics
 
-    core, _ = make_core()
+    core, clock = make_core()  # the router's wall clock is ``clock`` here
     table = core.state.table
     assert table["e0"].down_at is None
-    before = time.time()
+    clock.t += 7.0
     core.membership.mark_engine("e0", False, "HTTP 502")
     at = table["e0"].down_at
-    assert at is not None and before <= at <= time.time()
+    assert at == clock.t
+    clock.t += 1.0
     core.membership.mark_engine("e0", False, "again")
     assert table["e0"].down_at == at
     text = generate_latest(RouterMetrics(core, "vllm").registry).decode()
