@@ -141,11 +141,9 @@ def launcher_factory(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
 
 
 def kill_engine_and_wait_restart(la: Launcher, cfg: LaunchConfig, instance: str,
-                                 while_down: Callable[[], None] = lambda: None,
-                                 take_port: bool = False) -> str:
-    """SIGKILL an engine's server; it must be restarted and healthy again. With
-    ``take_port``, another program holds its port meanwhile: it comes back on another
-    one. Returns its URL."""
+                                 while_down: Callable[[], None]) -> None:
+    """SIGKILL an engine's server while another program takes its port: it must be
+    restarted on another port, healthy, without the killed server's EngineCore."""
     url = next(i.url for i in cfg.instances() if i.name == instance)
     victim = la.engine_process(instance)
     assert victim is not None, la.output()
@@ -157,27 +155,24 @@ def kill_engine_and_wait_restart(la: Launcher, cfg: LaunchConfig, instance: str,
                 timeout=30)
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
-    if take_port:  # before the restart (1 s backoff): the launcher must see it taken
-        squatter.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-        squatter.listen()
+    # before the restart (1 s backoff): the launcher must see the port taken
+    squatter.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+    squatter.listen()
     try:
         while_down()
         la.wait_for(f"{instance} to come back",
                     lambda: f"{instance} is up again (restart 1)" in la.output())
     finally:
         squatter.close()
-    if take_port:
-        moved = re.search(rf"{instance} port \d+ is taken; restarting on port (\d+)",
-                          la.output())
-        assert moved is not None, la.output()
-        url = f"{url.rsplit(':', 1)[0]}:{moved.group(1)}"
-        resolved = load_cluster_config(la.run_dir / "cluster.resolved.toml")
-        assert next(i.url for i in resolved.instances() if i.name == instance) == url
+    moved = re.search(rf"{instance} port \d+ is taken; restarting on port (\d+)", la.output())
+    assert moved is not None, la.output()
+    url = f"{url.rsplit(':', 1)[0]}:{moved.group(1)}"
+    resolved = load_cluster_config(la.run_dir / "cluster.resolved.toml")
+    assert next(i.url for i in resolved.instances() if i.name == instance) == url
     assert healthy(url)
     assert not [p for p in workers if _alive(p)], "the killed server's EngineCore survived"
     restarted = la.engine_process(instance)
     assert restarted is not None and restarted.pid != victim.pid
-    return url
 
 
 def sigterm_leaves_nothing(la: Launcher, cfg: LaunchConfig) -> None:
@@ -194,31 +189,6 @@ def sigterm_leaves_nothing(la: Launcher, cfg: LaunchConfig) -> None:
     survivors = [p for p in procs if _alive(p)] + _marked(la.run_dir)
     assert not survivors, [(p.pid, p.cmdline()) for p in survivors]
     assert "stopped" in la.output().splitlines()[-1]
-
-
-def test_engines_healthy_restarted_and_stopped(
-        launcher_factory: Callable[..., Launcher]) -> None:
-    """Both demo engines (``--only``, so without the router): healthy, one killed and
-    restarted while the other keeps serving, then SIGTERM stops every process."""
-    la = launcher_factory("--only", "tiny-a", "--only", "tiny-b")
-    cfg = la.wait_up()
-    instances = {i.name: i for i in cfg.instances()}
-    assert sorted(instances) == ["tiny-a-0", "tiny-b-0"]
-    assert all(healthy(i.url) for i in instances.values())
-    binds = set()
-    for name in instances:
-        server = la.engine_process(name)
-        assert server is not None
-        env = server.environ()
-        assert env["HF_HUB_OFFLINE"] == "1"
-        binds.add(env["VLLM_CPU_OMP_THREADS_BIND"])
-    assert binds == {"0", "1"}
-
-    def other_still_serves() -> None:
-        assert healthy(instances["tiny-b-0"].url)
-
-    kill_engine_and_wait_restart(la, cfg, "tiny-a-0", while_down=other_still_serves)
-    sigterm_leaves_nothing(la, cfg)
 
 
 def metric(url: str, name: str) -> float:
@@ -295,6 +265,7 @@ def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path)
     """The whole demo, with two router processes on one port (``workers = 2``) and CURVE
     on the telemetry plane: the router answers the client; telemetry reaches both workers
     and no one without the keys; a program's stages follow its model across the workers;
+    each engine has its own core and runs offline;
     an engine killed is marked down, requests succeed on the other one, it comes back on
     another port (its own was taken meanwhile) and both workers follow it; SIGTERM stops
     every process."""
@@ -310,6 +281,11 @@ def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path)
     base_url = cfg.router_url() + "/v1"
     assert all(healthy(i.url) for i in cfg.instances()) and healthy(cfg.router_url())
     assert all(healthy(f"http://127.0.0.1:{p}") for p in cfg.router.worker_ports or [])
+    servers = [la.engine_process(i.name) for i in cfg.instances()]
+    assert None not in servers
+    envs = [p.environ() for p in servers if p is not None]
+    assert all(env["HF_HUB_OFFLINE"] == "1" for env in envs)
+    assert {env["VLLM_CPU_OMP_THREADS_BIND"] for env in envs} == {"0", "1"}  # a core each
     telemetry_only_with_keys(cfg)
     programs_follow_across_workers(cfg)
     client = subprocess.run([sys.executable, str(ROOT / "examples" / "demo_client.py"),
@@ -330,8 +306,7 @@ def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path)
             assert raw.parse().choices[0].message is not None
             assert raw.headers.get("x-hetserve-engine") == "tiny-b-0"
 
-    kill_engine_and_wait_restart(la, cfg, "tiny-a-0", while_down=served_by_the_other,
-                                 take_port=True)
+    kill_engine_and_wait_restart(la, cfg, "tiny-a-0", while_down=served_by_the_other)
     log = (la.run_dir / "launcher.log").read_text()
     assert f"POST {cfg.router_url()}/admin/engines/tiny-a-0/down: 200" in log
     assert f"POST {cfg.router_url()}/admin/engines/tiny-a-0/move: 200" in log
