@@ -124,6 +124,13 @@ class _CoreCollector(Collector):
         down_at = GaugeMetricFamily("hetserve_engine_down_timestamp_seconds", "Unix time "
                                     "the engine last went from up to down (absent if it "
                                     "never did)", labels=labels)
+        sent = GaugeMetricFamily("hetserve_telemetry_sent_timestamp_seconds", "Unix time "
+                                 "on the engine's last telemetry snapshot, by the engine's "
+                                 "clock (a stock engine's: when its scrape was sent; absent "
+                                 "before the first)", labels=labels)
+        received = GaugeMetricFamily("hetserve_telemetry_received_timestamp_seconds", "Unix "
+                                     "time the router received the engine's last telemetry "
+                                     "snapshot (absent before the first)", labels=labels)
         kv_blocks = GaugeMetricFamily("hetserve_engine_kv_index_blocks", "blocks in the "
                                       "router's index of the engine's prefix cache (from its "
                                       "KV events)", labels=labels)
@@ -133,6 +140,9 @@ class _CoreCollector(Collector):
             kv_blocks.add_metric(values, len(state.kv))
             if state.down_at is not None:
                 down_at.add_metric(values, state.down_at)
+            if state.snapshot is not None and state.received_at is not None:
+                sent.add_metric(values, state.snapshot.ts)
+                received.add_metric(values, state.received_at)
             info.add_metric([*values, state.url,
                              membership.nodes.get(view.name) or "",
                              membership.instances[view.name].kind], 1.0)
@@ -149,6 +159,8 @@ class _CoreCollector(Collector):
         yield scrapes
         yield kv_blocks
         yield down_at
+        yield sent
+        yield received
 
     def _telemetry(self) -> Iterator[Metric]:
         stats = self._core.membership.stats

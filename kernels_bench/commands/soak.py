@@ -80,7 +80,8 @@ def _at(v: float | None) -> str:
 
 def table(result: dict) -> str:
     """One row per fault: what ended in its window (and how much of it its client sent
-    twice: unsent, unanswered), routed around, back."""
+    twice: unsent, unanswered), routed around (and, for engine faults, when each worker's
+    last snapshot of the engine was sent and read, from the fault), back."""
     lines = ["| t (s) | fault | target | " + " | ".join(OUTCOME_COLUMNS)
              + " | resent | resent unanswered | routed around | back |",
              "|---|---|---|" + "---|" * len(OUTCOME_COLUMNS) + "---|---|---|---|"]
@@ -92,8 +93,12 @@ def table(result: dict) -> str:
         o = f["outcomes"]
         around = "-" if f["routed_around_s"] is None else f"{f['routed_around_s']:.2f} s"
         if f.get("worker_down_s"):
-            around += " (workers " + ", ".join(_at(d) for d in f["worker_down_s"]) + \
-                f"; launcher {_at(f.get('launcher_saw_s'))})"
+            around += " (workers " + ", ".join(_at(d) for d in f["worker_down_s"])
+            if f.get("worker_last_sent_s"):  # the engine's last snapshot, per worker
+                around += "; their last snapshot sent " + ", ".join(
+                    _at(d) for d in f["worker_last_sent_s"]) + ", read " + ", ".join(
+                    _at(d) for d in f["worker_last_received_s"])
+            around += f"; launcher {_at(f.get('launcher_saw_s'))})"
         lines.append(f"| {f['at'] - result['t_start']:.0f} | {f['kind']} | {f['target']} | "
                      + " | ".join(str(o[c]) for c in OUTCOME_COLUMNS)
                      + f" | {f['resent']} | {f.get('resent_unanswered', 0)} | {around} | "

@@ -96,6 +96,16 @@ class Fault:
     """Per router worker, until it marked the engine down: its
     ``hetserve_engine_down_timestamp_seconds`` less the fault's time, read once its
     ``hetserve_engine_up`` read 0 (engine faults; None: not within 30 s)."""
+    worker_last_sent_s: list[float | None] = field(default_factory=list)
+    """Per router worker, when the engine's last snapshot it received was stamped by the
+    engine (``hetserve_telemetry_sent_timestamp_seconds``) less the fault's time, read with
+    ``worker_down_s``: a negative value is a snapshot sent before the fault."""
+    worker_last_received_s: list[float | None] = field(default_factory=list)
+    """The same for when that worker received it
+    (``hetserve_telemetry_received_timestamp_seconds``): less ``worker_last_sent_s``, how
+    late the worker read the engine's last word; ``worker_down_s`` less this, how long
+    after that it marked the engine down (for a stopped engine: the heartbeat timeout,
+    plus the time until a decision or a scrape applied it)."""
     launcher_saw_s: float | None = None
     """Until the launcher printed that the engine died or was wedged (engine faults)."""
     back_s: float | None = None
@@ -274,22 +284,33 @@ class Soak:
         timestamp) and when the launcher was seen to say the engine died or hung."""
         line = rf"{re.escape(fault.target)} (killed|exited|wedged)"
         pattern = f'engine="{fault.target}"'
-        down: list[float | None] = [None] * len(self.worker_urls)
+        n = len(self.worker_urls)
+        down: list[float | None] = [None] * n
+        sent: list[float | None] = [None] * n
+        received: list[float | None] = [None] * n
+
+        def since_fault(text: str, name: str) -> float | None:
+            value = _sum(text, name, pattern)
+            return None if value is None else value - fault.at
 
         def check() -> bool:
             for i, u in enumerate(self.worker_urls):
                 if down[i] is not None or (text := _metrics(u)) is None:
                     continue
-                at = _sum(text, "hetserve_engine_down_timestamp_seconds", pattern)
+                at = since_fault(text, "hetserve_engine_down_timestamp_seconds")
                 if _sum(text, "hetserve_engine_up", pattern) == 0.0 and at is not None \
-                        and at >= fault.at:
-                    down[i] = at - fault.at
+                        and at >= 0:
+                    down[i] = at
+                    sent[i] = since_fault(text, "hetserve_telemetry_sent_timestamp_seconds")
+                    received[i] = since_fault(
+                        text, "hetserve_telemetry_received_timestamp_seconds")
             if fault.launcher_saw_s is None and re.search(line, self.cluster.output()[mark:]):
                 fault.launcher_saw_s = time.time() - fault.at
             return all(d is not None for d in down)
 
         self._until(check, timeout_s)
         fault.worker_down_s = down
+        fault.worker_last_sent_s, fault.worker_last_received_s = sent, received
         fault.routed_around_s = None if None in down else max(d for d in down if d is not None)
 
     def _until(self, check, timeout_s: float, poll_s: float = 0.05) -> float | None:

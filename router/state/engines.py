@@ -47,6 +47,10 @@ class EngineState:
     down_at: float | None = None
     """The router's wall clock when it last went from up to down, for
     ``hetserve_engine_down_timestamp_seconds``."""
+    received_at: float | None = None
+    """The router's wall clock when the last snapshot arrived (``last_seen``'s moment),
+    for ``hetserve_telemetry_received_timestamp_seconds``: beside the snapshot's own
+    ``ts`` it shows how late the router read it."""
 
 
 class EngineTable:
@@ -65,7 +69,8 @@ class EngineTable:
         self.scrape_timeout_s = scrape_timeout_s
         self.sole_timeout_s = sole_timeout_s
         self.wall_clock = wall_clock
-        """Stamps ``EngineState.down_at`` (the router's wall clock: simulated in the twin)."""
+        """Stamps ``EngineState.down_at`` and ``received_at`` (the router's wall clock:
+        simulated in the twin)."""
         self.engines: dict[str, EngineState] = {}
         """Engines in name order."""
         self.ordered: list[EngineState] = []
@@ -120,7 +125,7 @@ class EngineTable:
         busy = snap.batch_size > 0 or snap.num_waiting > 0
         if e.snapshot is None or snap.step != e.snapshot.step or not busy:
             e.progress_at = now
-        e.snapshot, e.last_seen = snap, now
+        e.snapshot, e.last_seen, e.received_at = snap, now, self.wall_clock()
         if e.marked_down is not None:
             return False
         was_up, e.down_reason = e.down_reason is None, self._stalled(e, now)
@@ -159,7 +164,7 @@ class EngineTable:
         if up:
             if e.down_reason is not None:  # a restarted engine starts without telemetry
                 e.marked_down = e.down_reason = None
-                e.snapshot = e.last_seen = None
+                e.snapshot = e.last_seen = e.received_at = None
             return False
         e.marked_down = reason or "marked down"
         return self._down(e, f"marked down: {e.marked_down}")

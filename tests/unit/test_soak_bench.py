@@ -54,6 +54,10 @@ def test_table_and_trends(tmp_path: Path) -> None:
     timed = result()
     timed["faults"][1] |= {"worker_down_s": [0.25, 1.5], "launcher_saw_s": None}
     assert "| 1.50 s (workers 0.25, 1.50; launcher -) | not back |" in table(timed)
+    timed["faults"][1] |= {"worker_last_sent_s": [-0.25, -0.5], "worker_last_received_s":
+                           [-0.25, 0.0]}
+    assert ("| 1.50 s (workers 0.25, 1.50; their last snapshot sent -0.25, -0.50, read -0.25, "
+            "0.00; launcher -) | not back |") in table(timed)
     two = result()
     two["faults"].append({**two["faults"][1], "routed_around_s": 2.5, "back_s": 60.0})
     rows = by_kind(two)

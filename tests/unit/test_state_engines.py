@@ -210,6 +210,35 @@ def test_the_time_an_engine_went_down_is_kept_and_exported() -> None:
     assert 'hetserve_engine_down_timestamp_seconds{engine="e1"' not in text
 
 
+def test_the_last_snapshots_own_time_and_its_receipt_are_exported() -> None:
+    # hetserve_telemetry_{sent,received}_timestamp_seconds: the engine's stamp on its last
+    # snapshot and the router's wall clock when it came; absent before the first.
+    from prometheus_client import generate_latest
+
+    from router.metrics import RouterMetrics
+
+    core, clock = make_core()  # the router's wall clock is ``clock`` here
+
+    def exported(name: str, engine: str) -> float | None:
+        text = generate_latest(RouterMetrics(core, "vllm").registry).decode()
+        found = re.search(rf'^hetserve_telemetry_{name}_timestamp_seconds'
+                          rf'\{{engine="{engine}",model="a"\}} (\S+)$', text, re.MULTILINE)
+        return None if found is None else float(found.group(1))
+
+    assert exported("sent", "e0") is None and exported("received", "e0") is None
+    core.membership.snapshots.feed(snap_frames("e0", 0, ts=clock.t - 0.25))
+    clock.t += 0.5
+    core.membership.snapshots.feed(snap_frames("e0", 1, ts=clock.t - 0.125))
+    assert exported("sent", "e0") == clock.t - 0.125 and exported("received", "e0") == clock.t
+    assert exported("sent", "e1") is None
+    clock.t += 3.0
+    route(core)  # e0 goes stale (2 s); what it last said stays
+    assert not view(core, "e0").up
+    assert exported("received", "e0") == clock.t - 3.0
+    core.membership.mark_engine("e0", True, "launcher: restarted")
+    assert exported("sent", "e0") is None and exported("received", "e0") is None
+
+
 def test_engine_down_releases_inflight_and_clears_its_kv_index() -> None:
     core, _ = make_core()
     core.membership.kv_events.feed(kv_frames("e0", 0, [1, 2]))
