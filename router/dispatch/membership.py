@@ -40,6 +40,9 @@ from router.state.view import EngineView, engine_view
 from router.state.vllm_metrics import VllmMetrics, stock_snapshot
 
 log = logging.getLogger("hetserve.router")
+SWEEPS_PER_TIMEOUT = 10
+"""How often per ``heartbeat_timeout_s`` a worker applies the timeouts without being asked
+(``Membership._sweep``): a silent engine goes down at most a tenth of one late."""
 
 
 class Membership:
@@ -90,6 +93,7 @@ class Membership:
         """Unsubscribing from a removed engine's endpoints (a peer's removal)."""
         self._zap: AsyncioAuthenticator | None = None
         self._ctx: zmq.asyncio.Context | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Subscribe to every engine's telemetry and KV events, link the peers, probe."""
@@ -109,8 +113,21 @@ class Membership:
             await self.stop()
             raise
         await self.prober.start()
+        self._sweeper = asyncio.create_task(self._sweep(), name="hetserve liveness sweep")
+
+    async def _sweep(self) -> None:
+        """Apply the heartbeat timeouts every tenth of one, so that a silent engine goes
+        down on time also while no decision or ``engines()`` call of this worker applies
+        them (a worker whose clients all wait on that engine)."""
+        while True:
+            await asyncio.sleep(self.state.table.heartbeat_timeout_s / SWEEPS_PER_TIMEOUT)
+            self.state.mark_silent(self.clock())
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
         await self.prober.stop()
         await self.scraper.stop()
         await self.snapshots.stop()

@@ -55,9 +55,13 @@ class ClusterState:
     def maintain(self, now: float) -> None:
         """Mark silent engines down (releasing their load) and, once a second, expire
         abandoned programs."""
-        for name in self.table.refresh(now):
-            self.ledger.release_engine(name)
-            self.stats.engine_down_events += 1
+        self.mark_silent(now)
         if now >= self._next_expiry:
             self._next_expiry = now + EXPIRY_INTERVAL_S
             self.stats.programs_expired += len(self.programs.expire(now))
+
+    def mark_silent(self, now: float) -> None:
+        """Mark engines silent past their timeout down, releasing their load."""
+        for name in self.table.refresh(now):
+            self.ledger.release_engine(name)
+            self.stats.engine_down_events += 1

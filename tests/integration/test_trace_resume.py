@@ -1,7 +1,7 @@
 """The trace builder on a real engine (builtin:tiny-a): killed mid-build, then resumed, it
 ends with every unit exactly once and keeps the units written before the kill; with
-``--samples K`` it adds K sampled runs per unit, each with its own seed, and a larger K
-later runs only the new ones."""
+``--samples K`` on the finished trace it adds K sampled runs per unit, each with its own
+seed, and runs nothing else. One build killed, resumed, then sampled: three engine starts."""
 
 from __future__ import annotations
 
@@ -91,15 +91,17 @@ def run_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_killed_build_resumes_without_loss_or_duplicates(tmp_path: Path, run_root: Path) -> None:
+def test_a_killed_build_resumes_and_samples_are_added_beside_its_greedy_runs(
+        tmp_path: Path, run_root: Path) -> None:
     (tmp_path / "cluster.toml").write_text(CLUSTER)
     out = tmp_path / "trace.jsonl.gz"
+    log = tmp_path / "build.log"
     total = PROBLEMS * WORKFLOWS
     first = _build(tmp_path, out, run_root)
     try:
         deadline = time.monotonic() + 400
         while len(_units(out)) < 3:
-            assert first.poll() is None, (tmp_path / "build.log").read_text()[-3000:]
+            assert first.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "no units written"
             time.sleep(0.05)
         os.killpg(first.pid, signal.SIGKILL)
@@ -110,40 +112,30 @@ def test_killed_build_resumes_without_loss_or_duplicates(tmp_path: Path, run_roo
     assert 3 <= len(before) < total, "the kill came too late to test resumption"
 
     second = _build(tmp_path, out, run_root)
-    assert second.wait(timeout=600) == 0, (tmp_path / "build.log").read_text()[-3000:]
+    assert second.wait(timeout=600) == 0, log.read_text()[-3000:]
     after = _units(out)
     keys = [u.key for u in after]
     assert len(keys) == len(set(keys)) == total
     assert after[: len(before)] == before
-    log = (tmp_path / "build.log").read_text()
-    assert f"{len(before)}/{total} units done, {total - len(before)} to run" in log
-    assert "math tiny-a: 100%|" in log  # the progress bar of the resumed run
+    assert f"{len(before)}/{total} units done, {total - len(before)} to run" in log.read_text()
+    assert "math tiny-a: 100%|" in log.read_text()  # the progress bar of the resumed run
 
-
-def test_samples_are_added_beside_the_greedy_runs_and_extended(tmp_path: Path,
-                                                               run_root: Path) -> None:
-    (tmp_path / "cluster.toml").write_text(CLUSTER)
-    out = tmp_path / "trace.jsonl.gz"
-    log = tmp_path / "build.log"
+    # --samples 2 on two problems of one workflow: two seeded runs beside each greedy one,
+    # and only those run
     args = ("--workflows", "solve", "--concurrency", "4")
-    first = _build(tmp_path, out, run_root, *args, "--samples", "2", problems=2)
-    assert first.wait(timeout=600) == 0, log.read_text()[-3000:]
-    header, before = read_records(out)
+    third = _build(tmp_path, out, run_root, *args, "--samples", "2", problems=2)
+    assert third.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert "2/6 units (greedy + 2 samples each) done, 4 to run" in log.read_text()
+    header, sampled = read_records(out)
+    assert sampled[:total] == after
     assert header.settings["sampling"] == {"temperature": 0.7, "top_p": 0.95}
     assert header.settings["temperature"] == 0.0
-    assert sorted((u.problem_id, u.sample) for u in before if u.sample is not None) == [
+    added = sampled[total:]
+    assert sorted((u.problem_id, u.sample) for u in added) == [
         (p, k) for p in ("gsm_symbolic/0/0", "gsm_symbolic/0/1") for k in (0, 1)]
-    assert sum(u.sample is None for u in before) == 2
-    for u in before:
-        if u.sample is not None:
-            assert u.seed == sample_seed(0, u.problem_id, "solve", "tiny-a", u.sample)
-    texts = {u.sample: u.stages[0].output_text for u in before
-             if u.problem_id == "gsm_symbolic/0/0"}
+    for u in added:
+        assert u.workflow == "solve"
+        assert u.seed == sample_seed(0, u.problem_id, "solve", "tiny-a", u.sample)
+    texts = {u.sample: u.stages[0].output_text for u in sampled
+             if u.problem_id == "gsm_symbolic/0/0" and u.workflow == "solve"}
     assert len(set(texts.values())) == 3  # greedy and two samples of a random model differ
-
-    second = _build(tmp_path, out, run_root, *args, "--samples", "3", problems=2)
-    assert second.wait(timeout=600) == 0, log.read_text()[-3000:]
-    assert "6/8 units (greedy + 3 samples each) done, 2 to run" in log.read_text()
-    _, after = read_records(out)
-    assert after[: len(before)] == before
-    assert sorted(u.sample for u in after[len(before):]) == [2, 2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from typing import Any
 
 import msgspec
@@ -237,6 +238,32 @@ def test_the_last_snapshots_own_time_and_its_receipt_are_exported() -> None:
     assert exported("received", "e0") == clock.t - 3.0
     core.membership.mark_engine("e0", True, "launcher: restarted")
     assert exported("sent", "e0") is None and exported("received", "e0") is None
+
+
+def test_a_silent_engine_goes_down_with_no_request_to_notice_it() -> None:
+    # The sweep of a started router applies the heartbeat timeout by itself: no decision,
+    # no /metrics or /health call in between (a worker whose clients all wait on that
+    # engine). Real clock and loop.
+    cfg = remote_cluster("round_robin", {"e0": "a", "e1": "a"}, max_model_len=1024,
+                         heartbeat_timeout_s=0.2)
+
+    async def run() -> tuple[str | None, str | None, int]:
+        core = RouterCore(cfg)
+        await core.start()
+        try:
+            for name in ("e0", "e1"):
+                core.membership.snapshots.feed(snap_frames(name, 0, ts=time.time()))
+            for seq in range(1, 9):  # e1 goes on talking, e0 falls silent
+                await asyncio.sleep(0.05)
+                core.membership.snapshots.feed(snap_frames("e1", seq, ts=time.time()))
+            table = core.state.table
+            return table["e0"].down_reason, table["e1"].down_reason, \
+                core.state.stats.engine_down_events
+        finally:
+            await core.stop()
+
+    e0, e1, events = asyncio.run(run())
+    assert e0 is not None and "heartbeat timeout 0.2 s" in e0 and e1 is None and events == 1
 
 
 def test_engine_down_releases_inflight_and_clears_its_kv_index() -> None:

@@ -24,10 +24,9 @@ def test_vllm_command_runs_and_sees_a_cpu_build() -> None:
                              timeout=300)
     assert version.returncode == 0, version.stderr[-2000:]
     assert version.stdout.strip().splitlines()[-1].startswith("0.32")
-    platform = subprocess.run(
-        [sys.executable, "-c", "from vllm.platforms import current_platform as p; "
-         "print(p.device_type)"], capture_output=True, text=True, timeout=300)
-    assert platform.stdout.strip().splitlines()[-1] == "cpu", platform.stderr[-2000:]
+    from vllm.platforms import current_platform  # in this process: other tests import vLLM
+
+    assert current_platform.device_type == "cpu"
     bench = subprocess.run([str(VLLM), "bench", "serve", "--help"], capture_output=True,
                            text=True, timeout=300)
     assert bench.returncode == 0 and "Benchmark the online serving throughput" in bench.stdout, \
