@@ -105,7 +105,7 @@ class Fault:
     (``hetserve_telemetry_received_timestamp_seconds``): less ``worker_last_sent_s``, how
     late the worker read the engine's last word; ``worker_down_s`` less this, how long
     after that it marked the engine down (for a stopped engine: the heartbeat timeout,
-    plus the time until a decision or a scrape applied it)."""
+    plus the time until a decision, a scrape or the sweep applied it)."""
     launcher_saw_s: float | None = None
     """Until the launcher printed that the engine died or was wedged (engine faults)."""
     back_s: float | None = None

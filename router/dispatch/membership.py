@@ -42,7 +42,8 @@ from router.state.vllm_metrics import VllmMetrics, stock_snapshot
 log = logging.getLogger("hetserve.router")
 SWEEPS_PER_TIMEOUT = 10
 """How often per ``heartbeat_timeout_s`` a worker applies the timeouts without being asked
-(``Membership._sweep``): a silent engine goes down at most a tenth of one late."""
+(``Membership._sweep``): while the event loop runs, a silent engine goes down at most a
+tenth of a timeout late."""
 
 
 class Membership:
