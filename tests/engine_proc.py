@@ -52,10 +52,10 @@ class EngineProc:
                 self.proc.wait()
 
 
-def start_engine(tmp: Path, engine_id: str, model: str = "builtin:tiny-a",
+def spawn_engine(tmp: Path, engine_id: str, model: str = "builtin:tiny-a",
                  extra: list[str] | None = None,
                  env: dict[str, str] | None = None) -> EngineProc:
-    """Start an engine in its own process group and wait until /health answers."""
+    """Start an engine in its own process group; ``wait_engine`` waits until it serves."""
     port = free_port()
     tel = f"ipc://{tmp}/{engine_id}.telemetry"
     kv = f"ipc://{tmp}/{engine_id}.kv"
@@ -67,11 +67,16 @@ def start_engine(tmp: Path, engine_id: str, model: str = "builtin:tiny-a",
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-    engine = EngineProc(engine_id, port, proc, log_path, tel, kv)
+    return EngineProc(engine_id, port, proc, log_path, tel, kv)
+
+
+def wait_engine(engine: EngineProc) -> EngineProc:
+    """``engine`` once /health answers; stopped, with its log's tail raised, if it exits or
+    stays unhealthy for HEALTH_TIMEOUT_S."""
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine {engine_id} exited:\n{engine.log_tail()}")
+        if engine.proc.poll() is not None:
+            raise RuntimeError(f"engine {engine.engine_id} exited:\n{engine.log_tail()}")
         try:
             if httpx.get(f"{engine.url}/health", timeout=2).status_code == 200:
                 return engine
@@ -79,8 +84,15 @@ def start_engine(tmp: Path, engine_id: str, model: str = "builtin:tiny-a",
             pass
         time.sleep(1)
     engine.stop()
-    raise RuntimeError(f"engine {engine_id} not healthy in {HEALTH_TIMEOUT_S}s:\n{engine.log_tail()}")
+    raise RuntimeError(f"engine {engine.engine_id} not healthy in {HEALTH_TIMEOUT_S}s:\n"
+                       f"{engine.log_tail()}")
 
+
+def start_engine(tmp: Path, engine_id: str, model: str = "builtin:tiny-a",
+                 extra: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> EngineProc:
+    """Start an engine in its own process group and wait until /health answers."""
+    return wait_engine(spawn_engine(tmp, engine_id, model, extra, env))
 
 ROOT = Path(__file__).resolve().parents[1]
 

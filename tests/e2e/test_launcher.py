@@ -262,13 +262,12 @@ def programs_follow_across_workers(cfg: LaunchConfig) -> None:
 
 @needs_router
 def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path) -> None:
-    """The whole demo, with two router processes on one port (``workers = 2``) and CURVE
-    on the telemetry plane: the router answers the client; telemetry reaches both workers
-    and no one without the keys; a program's stages follow its model across the workers;
-    each engine has its own core and runs offline;
-    an engine killed is marked down, requests succeed on the other one, it comes back on
-    another port (its own was taken meanwhile) and both workers follow it; SIGTERM stops
-    every process."""
+    """The demo cluster (its client runs in ``test_demo_flag``), with two router processes
+    on one port (``workers = 2``) and CURVE on the telemetry plane: telemetry reaches both
+    workers and no one without the keys; a program's stages follow its model across the
+    workers; each engine has its own core and runs offline; an engine killed is marked
+    down, requests succeed on the other one, it comes back on another port (its own was
+    taken meanwhile) and both workers follow it; SIGTERM stops every process."""
     from engine_ext.curve import create
 
     create(tmp_path / "curve")
@@ -288,12 +287,6 @@ def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path)
     assert {env["VLLM_CPU_OMP_THREADS_BIND"] for env in envs} == {"0", "1"}  # a core each
     telemetry_only_with_keys(cfg)
     programs_follow_across_workers(cfg)
-    client = subprocess.run([sys.executable, str(ROOT / "examples" / "demo_client.py"),
-                             "--base-url", base_url], capture_output=True, text=True,
-                            timeout=600)
-    assert client.returncode == 0, client.stdout + client.stderr
-    assert client.stdout.count("  stage ") == 9  # 3 concurrent workflows x 3 stages
-    assert "stages per model: " in client.stdout
 
     def served_by_the_other() -> None:
         import openai

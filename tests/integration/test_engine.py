@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,7 +31,7 @@ from engine_ext.telemetry import (
     snapshot_decoder,
     subscriber_binds,
 )
-from tests.engine_proc import EngineProc, start_engine
+from tests.engine_proc import EngineProc, spawn_engine, wait_engine
 
 pytestmark = pytest.mark.engine
 
@@ -77,26 +78,36 @@ class Collector:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory) -> EngineProc:
-    tmp: Path = tmp_path_factory.mktemp("engine")
-    eng = start_engine(tmp, "stjf-e2e", extra=[
-        "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
-        "--max-promotions", "1", "--max-model-len", "4096", "--enable-server-load-tracking",
-    ], env={"VLLM_SERVER_DEV_MODE": "1"})  # for /pause and /resume
-    yield eng
-    eng.stop()
+def engines(tmp_path_factory) -> Iterator[dict[str, EngineProc]]:
+    """Both test engines, started at once (a start is mostly imports on one core):
+    ``stjf-e2e``, and ``stjf-aging`` with three promotion levels and a snapshot every step
+    (its test counts steps)."""
+    tmp: Path = tmp_path_factory.mktemp("engines")
+    started = [
+        spawn_engine(tmp, "stjf-e2e", extra=[
+            "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
+            "--max-promotions", "1", "--max-model-len", "4096", "--enable-server-load-tracking",
+        ], env={"VLLM_SERVER_DEV_MODE": "1"}),  # for /pause and /resume
+        spawn_engine(tmp, "stjf-aging", extra=[
+            "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
+            "--max-promotions", "3", "--telemetry-interval-ms", "0",
+        ]),
+    ]
+    try:
+        yield {e.engine_id: wait_engine(e) for e in started}
+    finally:
+        for e in started:
+            e.stop()
 
 
 @pytest.fixture(scope="module")
-def aging_engine(tmp_path_factory) -> EngineProc:
-    """Three promotion levels, and a snapshot every step (the test counts steps)."""
-    tmp: Path = tmp_path_factory.mktemp("aging-engine")
-    eng = start_engine(tmp, "stjf-aging", extra=[
-        "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
-        "--max-promotions", "3", "--telemetry-interval-ms", "0",
-    ])
-    yield eng
-    eng.stop()
+def engine(engines: dict[str, EngineProc]) -> EngineProc:
+    return engines["stjf-e2e"]
+
+
+@pytest.fixture(scope="module")
+def aging_engine(engines: dict[str, EngineProc]) -> EngineProc:
+    return engines["stjf-aging"]
 
 
 def _collect(engine: EngineProc):
