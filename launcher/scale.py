@@ -157,7 +157,10 @@ class Scaler:
         plan = self.plan
         current = next((e.replicas for e in plan.config.engines if e.name == req.engine
                         and not e.remote), None)
-        bigger = with_replicas(plan, req.engine, req.replicas)  # LaunchError: no such entry
+        held = {m.handle.port for m in self.sup.procs if isinstance(m.handle, RayProcess)
+                and m.handle.address == plan.telemetry_host}
+        # LaunchError: no such entry
+        bigger = with_replicas(plan, req.engine, req.replicas, held=held)
         assert current is not None
         if req.replicas > current:
             started: list[Managed] = []

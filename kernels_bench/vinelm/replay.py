@@ -263,7 +263,8 @@ def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
                               "workflows": args.workflows, "runs": []}
     try:
         cluster.prepare(engine_variant(cfg, None))
-        any_node = table[problems[0], (template.models()[0],) * 2]
+        # a node at depth 2 (a prompt with history), on each stage's first model
+        any_node = table[problems[0], tuple(inv.models[0] for inv in invs[:2])]
         latency = calibrate(cluster, [{"role": m.role, "content": m.content}
                                       for m in any_node.stage.messages])
         report["calibration"] = {m: dataclasses.asdict(v) for m, v in latency.items()}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,10 +168,8 @@ class RayProcess:
     """A placed engine's handle (``launcher.process.ProcessHandle``)."""
 
     def __init__(self, name: str, host: Any, leases: list[Any], group: Any, address: str,
-                 node_id: str, port: int, pid: int, ports: set[int]) -> None:
-        """``ports``: the ports in use on its node, which it leaves when released."""
+                 node_id: str, port: int, pid: int) -> None:
         self.name = name
-        self._ports = ports
         self.host, self.leases, self.group = host, leases, group
         self.address, self.node_id, self.port, self.pid = address, node_id, port, pid
         self.url = f"http://{address}:{port}"
@@ -224,7 +222,6 @@ class RayProcess:
             return
         self._call("kill", None)
         self._released = True
-        self._ports.discard(self.port)
         for actor in [self.host, *self.leases]:
             ray.kill(actor)
         remove_placement_group(self.group)
@@ -260,6 +257,13 @@ class RayBackend(Backend):
         self.timeout_s = timeout_s or cfg.placement_timeout_s
         self.processes: list[RayProcess] = []
         self._ports: dict[str, set[int]] = {}
+        """Per node address: the ports of every replica placed there, the dead ones'
+        included, so that no other replica takes a port the router's file still gives
+        to a replica waiting for its restart (two replicas placed on one port made the
+        resolved file invalid and stopped the cluster)."""
+        self._held: dict[str, tuple[str, int]] = {}
+        """Replica name -> the (address, port) of its last placement: freed when the
+        replica is placed again (a replica scaled away keeps its port until then)."""
         try:
             ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False,
                      logging_level="WARNING")
@@ -347,9 +351,11 @@ class RayBackend(Backend):
             taken = self._ports.setdefault(address, set())
             if address == self.address:
                 taken |= p.avoid_ports
+            before = self._held.get(spec.name)
+            mine = {before[1]} if before is not None and before[0] == address else set()
             env = {**spec.env, MARKER_ENV: str(self.run_dir)}
             port, pid = ray.get(host.start.remote(spec.argv, env, str(spec.log_path),
-                                                  p.base_port, sorted(taken), gpus),
+                                                  p.base_port, sorted(taken - mine), gpus),
                                 timeout=self.timeout_s)
         except Exception as e:
             for a in [host, *leases]:
@@ -357,8 +363,11 @@ class RayBackend(Backend):
             remove_placement_group(group)
             raise LaunchError(f"{spec.name}: could not start on its Ray node: "
                               f"{type(e).__name__}: {str(e)[:300]}") from None
+        if before is not None:  # its previous run is dead: its port is free for all
+            self._ports[before[0]].discard(before[1])
         taken.add(port)
-        proc = RayProcess(spec.name, host, leases, group, address, node_id, port, pid, taken)
+        self._held[spec.name] = (address, port)
+        proc = RayProcess(spec.name, host, leases, group, address, node_id, port, pid)
         self.processes.append(proc)
         return proc
 
@@ -496,10 +505,12 @@ def placed(plan: Plan, where: Mapping[str, tuple[str, str]]) -> Plan:
 
 
 def with_replicas(plan: Plan, name: str, replicas: int,
-                  port_free: PortFree | None = None) -> Plan:
+                  port_free: PortFree | None = None, held: Collection[int] = ()) -> Plan:
     """The plan with Ray engine entry ``name`` at ``replicas`` replicas: new ones get
     their processes (and telemetry endpoints), the last ones beyond go
-    (LaunchError: no such entry placed by Ray)."""
+    (LaunchError: no such entry placed by Ray). ``held``: ports of the telemetry host
+    that placed replicas' servers hold, a dead one's too (free now, but the router's
+    file gives it to the replica until its restart)."""
     cfg = plan.config
     e = next((x for x in cfg.engines if x.name == name and not x.remote), None)
     if e is None or plan.telemetry_host is None:
@@ -509,7 +520,7 @@ def with_replicas(plan: Plan, name: str, replicas: int,
         dataclasses.replace(x, replicas=replicas) if x is e else x for x in cfg.engines])
     keep = [p for p in plan.engines if p.spec.name not in
             {f"{name}-{r}" for r in range(replicas, e.replicas)}]
-    taken = cfg.claimed_ports() | {
+    taken = cfg.claimed_ports() | set(held) | {
         int(ep.rsplit(":", 1)[1]) for p in plan.engines
         for ep in (p.spec.placement.telemetry_endpoint, p.spec.placement.kv_events_endpoint)}
     added = ray_engines(config, plan.run_dir, plan.python, plan.telemetry_host,

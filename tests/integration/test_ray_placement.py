@@ -1,6 +1,7 @@
 """launcher.backends.ray on a real Ray cluster with declared (not physical) GPUs: a
 tensor-parallel replica gets one GPU per rank on one node and its process sees them all;
-a replica with no room is reported, not left waiting; releasing frees the node."""
+a replica with no room is reported, not left waiting; releasing frees the node; a dead
+replica's port waits for its restart."""
 
 from __future__ import annotations
 
@@ -71,5 +72,22 @@ def test_a_tensor_parallel_replica_sees_all_its_gpus(cluster: Cluster, tmp_path:
         while second.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert second.poll() == "killed by SIGTERM"
+    finally:
+        backend.close()
+
+
+def test_a_dead_replica_s_port_waits_for_its_restart(cluster: Cluster, tmp_path: Path) -> None:
+    """A replica killed (as the supervisor does before a restart) keeps its port: one
+    placed meanwhile takes another (two replicas on one port made the router's file
+    invalid and stopped the cluster), and the restarted replica may take its own again."""
+    backend = RayBackend(EngineCluster(backend="ray", address=cluster.address,
+                                       placement_timeout_s=5), tmp_path)
+    try:
+        a = backend.start(spec(tmp_path, "a-0", gpus=0))
+        a.kill()
+        b = backend.start(spec(tmp_path, "b-0", gpus=0))
+        assert b.port != a.port
+        again = backend.start(spec(tmp_path, "a-0", gpus=0))
+        assert again.port == a.port
     finally:
         backend.close()

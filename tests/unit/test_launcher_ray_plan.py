@@ -88,6 +88,22 @@ def test_placed_engines_become_the_router_s_entries(tmp_path: Path) -> None:
         n: i.url for n, i in instances.items()}
 
 
+def test_a_replica_added_avoids_the_ports_placed_replicas_hold(tmp_path: Path) -> None:
+    """Scaling up while a replica is dead (its port free, its restart pending): the new
+    replica's endpoints skip the ports placed replicas hold (taking one made the router's
+    file invalid and stopped the cluster)."""
+    plan = plan_of(tmp_path, ROUTER + RAY + engine("a") + engine("b"))
+
+    def added(held: set[int]) -> set[int]:
+        bigger = ray_backend.with_replicas(plan, "b", 2, lambda host, port: True, held=held)
+        (new,) = [p.spec.placement for p in bigger.engines if p.spec.name == "b-1"]
+        return {int(e.rsplit(":", 1)[1])
+                for e in (new.telemetry_endpoint, new.kv_events_endpoint)}
+
+    first = added(set())
+    assert not added(first) & first
+
+
 @pytest.mark.parametrize("body, key", [
     ('host = "10.0.0.1"\n', "engines.a.host"),
     ("port = 8000\n", "engines.a.port"),
