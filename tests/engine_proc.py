@@ -94,6 +94,7 @@ def start_engine(tmp: Path, engine_id: str, model: str = "builtin:tiny-a",
     """Start an engine in its own process group and wait until /health answers."""
     return wait_engine(spawn_engine(tmp, engine_id, model, extra, env))
 
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

