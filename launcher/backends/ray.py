@@ -260,10 +260,8 @@ class RayBackend(Backend):
         """Per node address: the ports of every replica placed there, the dead ones'
         included, so that no other replica takes a port the router's file still gives
         to a replica waiting for its restart (two replicas placed on one port made the
-        resolved file invalid and stopped the cluster)."""
-        self._held: dict[str, tuple[str, int]] = {}
-        """Replica name -> the (address, port) of its last placement: freed when the
-        replica is placed again (a replica scaled away keeps its port until then)."""
+        resolved file invalid and stopped the cluster). A replica's port is freed when it
+        is placed again (a replica scaled away keeps its port until then)."""
         try:
             ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False,
                      logging_level="WARNING")
@@ -351,8 +349,8 @@ class RayBackend(Backend):
             taken = self._ports.setdefault(address, set())
             if address == self.address:
                 taken |= p.avoid_ports
-            before = self._held.get(spec.name)
-            mine = {before[1]} if before is not None and before[0] == address else set()
+            before = next((q for q in reversed(self.processes) if q.name == spec.name), None)
+            mine = {before.port} if before is not None and before.address == address else set()
             env = {**spec.env, MARKER_ENV: str(self.run_dir)}
             port, pid = ray.get(host.start.remote(spec.argv, env, str(spec.log_path),
                                                   p.base_port, sorted(taken - mine), gpus),
@@ -364,9 +362,8 @@ class RayBackend(Backend):
             raise LaunchError(f"{spec.name}: could not start on its Ray node: "
                               f"{type(e).__name__}: {str(e)[:300]}") from None
         if before is not None:  # its previous run is dead: its port is free for all
-            self._ports[before[0]].discard(before[1])
+            self._ports[before.address].discard(before.port)
         taken.add(port)
-        self._held[spec.name] = (address, port)
         proc = RayProcess(spec.name, host, leases, group, address, node_id, port, pid)
         self.processes.append(proc)
         return proc
