@@ -176,6 +176,11 @@ def resolve_model(spec: str) -> str:
     return str(_ensure_built(model_dir(model), functools.partial(_build_model, model)))
 
 
+def is_builtin(spec: str) -> bool:
+    """Whether ``spec`` names a built-in model (``builtin:<name>``; an unknown name raises)."""
+    return _lookup(spec) is not None
+
+
 def load_format(spec: str) -> str | None:
     """``"dummy"`` for a shape twin, else ``None`` (vLLM's default load format)."""
     model = _lookup(spec)

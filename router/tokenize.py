@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from engine_ext.builtin_models import resolve_model
+from engine_ext.builtin_models import is_builtin, resolve_model
 from router.request import ParsedRequest, RequestError
 
 INLINE_BYTES = 8192
@@ -109,11 +109,21 @@ class PromptInfo:
 class ModelTokenizer:
     """One tokenizer folder's tokenizer and chat template."""
 
-    def __init__(self, path: str) -> None:
-        from transformers import AutoTokenizer
-
+    def __init__(self, path: str, generic: bool = False) -> None:
+        """``generic``: the folder is known to load as transformers' generic fast tokenizer
+        (the built-in models' folders, tests/unit/test_tokenize.py checks that
+        ``AutoTokenizer`` gives that class), which is then loaded directly: resolving the
+        class through ``AutoTokenizer`` imports torch and scikit-learn, most of a router's
+        start (about 7 of 11 s here)."""
         self.path = path
-        self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if generic:
+            from transformers import PreTrainedTokenizerFast
+
+            self._tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        else:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self._fast = getattr(self._tok, "_tokenizer", None)
         """The Rust tokenizer behind a fast tokenizer: the same ids without the wrapper's
         per-call overhead; dropped if it disagrees with the wrapper on ``_PROBES`` (a
@@ -227,7 +237,7 @@ class Tokenizers:
             path = resolve_model(spec)
             key = _fingerprint(path)
             if key not in shared:
-                shared[key] = ModelTokenizer(path)
+                shared[key] = ModelTokenizer(path, generic=is_builtin(spec))
             self._by_model[name] = shared[key]
             self._key[name] = key
 

@@ -272,14 +272,18 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
                     if stop.is_set():
                         return
 
+        def why() -> str:
+            return (f"(stock engine running, waiting: {cluster.stock_metrics()[:2]}; "
+                    f"finished: {done}; holder done: {holder.done()})")
+
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             _until(lambda: cluster.stock_metrics()[:2] == (0, 0), 60)
             holder = pool.submit(hold)
-            _until(lambda: cluster.stock_metrics().running == 1, 60)
+            _until(lambda: cluster.stock_metrics().running == 1, 60, why)
             jobs = [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
-            _until(lambda: cluster.stock_metrics().waiting == 3, 60)
+            _until(lambda: cluster.stock_metrics().waiting == 3, 60, why)
             jobs.append(pool.submit(send, "high", 1, 20))  # 0: none, sent last
-            _until(lambda: cluster.stock_metrics()[:2] == (1, 4), 60)  # all queued, in time
+            _until(lambda: cluster.stock_metrics()[:2] == (1, 4), 60, why)  # all queued
             stop.set()
             holder.result()
             responses = [j.result() for j in jobs]

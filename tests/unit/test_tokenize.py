@@ -6,6 +6,8 @@ the Qwen2 and SmolLM2 pipelines."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -57,6 +59,40 @@ def test_a_fast_path_that_disagrees_is_not_used(tok: ModelTokenizer,
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", lowering)
     edited = ModelTokenizer(tok.path)
     assert edited._fast is None and edited.encode("Hi", False) == tok.encode("hi", False)
+
+
+def test_built_in_models_load_as_auto_tokenizer_loads_them(tok: ModelTokenizer) -> None:
+    """The router loads the built-in models' tokenizer (one for all of them) as
+    transformers' generic fast tokenizer, without AutoTokenizer's class resolution
+    (``generic``): AutoTokenizer resolves it to the same class, and both give the same ids,
+    chat prompts and decoded texts."""
+    from transformers import PreTrainedTokenizerFast
+
+    generic = ModelTokenizer(tok.path, generic=True)
+    assert type(tok._tok) is type(generic._tok) is PreTrainedTokenizerFast
+    for text in TEXTS:
+        for special in (True, False):
+            assert generic.encode(text, special) == tok.encode(text, special)
+            assert generic._tok.encode(text, add_special_tokens=special) == \
+                tok._tok.encode(text, add_special_tokens=special)
+    for messages in ([{"role": "user", "content": t} for t in TEXTS],
+                     [{"role": "system", "content": "be brief"},
+                      {"role": "user", "content": "hi"}]):
+        parsed = _chat(messages)
+        assert generic.prompt(parsed) == tok.prompt(parsed)
+    ids = tok.encode(TEXTS[5], False)
+    assert generic._tok.decode(ids) == tok._tok.decode(ids)
+
+
+def test_a_router_s_built_in_tokenizers_load_without_torch() -> None:
+    """Loading the tokenizers of built-in models imports neither torch nor scikit-learn
+    (AutoTokenizer's class resolution imports both: most of a router's start)."""
+    code = ("import sys; from router.tokenize import Tokenizers; "
+            "Tokenizers({'a': 'builtin:tiny-a', 'b': 'builtin:tiny-b'}).load(); "
+            "print(sorted({'torch', 'sklearn'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- token count bound
