@@ -95,6 +95,12 @@ def profile_key(cluster: Path, where: dict[str, Any]) -> str:
                                       .encode()).hexdigest()
 
 
+def mark_profiled(cluster: Path, prof: Path) -> None:
+    """Record in ``prof`` that it holds a completed profile of every engine of ``cluster``
+    on this machine (``build_tpot`` then keeps it, whatever sweep made it)."""
+    (prof / PROFILE_KEY_FILE).write_text(profile_key(cluster, machine()), encoding="utf-8")
+
+
 def build_tpot(cluster: Path, out: Path, sets: Sequence[str], force: bool = False,
                progress: bool = True, run_dir: Path | None = None) -> dict[str, str]:
     """Profile ``cluster``'s engines into ``out/profile`` unless a completed profile of the
@@ -117,7 +123,7 @@ def build_tpot(cluster: Path, out: Path, sets: Sequence[str], force: bool = Fals
             profile_cluster(cluster, [], ProfileOptions(out=prof, run_dir=run_dir))
         except ERRORS as e:
             sys.exit(f"error: {e}")
-        key_file.write_text(key, encoding="utf-8")
+        mark_profiled(cluster, prof)
         status["profile"] = "profiled"
     data = [str(prof / "telemetry.jsonl.gz")]
     rows = load_rows(k, data)

@@ -1,8 +1,10 @@
 """``python -m kernels_bench profile`` on a real engine (built-in ``tiny-a``, started
 through the launcher API): the decode cells come from the engine's telemetry, the
 prefill points from timed requests, and the outputs are the files the router loads.
-``kernels_bench artifacts --profile``: the profile runs once, the TPOT heads train on its
-telemetry and answer for the engine, and a second call keeps both.
+``kernels_bench artifacts --profile`` then takes that profile as done (one engine start
+for both): the TPOT heads train on its telemetry and answer for the engine, and a second
+call keeps both. Profiling inside ``artifacts`` (and a profile cut short):
+tests/unit/test_artifacts_cache.py.
 
     .venv/bin/python -m pytest tests/integration/test_profile.py -m engine -v
 """
@@ -51,10 +53,11 @@ def short_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_profile_of_a_tiny_engine(tmp_path: Path, short_dir: Path) -> None:
-    (tmp_path / "c.toml").write_text(CLUSTER)
+def test_profile_of_a_tiny_engine_then_its_tpot_heads(tmp_path: Path, short_dir: Path) -> None:
+    cluster, art = tmp_path / "c.toml", tmp_path / "art"
+    cluster.write_text(CLUSTER)
     trace = write_trace(tmp_path / "trace.jsonl")
-    out = tmp_path / "profile"
+    out = art / "profile"  # where `kernels_bench artifacts --out art` looks for it
     profile_command.main(["--cluster", str(tmp_path / "c.toml"), "--batch-sizes", "1", "4",
                         "--contexts", "64", "256", "--decode-tokens", "48",
                         "--reference-context", "200", "--trace", str(trace),
@@ -88,16 +91,11 @@ def test_profile_of_a_tiny_engine(tmp_path: Path, short_dir: Path) -> None:
     assert max(s["batch_size"] for s in snaps) == 4
     assert (out / "profile.png").stat().st_size > 0
 
-
-def test_artifacts_profile_then_tpot_heads(tmp_path: Path, short_dir: Path) -> None:
-    cluster, out = tmp_path / "c.toml", tmp_path / "art"
-    cluster.write_text(CLUSTER)
-    status = artifacts.build_tpot(cluster, out, [], progress=False, run_dir=short_dir)
-    assert status == {"profile": "profiled", "tpot": "trained"}
-    assert (out / "profile" / "profiles.json").is_file()
-    heads = TpotHeads.load(out / "tpot")
+    status = artifacts.build_tpot(cluster, art, [], progress=False, run_dir=short_dir)
+    assert status == {"profile": "up to date", "tpot": "trained"}  # the profile above
+    heads = TpotHeads.load(art / "tpot")
     assert heads.engines == frozenset({"tiny-a-0"})  # the engine id the replay's router sees
     (ms,) = heads.tpot_ms([TpotQuery("tiny-a-0", 1, 100, 128, 0.1)])
     assert math.isfinite(ms) and ms > 0
-    again = artifacts.build_tpot(cluster, out, [], progress=False, run_dir=short_dir)
+    again = artifacts.build_tpot(cluster, art, [], progress=False, run_dir=short_dir)
     assert again == {"profile": "up to date", "tpot": "up to date"}

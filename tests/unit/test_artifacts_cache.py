@@ -96,12 +96,13 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
     prof = out / "profile"
     prof.mkdir(parents=True)
 
-    def write_profile(frames: int) -> None:
+    def write_profile(frames: int, done: bool = True) -> None:
         with gzip.open(prof / "telemetry.jsonl.gz", "wb") as f:
             for snap in synthetic_telemetry(frames):
                 f.write(msgspec.json.encode(snap) + b"\n")
-        (prof / artifacts.PROFILE_KEY_FILE).write_text(
-            artifacts.profile_key(cluster, artifacts.machine()))
+        if done:
+            (prof / artifacts.PROFILE_KEY_FILE).write_text(
+                artifacts.profile_key(cluster, artifacts.machine()))
 
     def fail(*args: object) -> None:
         raise AssertionError(f"profiled again: {args}")
@@ -127,5 +128,12 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(AssertionError, match="profiled again"):  # the engines changed
         artifacts.build_tpot(cluster, out, [], progress=False)
     assert not (prof / artifacts.PROFILE_KEY_FILE).exists()  # never taken as complete
+    monkeypatch.setattr(artifacts, "profile_cluster",  # a profile that completes
+                        lambda *args: write_profile(340, done=False))
+    assert artifacts.build_tpot(cluster, out, [], progress=False) == {
+        "profile": "profiled", "tpot": "trained"}
+    assert (prof / artifacts.PROFILE_KEY_FILE).read_text() == artifacts.profile_key(
+        cluster, artifacts.machine())
+    assert artifacts.build_tpot(cluster, out, [], progress=False)["profile"] == "up to date"
     with pytest.raises(ValueError, match="no-such.toml"):
         artifacts.build_tpot(tmp_path / "no-such.toml", out, [], progress=False)
