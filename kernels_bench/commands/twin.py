@@ -87,6 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     low, high = SCRAPE_MS_RANGE
     if not low <= a.scrape_interval_ms <= high:
         p.error(f"--scrape-interval-ms must be in [{low:g}, {high:g}]")
+    if a.repeats > 1 and a.no_charge_decision and not a.jitter:
+        p.error("--repeats > 1 with --no-charge-decision and without --jitter: every repeat "
+                "would be the first again, bit for bit; run other --seed values instead "
+                "(python -m kernels_bench.twin.queueing and .retention pool their folders)")
 
     def run(cfg: ClusterConfig, trace: Trace, name: str, opts: ReplayOptions,
             command: str) -> dict[str, Any]:

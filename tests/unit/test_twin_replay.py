@@ -235,6 +235,10 @@ def test_twin_command_errors_are_one_line(tmp_path: Path, profiles: Path,
     with pytest.raises(SystemExit):
         twin_main([*argv, "--profiles", str(profiles), "--jobs", "0"])
     assert "--jobs must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # repeats that would only repeat the first run
+        twin_main([*argv, "--profiles", str(profiles), "--repeats", "2",
+                   "--no-charge-decision"])
+    assert "every repeat would be the first again" in capsys.readouterr().err
 
 
 def test_validation_matches_within_the_interval_or_15_percent_and_checks_the_ranking(
