@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from kernels_bench.predictors import profile
-from kernels_bench.predictors.artifacts import mark_profiled
-from kernels_bench.predictors.profile import ERRORS, ProfileOptions, profile_cluster
+from kernels_bench.predictors.artifacts import run_profile
+from kernels_bench.predictors.profile import ERRORS, ProfileOptions
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,9 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--decode-tokens must be >= 8, batch sizes and --reference-context >= 1")
     options = ProfileOptions(a.out, a.run_dir, a.batch_sizes, a.contexts, a.decode_tokens,
                              a.reference_context, a.seed)
-    try:
-        profile_cluster(a.cluster, a.engines, options, a.trace, a.model_map)
+    try:  # of every engine: `kernels_bench artifacts --profile` takes it as done
+        run_profile(a.cluster, a.engines, options, a.trace, a.model_map)
     except ERRORS as e:
         sys.exit(f"error: {e}")
-    if not a.engines:  # every engine: `kernels_bench artifacts --profile` takes it as done
-        mark_profiled(a.cluster, a.out)

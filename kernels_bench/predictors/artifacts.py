@@ -95,10 +95,18 @@ def profile_key(cluster: Path, where: dict[str, Any]) -> str:
                                       .encode()).hexdigest()
 
 
-def mark_profiled(cluster: Path, prof: Path) -> None:
-    """Record in ``prof`` that it holds a completed profile of every engine of ``cluster``
-    on this machine (``build_tpot`` then keeps it, whatever sweep made it)."""
-    (prof / PROFILE_KEY_FILE).write_text(profile_key(cluster, machine()), encoding="utf-8")
+def run_profile(cluster: Path, engines: list[str], options: ProfileOptions,
+                trace: Path | None = None, model_map: list[str] | None = None) -> None:
+    """``profile_cluster`` with its folder's key file removed first (a profile cut short is
+    never taken as complete) and, when it profiled every engine (``engines`` empty),
+    written after it: the cluster file and machine as the profile began (``build_tpot``
+    then keeps it, whatever sweep made it). Raises what ``profile_cluster`` raises."""
+    key = profile_key(cluster, machine())
+    key_file = options.out / PROFILE_KEY_FILE
+    key_file.unlink(missing_ok=True)
+    profile_cluster(cluster, engines, options, trace, model_map)
+    if not engines:
+        key_file.write_text(key, encoding="utf-8")
 
 
 def build_tpot(cluster: Path, out: Path, sets: Sequence[str], force: bool = False,
@@ -118,12 +126,10 @@ def build_tpot(cluster: Path, out: Path, sets: Sequence[str], force: bool = Fals
         print(f"profile: up to date ({prof})")
         status["profile"] = "up to date"
     else:
-        key_file.unlink(missing_ok=True)  # a profile cut short is never taken as complete
         try:
-            profile_cluster(cluster, [], ProfileOptions(out=prof, run_dir=run_dir))
+            run_profile(cluster, [], ProfileOptions(out=prof, run_dir=run_dir))
         except ERRORS as e:
             sys.exit(f"error: {e}")
-        mark_profiled(cluster, prof)
         status["profile"] = "profiled"
     data = [str(prof / "telemetry.jsonl.gz")]
     rows = load_rows(k, data)

@@ -10,6 +10,7 @@ import pytest
 
 from kernels_bench.commands import artifacts as artifacts_command
 from kernels_bench.predictors import artifacts
+from kernels_bench.predictors.profile import ProfileOptions
 from router.predictors.kinds import kind, split_rows
 from router.predictors.records import Split
 from router.predictors.sources import serve_as
@@ -135,5 +136,12 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
     assert (prof / artifacts.PROFILE_KEY_FILE).read_text() == artifacts.profile_key(
         cluster, artifacts.machine())
     assert artifacts.build_tpot(cluster, out, [], progress=False)["profile"] == "up to date"
+    monkeypatch.setattr(artifacts, "profile_cluster", fail)  # `kernels_bench profile` cut
+    with pytest.raises(AssertionError, match="profiled again"):  # short over a done one
+        artifacts.run_profile(cluster, [], ProfileOptions(out=prof))
+    assert not (prof / artifacts.PROFILE_KEY_FILE).exists()
+    monkeypatch.setattr(artifacts, "profile_cluster", lambda *args: None)
+    artifacts.run_profile(cluster, ["tiny-a"], ProfileOptions(out=prof))  # named engines:
+    assert not (prof / artifacts.PROFILE_KEY_FILE).exists()  # not the whole cluster
     with pytest.raises(ValueError, match="no-such.toml"):
         artifacts.build_tpot(tmp_path / "no-such.toml", out, [], progress=False)
