@@ -1,19 +1,18 @@
 """The router's HTTP front against two real engines (built-in tiny models).
 
-One module-scoped cluster: engines ``a-0`` (``tiny-a``) and ``b-0`` (``tiny-b``) started
-with ``python -m engine_ext.serve``, and the router started with ``python -m router`` on
-TCP and a unix socket. The tests run in file order; the last one kills engine ``b-0``.
+One module-scoped cluster: the package's engines ``a-0`` (``tiny-a``) and ``b-0`` (``tiny-b``,
+tests/tiny_pair.py, ``python -m engine_ext.serve``), and the router started with ``python -m
+router`` on TCP and a unix socket. The tests run in file order; the engine failure test
+kills engine ``b-0``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager, suppress
@@ -27,18 +26,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine_proc import free_port, kill_group, spawn, wait_healthy
+from tests.tiny_pair import ENGINE_KEY, ENGINES, MAX_MODEL_LEN, TinyPair
 
 pytestmark = pytest.mark.engine
 
-ENGINE_HEALTH_TIMEOUT_S = 240.0
-"""Two engines starting together on 2 shared cores take about 40 s; leave room."""
 ROUTER_HEALTH_TIMEOUT_S = 90.0
-MAX_MODEL_LEN = 1024
-ENGINES = {"a": ("tiny-a", "0"), "b": ("tiny-b", "1")}
-"""Engine name -> (served model, CPU core)."""
-ENGINE_KEY = ("HS_TEST_ENGINE_KEY", "hs-test-engine-key")
-"""Engine ``b`` requires this API key (vLLM's VLLM_API_KEY); the router sends it from this
-variable (``api_key_env``), so every test that reaches ``b`` also tests that."""
 HETSERVE_HEADERS = ("x-hetserve-model", "x-hetserve-engine", "x-hetserve-policy",
                     "x-hetserve-predicted-remaining-tokens", "x-hetserve-priority")
 MESSAGES = [{"role": "system", "content": "You are terse."},
@@ -66,52 +58,25 @@ class Cluster:
                     if n == name and ("engine", engine) in labels)
 
 
-def _cluster_toml(d: Path, router_port: int, ports: dict[str, int]) -> str:
-    lines = ["[router]", 'policy = "round_robin"', 'host = "127.0.0.1"',
-             f"port = {router_port}", f'uds = "{d}/router.sock"', ""]
-    for name, (model, _) in ENGINES.items():
-        lines += ["[[engines]]", f'name = "{name}"', f'served_model_name = "{model}"',
-                  f'model = "builtin:{model}"', f"port = {ports[name]}",
-                  f'telemetry_endpoint = "ipc://{d}/{name}-0.telemetry"',
-                  f'kv_events_endpoint = "ipc://{d}/{name}-0.kv"',
-                  f"max_model_len = {MAX_MODEL_LEN}"]
-        lines += [f'api_key_env = "{ENGINE_KEY[0]}"', ""] if name == "b" else [""]
-    return "\n".join(lines)
-
-
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    d = Path(tempfile.mkdtemp(prefix="hs-front-", dir="/tmp"))  # short: ipc and unix paths
-    ports = {name: free_port() for name in ENGINES}
-    engines: dict[str, subprocess.Popen[bytes]] = {}
+def cluster(tiny_pair: TinyPair) -> Iterator[Cluster]:
+    tiny_pair.revive()
+    d = tiny_pair.d
     router: subprocess.Popen[bytes] | None = None
     try:
-        for name, (model, core) in ENGINES.items():
-            engines[name] = spawn([
-                sys.executable, "-m", "engine_ext.serve", "--model", f"builtin:{model}",
-                "--engine-id", f"{name}-0", "--served-model-name", model,
-                "--telemetry-endpoint", f"ipc://{d}/{name}-0.telemetry",
-                "--kv-events-endpoint", f"ipc://{d}/{name}-0.kv",
-                "--host", "127.0.0.1", "--port", str(ports[name]), "--dtype", "float32",
-                "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
-                "--kv-cache-memory-bytes", str(64 * 2**20), "--enforce-eager",
-            ], d / f"{name}.log", {"VLLM_CPU_OMP_THREADS_BIND": core,
-                                   **({"VLLM_API_KEY": ENGINE_KEY[1]} if name == "b" else {})})
-        for name, proc in engines.items():
-            wait_healthy(f"http://127.0.0.1:{ports[name]}", proc, d / f"{name}.log",
-                          ENGINE_HEALTH_TIMEOUT_S)
         router_port = free_port()
-        (d / "cluster.toml").write_text(_cluster_toml(d, router_port, ports))
+        (d / "cluster.toml").write_text("\n".join([
+            "[router]", 'policy = "round_robin"', 'host = "127.0.0.1"',
+            f"port = {router_port}", f'uds = "{d}/router.sock"', "", tiny_pair.engines_toml()]))
         router = spawn([sys.executable, "-m", "router", "--config", str(d / "cluster.toml")],
                         d / "router.log", {ENGINE_KEY[0]: ENGINE_KEY[1]})
         url = f"http://127.0.0.1:{router_port}"
         wait_healthy(url, router, d / "router.log", ROUTER_HEALTH_TIMEOUT_S)
         yield Cluster(url, str(d / "router.sock"),
-                      {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, engines)
+                      {name: tiny_pair.url(name) for name in ENGINES}, tiny_pair.procs)
     finally:
-        for proc in ([router] if router else []) + list(engines.values()):
-            kill_group(proc)
-        shutil.rmtree(d, ignore_errors=True)
+        if router:
+            kill_group(router)
 
 
 def _eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:

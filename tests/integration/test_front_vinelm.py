@@ -1,23 +1,20 @@
-"""The ``vinelm`` policy inside the real router front, against two real engines
-(built-in tiny models): per-call model choice over a program, objectives in the
-workflow metadata, 400s for bad objectives and calls that do not fit the template, and
-the fallback for calls without an objective."""
+"""The ``vinelm`` policy inside the real router front, against the package's two real engines
+(tests/tiny_pair.py; this module runs before test_router_front.py, which kills one):
+per-call model choice over a program, objectives in the workflow metadata, 400s for bad
+objectives and calls that do not fit the template, and the fallback for calls without an
+objective."""
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
 from tests.engine_proc import free_port, kill_group, spawn, wait_healthy
-from tests.integration.test_router_front import (ENGINE_HEALTH_TIMEOUT_S, ENGINES,
-                                                 MAX_MODEL_LEN, MESSAGES,
-                                                 ROUTER_HEALTH_TIMEOUT_S)
+from tests.integration.test_router_front import MESSAGES, ROUTER_HEALTH_TIMEOUT_S
+from tests.tiny_pair import ENGINE_KEY, TinyPair
 
 pytestmark = pytest.mark.engine
 
@@ -41,43 +38,22 @@ loop = { from = "verifier", to = "solver", max_iterations = 1 }
 
 
 @pytest.fixture(scope="module")
-def router_url() -> Iterator[str]:
-    d = Path(tempfile.mkdtemp(prefix="hs-vine-", dir="/tmp"))
-    ports = {name: free_port() for name in ENGINES}
-    procs = []
+def router_url(tiny_pair: TinyPair) -> Iterator[str]:
+    tiny_pair.revive()
+    d = tiny_pair.d
+    router = None
     try:
-        for name, (model, core) in ENGINES.items():
-            procs.append(spawn([
-                sys.executable, "-m", "engine_ext.serve", "--model", f"builtin:{model}",
-                "--engine-id", f"{name}-0", "--served-model-name", model,
-                "--telemetry-endpoint", f"ipc://{d}/{name}-0.telemetry",
-                "--kv-events-endpoint", f"ipc://{d}/{name}-0.kv",
-                "--host", "127.0.0.1", "--port", str(ports[name]), "--dtype", "float32",
-                "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
-                "--kv-cache-memory-bytes", str(64 * 2**20), "--enforce-eager",
-            ], d / f"{name}.log", {"VLLM_CPU_OMP_THREADS_BIND": core}))
-        for (name, _), proc in zip(ENGINES.items(), procs):
-            wait_healthy(f"http://127.0.0.1:{ports[name]}", proc, d / f"{name}.log",
-                          ENGINE_HEALTH_TIMEOUT_S)
         port = free_port()
-        lines = ["[router]", 'policy = "vinelm"', f"port = {port}", POLICY]
-        for name, (model, _) in ENGINES.items():
-            lines += ["[[engines]]", f'name = "{name}"', f'served_model_name = "{model}"',
-                      f'model = "builtin:{model}"', f"port = {ports[name]}",
-                      f'telemetry_endpoint = "ipc://{d}/{name}-0.telemetry"',
-                      f'kv_events_endpoint = "ipc://{d}/{name}-0.kv"',
-                      f"max_model_len = {MAX_MODEL_LEN}", ""]
-        (d / "cluster.toml").write_text("\n".join(lines))
-        router = spawn([sys.executable, "-m", "router", "--config", str(d / "cluster.toml")],
-                        d / "router.log", {})
-        procs.append(router)
+        (d / "vinelm.toml").write_text("\n".join([
+            "[router]", 'policy = "vinelm"', f"port = {port}", POLICY, tiny_pair.engines_toml()]))
+        router = spawn([sys.executable, "-m", "router", "--config", str(d / "vinelm.toml")],
+                       d / "vinelm-router.log", {ENGINE_KEY[0]: ENGINE_KEY[1]})
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, router, d / "router.log", ROUTER_HEALTH_TIMEOUT_S)
+        wait_healthy(url, router, d / "vinelm-router.log", ROUTER_HEALTH_TIMEOUT_S)
         yield url
     finally:
-        for proc in reversed(procs):
-            kill_group(proc)
-        shutil.rmtree(d, ignore_errors=True)
+        if router:
+            kill_group(router)
 
 
 def chat(url: str, workflow: dict[str, Any]) -> httpx.Response:
