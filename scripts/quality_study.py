@@ -16,11 +16,13 @@ calls on the 1.5B, APGR, bootstrap over problems).
   candidates are made by an inner 4-fold split of each fold's training problems only
   (validation APGR); the held-out numbers of every candidate are reported beside the
   selected one, losers included.
-- **Signals the workflow produces** (math): the small model's final answer agreeing
+- **Signals the workflow produces**: on math, the small model's final answer agreeing
   with its answers to the same problem under the other workflows (self-consistency; it
-  costs those runs), and its verifier calling its answer wrong, each used as the gain
-  score of an escalation rule (doubt -> the big model); no training, so every problem is
-  held out.
+  costs those runs), and its verifier calling its answer wrong; on code, the small model's
+  final program failing the examples its own prompt states (doctests, run in the sandbox;
+  the hidden tests are not read). Each is used as the gain score of an escalation rule
+  (doubt -> the big model); no training, so every problem is held out. They are read
+  after the small model's run, so an escalated workflow pays for both runs.
 - **Learning curve**: the candidates trained on 25%, 50%, 75% and 100% of each fold's
   training problems (seeded subsets, ``--repeats`` draws below 100%), judged on the same
   held-out problems.
@@ -32,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -41,8 +45,10 @@ from typing import Callable, Sequence
 import numpy as np
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.decomposition import PCA
+from tqdm import tqdm
 from xgboost import XGBClassifier
 
+from kernels_bench.trace.suites import load_problems, passes_examples
 from router.predictors.encoder import MINILM, Encoder, StaticEncoder, resolve_encoder
 from router.predictors.evaluation import routing_gain_report
 from router.predictors.features import RequestFeatures
@@ -58,6 +64,10 @@ MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instru
 SMALL, BIG = "tiny-a", "tiny-b"
 TRACE_MATH = ("plan_solve_verify_solve", "plan_solve", "solve")
 """The math suite's workflows (docs/traces.md)."""
+TRACE_CODE = ("plan_code_qa_code", "plan_code", "code")
+"""The code suite's workflows."""
+HUMANEVAL = 164
+"""HumanEval's problems (the code traces hold the first ones)."""
 FOLDS = 5
 INNER = 4
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
@@ -220,31 +230,59 @@ def subset(d: Data, rows: np.ndarray, fraction: float, repeat: int) -> np.ndarra
     return rows[np.isin(d.problems[rows], list(keep))]
 
 
-def workflow_signals(traces: Sequence[str], boot: int) -> dict:
-    """APGR of the escalation signals on the math rows (see the module docstring): the
-    signals read the small model's greedy runs; labels as the candidates' (P(correct)
-    where sampled)."""
+def examples_doubt(outputs: Sequence[str], problems: Sequence[str]) -> np.ndarray:
+    """Per code output of the small model: 1 when its program fails the examples its
+    prompt states, 0 when it passes them, 0.5 when the prompt states none that run."""
+    by_id = {pr.id: pr for pr in load_problems("code", HUMANEVAL, 0)}
+
+    def check(i: int) -> float:
+        ok = passes_examples(by_id[problems[i]], outputs[i])
+        return 0.5 if ok is None else float(not ok)
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return np.array(list(tqdm(pool.map(check, range(len(outputs))), total=len(outputs),
+                                  desc="prompt examples")))
+
+
+def workflow_signals(traces: Sequence[str], boot: int,
+                     suites: Sequence[str] = ("math", "code")) -> dict:
+    """APGR of the escalation signals (see the module docstring), per suite: each reads
+    the small model's greedy runs; labels as the candidates' (P(correct) where sampled).
+    Scores are [0.5, doubt], so the top-confidence choice keeps the small model exactly
+    where the signal says its run is right (doubt 0) and escalates a tie."""
     small, big = (dict(parse_model_map([MODEL_MAP]))[m] for m in (SMALL, BIG))
     runs = {(r.problem_id, r.workflow): r for path in traces
             for r in load_trace(path).complete_runs([small, big])}
+
+    def judged(keys: list[tuple[str, str]], doubt: np.ndarray) -> dict:
+        labels = np.array([[runs[k].p_correct(m) for m in (small, big)] for k in keys])
+        scores = np.stack([np.full(len(doubt), 0.5), doubt], 1)
+        return routing_gain_report(scores, labels, [SMALL, BIG], [p for p, _ in keys], 0,
+                                   boot)
+
+    out: dict = {}
     keys = sorted(k for k in runs if k[1] in TRACE_MATH)
-    labels = np.array([[runs[k].p_correct(m) for m in (small, big)] for k in keys])
-    agree, verdict = [], []
-    for p, w in keys:
-        mine = (runs[p, w].models[small].final_answer or "").strip()
-        others = [(runs[p, v].models[small].final_answer or "").strip() for v in TRACE_MATH
-                  if v != w and (p, v) in runs]
-        agree.append(np.mean([mine == o for o in others]))
-        check = [st.output_text.lower() for st in runs[p, w].models[small].stages
-                 if st.role == "verifier"]
-        verdict.append(float(bool(check and re.search(r"incorrect|not correct|wrong",
-                                                        check[0]))))
-    out = {"rows": len(keys)}
-    problems = [p for p, _ in keys]
-    for name, doubt in (("disagreement of the small model's workflows", 1 - np.array(agree)),
-                        ("small model's verifier says wrong", np.array(verdict))):
-        scores = np.stack([np.zeros(len(doubt)), doubt], 1)
-        out[name] = routing_gain_report(scores, labels, [SMALL, BIG], problems, 0, boot)
+    if keys and "math" in suites:
+        agree, verdict = [], []
+        for p, w in keys:
+            mine = (runs[p, w].models[small].final_answer or "").strip()
+            others = [(runs[p, v].models[small].final_answer or "").strip()
+                      for v in TRACE_MATH if v != w and (p, v) in runs]
+            agree.append(np.mean([mine == o for o in others]))
+            check = [st.output_text.lower() for st in runs[p, w].models[small].stages
+                     if st.role == "verifier"]
+            verdict.append(float(bool(check and re.search(r"incorrect|not correct|wrong",
+                                                            check[0]))))
+        out["math"] = {"rows": len(keys),
+                       "disagreement of the small model's workflows":
+                           judged(keys, 1 - np.array(agree)),
+                       "small model's verifier says wrong": judged(keys, np.array(verdict))}
+    keys = sorted(k for k in runs if k[1] in TRACE_CODE)
+    if keys and "code" in suites:
+        doubt = examples_doubt([runs[k].models[small].stages[-1].output_text for k in keys],
+                               [p for p, _ in keys])
+        out["code"] = {"rows": len(keys), "doubt": doubt.tolist(),
+                       "small model's code fails its prompt's examples": judged(keys, doubt)}
     return out
 
 
@@ -344,7 +382,8 @@ def print_summary(result: dict) -> None:
         return f"{v['value']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]"
     print(f"\n{'candidate':52s} {'APGR':>26s} {'top - always big':>26s}")
     rows = [*result["candidates"].items(), ("selected per fold", result["selected"]),
-            *((f"math: {k}", v) for k, v in result["workflow_signals"].items() if k != "rows")]
+            *((f"{suite}: {k}", v) for suite, signals in result["workflow_signals"].items()
+              for k, v in signals.items() if isinstance(v, dict))]
     for name, rep in rows:
         print(f"{name:52s} {ci(rep['apgr']):>26s} "
               f"{ci(rep['top_confidence_minus_always_big']):>26s}")

@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Any
 
 from kernels_bench.replay.arrivals import PROCESSES
+from kernels_bench.replay.client import RETRY_ON
 from kernels_bench.replay.cluster import ClusterError
 from kernels_bench.replay.output import RESULTS_ROOT, SUMMARY, TWIN_ROOT
 from kernels_bench.replay.report import markdown_tables
@@ -22,6 +23,7 @@ from kernels_bench.replay.spec import (STOCK_PREFIX, SpecError, parse_model_map,
                                        parse_policies)
 from kernels_bench.replay.gaps import parse_tool_gap
 from kernels_bench.replay.workload import CONTEXTS, PROBLEMS, WorkloadError, merge_traces
+from kernels_bench.trace.suites import examples_verdicts
 from launcher import LaunchError
 from launcher.settings import LaunchConfig, load_launch_config
 from router.config.cluster import ConfigError
@@ -74,7 +76,12 @@ def build_parser(prog: str = "python -m kernels_bench replay", description: str 
                    help="stage context: the trace's messages (default), or chat: one "
                    "growing conversation, each stage's prompt extending the previous one's")
     p.add_argument("--retries", type=int, default=0, metavar="R",
-                   help="retry a workflow whose answer is wrong up to R times (TTCA)")
+                   help="retry a failed workflow (--retry-on) up to R times")
+    p.add_argument("--retry-on", choices=RETRY_ON, default="wrong",
+                   help="what a retry follows: a wrong answer (default; the trace's verdict, "
+                   "which no agent has: time to a correct answer), or examples: a program "
+                   "that fails the examples its prompt states (code problems; none "
+                   "elsewhere), as an agent that tests its code before answering")
     p.add_argument("--repeats", type=int, default=1, metavar="N",
                    help="run every policy and rate N times, interleaved (policy order "
                    "rotated every repeat); 95%% intervals come from the repeats and the "
@@ -166,7 +173,8 @@ def replay_options(a: argparse.Namespace, out: Path) -> ReplayOptions:
         artifacts=artifact_folders(a.artifacts) if a.artifacts else [],
         priors_from_trace=a.priors_from_trace, baseline=a.baseline, out=out,
         run_dir=getattr(a, "run_dir", None) or out / "cluster",
-        tool_gaps=parse_tool_gap(a.tool_gap, a.seed), context=a.context)
+        tool_gaps=parse_tool_gap(a.tool_gap, a.seed), context=a.context,
+        retry_on=a.retry_on, examples_check=examples_verdicts)
 
 
 Runner = Callable[[LaunchConfig, Trace, str, ReplayOptions, str], dict[str, Any]]

@@ -13,10 +13,12 @@ the call's ``workflow.expected_return_s`` (the engine keeps the program's KV cac
 that long). The context is the trace's messages or one growing conversation
 (``workload.CONTEXTS``).
 
-Retries (TTCA): an attempt whose final answer is wrong (the trace's correctness of the
-model that served its final stage) is run again, up to ``max_attempts`` in all, as a new
-program (``<job>.<attempt>``) whose calls carry ``attempt`` and, per stage, the models
-already tried for that stage (``tried_models``).
+Retries: an attempt whose final answer is wrong (the trace's correctness of the model
+that served its final stage; TTCA), or, with ``retry_on = "examples"``, whose final
+program fails the examples its prompt states, is run again, up to ``max_attempts`` in all,
+as a new program (``<job>.<attempt>``) whose calls carry ``attempt`` and, per stage, the
+models already tried for that stage (``tried_models``: what the ``cascade`` policy
+escalates on).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class ClientSettings:
     """The gap after each non-final stage (default: none)."""
     context: str = "trace"
     """The context form of the stages (``workload.CONTEXTS``)."""
+    retry_on: str = "wrong"
+    """What a retry follows (``RETRY_ON``)."""
 
 
 @dataclass
@@ -108,9 +112,17 @@ def stage_body(job: Job, attempt: int, stage: int, served: Sequence[str],
     return body
 
 
-def should_retry(correct: bool, attempt: int, max_attempts: int) -> bool:
-    """Another attempt follows a wrong answer while attempts remain."""
-    return not correct and attempt < max_attempts
+RETRY_ON = ("wrong", "examples")
+"""What makes the agent try again (``--retry-on``): a wrong answer (the trace's verdict, which
+no agent has: time to a correct answer), or a program that fails the examples its prompt
+states (what a coding agent checks before it answers; no retry where there are none)."""
+
+
+def should_retry(correct: bool, attempt: int, max_attempts: int, retry_on: str = "wrong",
+                 passes_examples: bool | None = None) -> bool:
+    """Another attempt follows a failed one (``retry_on``) while attempts remain."""
+    failed = not correct if retry_on == "wrong" else passes_examples is False
+    return failed and attempt < max_attempts
 
 
 class AgenticClient:
@@ -161,7 +173,8 @@ class AgenticClient:
             wf.expected_score = expected_score(run, served[-1])
             if wf.correct:
                 wf.ttca_s = wf.end_s - wf.arrival_s
-            if not should_retry(wf.correct, attempt, self.settings.max_attempts):
+            if not should_retry(wf.correct, attempt, self.settings.max_attempts,
+                                self.settings.retry_on, job.examples.get(served[-1])):
                 break
         return wf
 

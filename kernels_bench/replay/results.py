@@ -18,6 +18,8 @@ from kernels_bench.replay.output import SUMMARY, plots_of, summary_intervals
 from kernels_bench.replay.report import interval_tables, markdown_tables, observations
 
 NOTES = "notes.md"
+RETRY_TEXT = {"wrong": "a wrong answer", "examples": "a program failing its prompt's examples"}
+"""What a retry follows, per ``--retry-on`` value, as the notes say it."""
 
 
 def problem_list(path: Path) -> set[str]:
@@ -64,6 +66,8 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
     arrival = "Poisson" if m["arrival"] == "poisson" else f"gamma (CV {m['cv']:g})"
     policies = ", ".join(f"`{p['label']}`" for p in m["policies"])
     rates = ", ".join(f"{r:g}" for r in m["rates"])
+    retry = (f" (a retry follows {RETRY_TEXT[m.get('retry_on', 'wrong')]})"
+             if m["max_attempts"] > 1 else "")
     priors = ("static priors filled from the trace (`--priors-from-trace`)"
               if m["priors_from_trace"] else "the cluster file's predictors / priors")
     inputs = "; ".join(
@@ -96,7 +100,7 @@ def render(summary: Mapping[str, Any], run_name: str, images: str, notes: str | 
         f"- trace: `{m['trace']}` (suite {m['suite']}); {m['workflows']} workflows per run, "
         f"seed {m['seed']}, {m.get('repeats', 1)} repeat(s) interleaved, {arrival} "
         f"arrivals at {rates} "
-        f"workflows/s, up to {m['max_attempts']} attempt(s) per workflow; a run in which "
+        f"workflows/s, up to {m['max_attempts']} attempt(s) per workflow{retry}; a run in which "
         f"the router marked an engine down was run again, up to {m['run_attempts']} times",
         f"- policies: {policies}; baseline "
         f"`{m['baseline']}`; {priors}",

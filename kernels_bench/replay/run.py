@@ -21,6 +21,7 @@ import os
 import platform
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,11 @@ from router.predictors.loader import PROFILES
 from router.predictors.records import Split
 from router.trace_format import Trace, WorkflowRun
 from router.types import ClusterInfo
+
+
+ExamplesCheck = Callable[[WorkflowRun, Sequence[str]], Mapping[str, bool | None]]
+"""(run, trace models) -> per model, whether its final program passes its prompt's examples
+(None: no examples to run)."""
 
 
 @dataclass(frozen=True)
@@ -79,13 +85,19 @@ class ReplayOptions:
     """The agent's time between a program's calls (``--tool-gap``; default none)."""
     context: str = "trace"
     """The stages' context form (``--context``, ``workload.CONTEXTS``)."""
+    retry_on: str = "wrong"
+    """What a retry follows (``--retry-on``, ``client.RETRY_ON``)."""
+    examples_check: ExamplesCheck | None = None
+    """With ``retry_on = "examples"``: per trace model, whether a run's final program
+    passes its prompt's examples (``trace.suites.examples_verdicts``, given by the command
+    layer: the replay does not import the trace builder)."""
 
 
 def client_settings(opts: ReplayOptions, spec: PolicySpec,
                     model_map: dict[str, str]) -> ClientSettings:
     """The agentic client of one run of ``spec``."""
     return ClientSettings(model_map, spec.oracle, opts.max_attempts, opts.tool_gaps,
-                          opts.context)
+                          opts.context, opts.retry_on)
 
 
 def served_models(cfg: ClusterConfig) -> list[str]:
@@ -184,12 +196,20 @@ def make_jobs(trace: Trace, traced_models: Sequence[str], opts: ReplayOptions,
     recorded sample per model where the trace has samples, ``draw_samples``), arrivals
     drawn with the seed; job ids numbered from ``first``."""
     runs = select_runs(trace, traced_models, opts.workflows, opts.seed, splits, opts.problems)
+    ids = [f"w{first + i:04d}" for i in range(len(runs))]
+    drawn = [draw_samples(run, opts.seed, job) for job, run in zip(ids, runs)]
+    examples: list[dict[str, bool | None]] = [{} for _ in drawn]
+    if opts.retry_on == "examples" and opts.max_attempts > 1:
+        check = opts.examples_check
+        if check is None:
+            raise ValueError("--retry-on examples needs ReplayOptions.examples_check")
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            examples = list(tqdm(pool.map(lambda r: check(r, traced_models), drawn),
+                                 total=len(drawn), desc="prompt examples", leave=False))
     out = {}
     for rate in opts.rates:
         times = arrival_times(len(runs), rate, opts.arrival, opts.cv, opts.seed)
-        ids = [f"w{first + i:04d}" for i in range(len(runs))]
-        out[rate] = [Job(job, draw_samples(run, opts.seed, job), t)
-                     for job, run, t in zip(ids, runs, times)]
+        out[rate] = [Job(job, run, t, ex) for job, run, t, ex in zip(ids, drawn, times, examples)]
     return out
 
 
@@ -443,6 +463,7 @@ def run_meta(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOpti
         "rates": opts.rates, "arrival": opts.arrival,
         "cv": opts.cv if opts.arrival == "gamma" else 1.0,
         "workflows": opts.workflows, "seed": opts.seed, "max_attempts": opts.max_attempts,
+        "retry_on": opts.retry_on,
         "tool_gap": opts.tool_gaps.label(), "context": opts.context,
         "repeats": opts.repeats,
         "run_attempts": opts.run_attempts,

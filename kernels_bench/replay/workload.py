@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -55,6 +55,10 @@ class Job:
     run: WorkflowRun
     arrival_s: float
     """Seconds after the start of the run."""
+    examples: Mapping[str, bool | None] = field(default_factory=dict)
+    """Per trace model, whether its final output in ``run`` passes the examples its
+    prompt states (``trace.suites.examples_verdicts``; for ``--retry-on examples``
+    only)."""
 
     @property
     def num_stages(self) -> int:

@@ -21,7 +21,9 @@ as far as the machine allows (``isolation()`` says which layers apply):
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import doctest
 import functools
 import os
 import secrets
@@ -198,6 +200,33 @@ def run_program(program: str, timeout_s: float = 10.0, memory_bytes: int = 1 << 
         return SandboxResult("passed", "", took)
     tail = "\n".join(tail_bytes.decode(errors="replace").strip().splitlines()[-5:])
     return SandboxResult("failed", tail or f"exit code {proc.returncode}", took)
+
+
+def prompt_examples(problem: dict[str, str]) -> str | None:
+    """The docstring of a HumanEval problem's entry point when it holds doctest examples
+    that parse (``>>> call`` then the expected output); None otherwise (about a third of
+    the problems state their examples in prose)."""
+    try:
+        tree = ast.parse(problem["prompt"] + "\n    pass\n")
+    except SyntaxError:
+        return None
+    doc = next((ast.get_docstring(n) or "" for n in ast.walk(tree)
+                if isinstance(n, ast.FunctionDef) and n.name == problem["entry_point"]), "")
+    try:
+        return doc if doctest.DocTestParser().get_examples(doc) else None
+    except ValueError:  # malformed example (inconsistent indentation)
+        return None
+
+
+def examples_program(problem: dict[str, str], code: str, examples: str) -> str:
+    """The program that runs a proposed solution on ``examples`` (``prompt_examples``):
+    exit code 0 when every example gives its stated output (whitespace normalised). It
+    reads only the prompt, never the problem's hidden tests."""
+    return (f"{problem['prompt']}\n    pass\n\n{code}\n\nimport doctest as _d, sys as _s\n"
+            f"_t = _d.DocTestParser().get_doctest({examples!r}, globals(), 'examples', None, 0)\n"
+            f"_r = _d.DocTestRunner(optionflags=_d.NORMALIZE_WHITESPACE).run(\n"
+            f"    _t, out=lambda _: None)\n"
+            f"_s.exit(1 if _r.failed else 0)\n")
 
 
 def humaneval_program(problem: dict[str, str], code: str) -> str:

@@ -10,11 +10,14 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kernels_bench.trace.answers import extract_code, extract_math_answer
-from kernels_bench.trace.sandbox import humaneval_program, run_program
+from kernels_bench.trace.sandbox import (examples_program, humaneval_program, prompt_examples,
+                                         run_program)
+from router.trace_format import WorkflowRun
 
 SOURCES = {
     "math": {"name": "reasoning-gym gsm_symbolic", "package": "reasoning-gym==0.1.25",
@@ -83,3 +86,37 @@ def _math_scorer() -> Any:
     import reasoning_gym
 
     return reasoning_gym.create_dataset("gsm_symbolic", size=1, seed=0)
+
+
+@functools.cache
+def _humaneval() -> dict[str, Problem]:
+    return {p.id: p for p in load_problems("code", 164, 0)}
+
+
+def code_problem(problem_id: str) -> Problem | None:
+    """The HumanEval problem of a trace's ``problem_id`` (None: not a HumanEval id)."""
+    return _humaneval().get(problem_id) if problem_id.startswith("HumanEval/") else None
+
+
+def examples_verdicts(run: WorkflowRun, models: Sequence[str]) -> dict[str, bool | None]:
+    """Per model of ``models``: whether its final stage's output in ``run`` (a trace's
+    workflow run) passes the examples the problem's prompt states (``passes_examples``);
+    None where the problem states none that run (every non-code problem). What an agent
+    that tests its code before answering knows (the replay's ``--retry-on examples``)."""
+    problem = code_problem(run.problem_id)
+    return {m: None if problem is None else
+            passes_examples(problem, run.models[m].stages[-1].output_text) for m in models}
+
+
+def passes_examples(problem: Problem, output: str, timeout_s: float = 10.0) -> bool | None:
+    """Whether a coding answer's program gives the outputs its prompt's own examples state
+    (run in the sandbox; the hidden tests are not read): what a coding agent can check
+    before it answers. None: the prompt has no doctest examples (or the suite is not
+    ``code``); False: no program in ``output``."""
+    examples = prompt_examples(problem.raw) if problem.suite == "code" else None
+    if examples is None:
+        return None
+    code = extract_code(output, problem.raw["entry_point"])
+    if code is None:
+        return False
+    return run_program(examples_program(problem.raw, code, examples), timeout_s).passed

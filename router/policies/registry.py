@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from router.policies.base import Policy
+from router.policies.cascade import Cascade
 from router.policies.chimera import Chimera
 from router.policies.dynamo import Dynamo
 from router.policies.laar import Laar
@@ -24,7 +25,7 @@ from router.types import ClusterInfo
 
 POLICIES: dict[str, type[Policy[Any]]] = {p.name: p for p in (
     Chimera, LMetric, RouteBalance, Laar, RoundRobin, RandomPolicy, VllmBalancer,
-    ShortestQueue, Linear, PrefixFilter, Dynamo, VineLM, RandomMix)}
+    ShortestQueue, Linear, PrefixFilter, Dynamo, VineLM, RandomMix, Cascade)}
 
 
 def validate_settings(name: str, table: Mapping[str, Any]) -> Any:

@@ -93,7 +93,7 @@ def req(rid: str = "r", tokens: Sequence[int] = (), model: str | None = None,
 def test_registry_has_every_policy_of_the_issue() -> None:
     assert set(POLICIES) == {"chimera", "lmetric", "routebalance", "laar", "round_robin",
                              "random", "vllm", "shortest_queue", "linear", "filter", "dynamo",
-                             "vinelm", "random_mix"}
+                             "vinelm", "random_mix", "cascade"}
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

