@@ -216,3 +216,18 @@ def test_retry_on_examples_gives_each_job_its_models_verdicts(tmp_path: Path) ->
     assert all(not j.examples for j in make_jobs(code, models, opts("examples", 1))[1.0])
     math_run = load_trace(str(root / "data/traces/math.jsonl.gz")).runs[0]
     assert examples_verdicts(math_run, models) == {m: None for m in models}
+
+
+def test_the_replay_command_passes_the_retry_rule_and_its_check(tmp_path: Path) -> None:
+    from kernels_bench.commands.replay import build_parser, replay_options
+    from kernels_bench.trace.suites import examples_verdicts
+
+    def opts(*extra: str) -> Any:
+        return replay_options(build_parser(live=False).parse_args(
+            ["--cluster", "c.toml", "--trace", "t", *extra]), tmp_path)
+
+    o = opts("--retries", "1", "--retry-on", "examples")
+    assert (o.max_attempts, o.retry_on, o.examples_check) == (2, "examples", examples_verdicts)
+    assert opts().retry_on == "wrong"
+    with pytest.raises(SystemExit):
+        opts("--retry-on", "tests")
