@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -80,9 +81,13 @@ class Plan:
         return self.run_dir / RESOLVED_NAME
 
     def write_resolved(self) -> None:
-        """Write the resolved cluster file the router processes load."""
-        self.config_path.write_text(f"# Resolved by the launcher from {self.config.source}; "
-                                    "the router loads this file.\n" + self.config.to_toml())
+        """Write the resolved cluster file the router processes load, atomically (a
+        temporary file renamed over it): a router (re)starting, or a user's tool reading
+        it while ``--scale`` rewrites it, sees the old file or the new one, never a part."""
+        tmp = self.config_path.with_name(f".{RESOLVED_NAME}.{os.getpid()}.tmp")
+        tmp.write_text(f"# Resolved by the launcher from {self.config.source}; "
+                       "the router loads this file.\n" + self.config.to_toml())
+        os.replace(tmp, self.config_path)
 
     @property
     def router(self) -> ProcessPlan | None:

@@ -48,6 +48,9 @@ others queue behind it whatever vLLM's API server's delays."""
 SCRAPE_INTERVAL_MS, SCRAPE_TIMEOUT_S = 100, 15.0
 LOAD_TIMEOUT_S = 90.0
 """The longest the load on the stock engine lasts, waiting for the router to see it."""
+PRIORITY_TRIES = 3
+"""Tries of the priority test whose holding request may end before /metrics shows the
+queue behind it (a busy machine); each try that saw the queue is judged."""
 KV_EVENT_TIMEOUT_S = 60.0
 """A prompt's blocks reach the router's index well within a second here; CI's busier
 machine once missed 10 s (its cause unrecorded: a miss now says what the router knew)."""
@@ -259,7 +262,8 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
     engine's one slot while three low-priority requests and then a high-priority one
     queue behind it; the long one is then abandoned (vLLM aborts it, so its API server
     has no long answer to finish: that stalls it for seconds here and would reorder what
-    the client sees), and the high-priority request finishes before every low one."""
+    the client sees), and the high-priority request finishes before every low one. A try
+    whose holding request ended before the queue was seen is run again (``PRIORITY_TRIES``)."""
     cluster.admin("patched-0", "down")
     stop = threading.Event()
     try:
@@ -278,21 +282,44 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
                     if stop.is_set():
                         return
 
-        def why() -> str:
+        def why(holder: concurrent.futures.Future[None]) -> str:
             return (f"(stock engine running, waiting: {cluster.stock_metrics()[:2]}; "
                     f"finished: {done}; holder done: {holder.done()})")
 
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            _until(lambda: cluster.stock_metrics()[:2] == (0, 0), 60)
-            holder = pool.submit(hold)
-            _until(lambda: cluster.stock_metrics().running == 1, 60, why)
-            jobs = [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
-            _until(lambda: cluster.stock_metrics().waiting == 3, 60, why)
-            jobs.append(pool.submit(send, "high", 1, 20))  # 0: none, sent last
-            _until(lambda: cluster.stock_metrics()[:2] == (1, 4), 60, why)  # all queued
-            stop.set()
-            holder.result()
-            responses = [j.result() for j in jobs]
+        def held(check: Callable[[], bool], holder: concurrent.futures.Future[None]) -> bool:
+            """Until ``check`` holds (True), or the holding stream ended first (False: on
+            2 busy cores vLLM's /metrics can answer so late that the 4,000-token request
+            is over before the queue behind it is seen; that try shows nothing)."""
+            start = time.monotonic()
+            while not check():
+                if holder.done():
+                    return False
+                assert time.monotonic() - start < 60, f"not within 60 s {why(holder)}"
+                time.sleep(0.02)
+            return True
+
+        for _ in range(PRIORITY_TRIES):
+            done.clear()
+            stop.clear()
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                _until(lambda: cluster.stock_metrics()[:2] == (0, 0), 60)
+                holder = pool.submit(hold)
+                jobs: list[concurrent.futures.Future[httpx.Response]] = []
+                seen = held(lambda: cluster.stock_metrics().running == 1, holder)
+                if seen:
+                    jobs = [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
+                    seen = held(lambda: cluster.stock_metrics().waiting == 3, holder)
+                if seen:
+                    jobs.append(pool.submit(send, "high", 1, 20))  # 0: none, sent last
+                    seen = held(lambda: cluster.stock_metrics()[:2] == (1, 4), holder)
+                stop.set()
+                holder.result()
+                responses = [j.result() for j in jobs]
+            if seen:
+                break
+        else:
+            pytest.fail(f"the holding request ended before the queue behind it was seen, "
+                        f"{PRIORITY_TRIES} times")
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
         assert responses[-1].headers["x-hetserve-priority"] == "1"
         assert done.index("high") < min(done.index(f"low{i}") for i in range(3)), done

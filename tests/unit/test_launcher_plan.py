@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -200,6 +201,31 @@ def test_resolved_file_is_what_the_router_loads(tmp_path: Path) -> None:
     assert plan.router is not None
     assert plan.router.spec.argv == ["python", "-m", "router", "--config",
                                      str(plan.config_path)]
+
+
+def test_the_resolved_file_is_replaced_whole_while_it_is_read(tmp_path: Path) -> None:
+    """A reader polling the file while it is rewritten never sees a part of it (the Ray
+    scale test's client once read ``router: missing`` during a ``--scale``)."""
+    plan = plan_of(tmp_path, DEMO.read_text())
+    plan.run_dir.mkdir()
+    plan.write_resolved()
+    whole = plan.config_path.read_text()
+    stop, seen = threading.Event(), []
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.append(plan.config_path.read_text())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(300):
+            plan.write_resolved()
+    finally:
+        stop.set()
+        reader.join()
+    assert seen and all(text == whole for text in seen)
+    assert [p.name for p in plan.run_dir.iterdir()] == [plan.config_path.name]
 
 
 def test_engine_command(tmp_path: Path) -> None:
