@@ -48,7 +48,7 @@ from sklearn.decomposition import PCA
 from tqdm import tqdm
 from xgboost import XGBClassifier
 
-from kernels_bench.trace.suites import load_problems, passes_examples
+from kernels_bench.trace.suites import code_problem, passes_examples
 from router.predictors.encoder import MINILM, Encoder, StaticEncoder, resolve_encoder
 from router.predictors.evaluation import routing_gain_report
 from router.predictors.features import RequestFeatures
@@ -66,8 +66,6 @@ TRACE_MATH = ("plan_solve_verify_solve", "plan_solve", "solve")
 """The math suite's workflows (docs/traces.md)."""
 TRACE_CODE = ("plan_code_qa_code", "plan_code", "code")
 """The code suite's workflows."""
-HUMANEVAL = 164
-"""HumanEval's problems (the code traces hold the first ones)."""
 FOLDS = 5
 INNER = 4
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
@@ -233,10 +231,9 @@ def subset(d: Data, rows: np.ndarray, fraction: float, repeat: int) -> np.ndarra
 def examples_doubt(outputs: Sequence[str], problems: Sequence[str]) -> np.ndarray:
     """Per code output of the small model: 1 when its program fails the examples its
     prompt states, 0 when it passes them, 0.5 when the prompt states none that run."""
-    by_id = {pr.id: pr for pr in load_problems("code", HUMANEVAL, 0)}
-
     def check(i: int) -> float:
-        ok = passes_examples(by_id[problems[i]], outputs[i])
+        problem = code_problem(problems[i])
+        ok = None if problem is None else passes_examples(problem, outputs[i])
         return 0.5 if ok is None else float(not ok)
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
