@@ -20,7 +20,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from router.policies.base import Policy, decision
-from router.policies.vllm_balancer import vllm_score
+from router.policies.vllm_balancer import least_loaded
 from router.settings import STRICT
 from router.state.view import EngineView, StateView
 from router.types import ClusterInfo, Decision, RoutingRequest
@@ -61,5 +61,4 @@ class Cascade(Policy[CascadeSettings]):
                pred: Any) -> Decision:
         model = self.rung(req)
         mine = [e for e in cands if e.model == model] or list(cands)
-        engine = min(mine, key=lambda e: vllm_score(e.waiting, e.batch_size))
-        return decision(req, engine, self.name)
+        return decision(req, least_loaded(mine), self.name)

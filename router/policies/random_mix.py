@@ -17,7 +17,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from router.policies.base import Policy, decision
-from router.policies.vllm_balancer import vllm_score
+from router.policies.vllm_balancer import least_loaded
 from router.predictors.records import seeded_uniform
 from router.settings import STRICT, Count
 from router.state.view import EngineView, StateView
@@ -54,5 +54,4 @@ class RandomMix(Policy[RandomMixSettings]):
         key = req.workflow.program_id or req.request_id
         big = seeded_uniform(key, s.seed) < s.share
         mine = [e for e in cands if (e.model == s.big_model) == big] or list(cands)
-        engine = min(mine, key=lambda e: vllm_score(e.waiting, e.batch_size))
-        return decision(req, engine, self.name)
+        return decision(req, least_loaded(mine), self.name)

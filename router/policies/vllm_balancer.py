@@ -30,6 +30,11 @@ def vllm_score(waiting: int, running: int) -> int:
     return WAITING_WEIGHT * waiting + running
 
 
+def least_loaded(engines: Sequence[EngineView]) -> EngineView:
+    """The engine of lowest ``vllm_score``; ties go to the first (as vLLM's)."""
+    return min(engines, key=lambda e: vllm_score(e.waiting, e.batch_size))
+
+
 class VllmBalancer(Policy[VllmSettings]):
     name = "vllm"
     Settings = VllmSettings
@@ -38,5 +43,4 @@ class VllmBalancer(Policy[VllmSettings]):
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
                pred: Any) -> Decision:
-        engine = min(cands, key=lambda e: vllm_score(e.waiting, e.batch_size))
-        return decision(req, engine, self.name)
+        return decision(req, least_loaded(cands), self.name)
