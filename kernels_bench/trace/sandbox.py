@@ -202,12 +202,19 @@ def run_program(program: str, timeout_s: float = 10.0, memory_bytes: int = 1 << 
     return SandboxResult("failed", tail or f"exit code {proc.returncode}", took)
 
 
+def _with_solution(problem: dict[str, str], code: str = "") -> str:
+    """A HumanEval problem's prompt (its imports and helpers, the entry point's signature
+    and docstring) made valid Python by a ``pass`` body, then ``code``, which redefines
+    the entry point."""
+    return f"{problem['prompt']}\n    pass\n\n{code}"
+
+
 def prompt_examples(problem: dict[str, str]) -> str | None:
     """The docstring of a HumanEval problem's entry point when it holds doctest examples
     that parse (``>>> call`` then the expected output); None otherwise (about a third of
     the problems state their examples in prose)."""
     try:
-        tree = ast.parse(problem["prompt"] + "\n    pass\n")
+        tree = ast.parse(_with_solution(problem))
     except SyntaxError:
         return None
     doc = next((ast.get_docstring(n) or "" for n in ast.walk(tree)
@@ -222,7 +229,7 @@ def examples_program(problem: dict[str, str], code: str, examples: str) -> str:
     """The program that runs a proposed solution on ``examples`` (``prompt_examples``):
     exit code 0 when every example gives its stated output (whitespace normalised). It
     reads only the prompt, never the problem's hidden tests."""
-    return (f"{problem['prompt']}\n    pass\n\n{code}\n\nimport doctest as _d, sys as _s\n"
+    return (f"{_with_solution(problem, code)}\n\nimport doctest as _d, sys as _s\n"
             f"_t = _d.DocTestParser().get_doctest({examples!r}, globals(), 'examples', None, 0)\n"
             f"_r = _d.DocTestRunner(optionflags=_d.NORMALIZE_WHITESPACE).run(\n"
             f"    _t, out=lambda _: None)\n"
@@ -230,8 +237,7 @@ def examples_program(problem: dict[str, str], code: str, examples: str) -> str:
 
 
 def humaneval_program(problem: dict[str, str], code: str) -> str:
-    """The test program of a HumanEval problem for a proposed solution: the problem's
-    prompt (its imports and helpers), the solution (which redefines the entry point), the
-    tests and the call of ``check``."""
-    return (f"{problem['prompt']}\n    pass\n\n{code}\n\n{problem['test']}\n\n"
+    """The test program of a HumanEval problem for a proposed solution: the prompt and the
+    solution (``_with_solution``), the tests and the call of ``check``."""
+    return (f"{_with_solution(problem, code)}\n\n{problem['test']}\n\n"
             f"check({problem['entry_point']})\n")
