@@ -113,25 +113,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--boot", type=int, default=2000)
     p.add_argument("--json", type=Path, help="also write the table here")
     a = p.parse_args(argv)
+    missing = [str(r / f) for r in a.runs for f in ("workflows.jsonl", "requests.jsonl")
+               if not (r / f).is_file()]
+    if missing or a.boot < 1:
+        p.error(f"not a replay's output: {missing[0]} is missing" if missing
+                else "--boot must be at least 1")
     runs = {r.name: load(r, a.big) for r in a.runs}
     base_run, base_policy = (a.baseline.split(":", 1) if a.baseline
                              else (a.runs[0].name, "vllm:fcfs"))
+    if not any(pol == base_policy for pol, _ in runs.get(base_run, {})):
+        p.error(f"baseline {base_run}:{base_policy} not found; runs: {', '.join(runs)}")
     rates = sorted({rate for series in runs.values() for _, rate in series})
     problems = sorted({pr for series in runs.values() for s in series.values()
                        for pr in s.problem})
     rng = np.random.default_rng(0)
     draws = [rng.integers(0, len(problems), len(problems)) for _ in range(a.boot)]
+    rows_of = {s.label: {pr: np.flatnonzero(s.problem == pr) for pr in problems}
+               for series in runs.values() for s in series.values()}
+
+    def pick(s: Series, draw: np.ndarray | None) -> np.ndarray:
+        by = rows_of[s.label]
+        chosen = range(len(problems)) if draw is None else draw
+        return np.concatenate([by[problems[i]] for i in chosen])
+
     table = []
     for rate in rates:
+        if (base_policy, rate) not in runs[base_run]:
+            p.error(f"baseline {base_run}:{base_policy} has no run at {rate:g}/s")
         base = runs[base_run][base_policy, rate]
-        rows_of = {s.label: {pr: np.flatnonzero(s.problem == pr) for pr in problems}
-                   for series in runs.values() for s in series.values()}
-
-        def pick(s: Series, draw: np.ndarray | None) -> np.ndarray:
-            by = rows_of[s.label]
-            chosen = range(len(problems)) if draw is None else draw
-            return np.concatenate([by[problems[i]] for i in chosen])
-
         for run_name, series in runs.items():
             mixes = [s for (pol, r), s in series.items() if r == rate and pol.startswith(MIX)]
             for (policy, r), s in sorted(series.items()):
