@@ -38,6 +38,9 @@ class WorkflowMeta:
     attempt: int = 1
     tried_models: Sequence[str] = ()
     """Models already tried for this request (LAAR's retry penalty); stored as a tuple."""
+    checked: bool | None = None
+    """Whether the agent checks the program's final answer and retries when it fails
+    (``cascade``: a program without a check starts on the last rung); None: not said."""
     objective: Objective | None = None
     """VineLM's request objective (``router.vinelm.objective``)."""
     expected_return_s: float | None = None

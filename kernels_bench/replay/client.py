@@ -18,7 +18,8 @@ that served its final stage; TTCA), or, with ``retry_on = "examples"``, whose fi
 program fails the examples its prompt states, is run again, up to ``max_attempts`` in all,
 as a new program (``<job>.<attempt>``) whose calls carry ``attempt`` and, per stage, the
 models already tried for that stage (``tried_models``: what the ``cascade`` policy
-escalates on).
+escalates on). Every call says whether its agent checks the answer (``checked``: it
+retries, on the trace's verdict or on examples its prompt states).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def stage_body(job: Job, attempt: int, stage: int, served: Sequence[str],
             "final": final,
             "attempt": attempt,
             "tried_models": list(tried),
+            "checked": s.max_attempts > 1 and (s.retry_on == "wrong" or any(
+                v is not None for v in job.examples.values())),
         },
     }
     if s.tool_gaps.on and not final:

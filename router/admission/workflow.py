@@ -32,6 +32,9 @@ class Workflow(Struct, forbid_unknown_fields=True):
     weights: dict[str, Weight] | UnsetType = UNSET
     attempt: Annotated[int, Meta(ge=1, le=MAX_STAGES)] | UnsetType = UNSET
     tried_models: list[Annotated[str, Meta(min_length=1)]] | UnsetType = UNSET
+    checked: bool | UnsetType = UNSET
+    """The agent checks the program's final answer (its tests, a verifier) and tries again
+    when the check fails; ``false``: it has no check (``cascade`` then starts at the top)."""
     objective: Any = UNSET
     """Checked by ``router.vinelm.objective.parse_objective``."""
     expected_return_s: Annotated[float, Meta(ge=0.0, le=MAX_EXPECTED_RETURN_S)] | UnsetType = UNSET
@@ -77,7 +80,7 @@ def _header_value(name: str, raw: str) -> Any:
             return float(raw)
         except ValueError:
             return raw
-    if name == "final":
+    if name in ("final", "checked"):
         return {"true": True, "1": True, "yes": True,
                 "false": False, "0": False, "no": False}.get(raw.lower(), raw)
     if name == "tried_models":

@@ -8,9 +8,12 @@ can run (a coding agent runs the examples its prompt states; ``--retry-on exampl
 the replay), and the retry carries, per stage, the models already tried for it
 (``workflow.tried_models``). A call goes to the first model of ``models`` not among them
 (the last model once every rung was tried), within that model to the least-loaded
-engine; when no engine of it can take the call, the least-loaded other engine does. It
-reads no prompt and no predictor: the quality signal is the check the agent ran
-(issue 30, "the signal the workflow itself produces")."""
+engine; when no engine of it can take the call, the least-loaded other engine does. A
+program whose agent says it has no check (``workflow.checked = false``: a prompt that
+states no examples) goes to the last rung at once: nothing would catch a wrong cheap
+answer (FrugalGPT's cascade stops only where its scorer accepts). It reads no prompt and
+no predictor: the quality signal is the check the agent ran (issue 30, "the signal the
+workflow itself produces")."""
 
 from __future__ import annotations
 
@@ -52,9 +55,12 @@ class Cascade(Policy[CascadeSettings]):
         super().__init__(settings, cluster, *args)
 
     def rung(self, req: RoutingRequest) -> str:
-        """The model this call goes to: the first of the ladder not tried yet."""
-        tried = set(req.workflow.tried_models)
+        """The model this call goes to: the first of the ladder not tried yet (the last
+        when the agent has no check)."""
         ladder = self.settings.models
+        if req.workflow.checked is False:
+            return ladder[-1]
+        tried = set(req.workflow.tried_models)
         return next((m for m in ladder if m not in tried), ladder[-1])
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,

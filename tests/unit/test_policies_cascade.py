@@ -54,3 +54,13 @@ def test_any_tried_list_routes_to_a_rung(tried: list[str]) -> None:
     d = w.decide(p, req(program_id="p", tried_models=tuple(tried)))
     expected = next((m for m in ("small", "mid", "big") if m not in tried), "big")
     assert d.model == expected
+
+
+@pytest.mark.parametrize("checked,tried,model", [
+    (False, (), "big"), (False, ("big",), "big"), (True, (), "small"), (None, (), "small"),
+    (True, ("small",), "mid")])
+def test_a_program_without_a_check_starts_on_the_last_rung(
+        checked: bool | None, tried: tuple[str, ...], model: str) -> None:
+    w = ladder()
+    p = w.build("cascade", {"models": ["small", "mid", "big"]})
+    assert w.decide(p, req(program_id="p", tried_models=tried, checked=checked)).model == model

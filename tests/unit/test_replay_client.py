@@ -88,6 +88,9 @@ def test_retry_on_the_prompts_examples(trace: Trace, examples: dict[str, bool | 
     asyncio.run(client.workflow(dataclasses.replace(job(trace, 3), examples=examples)))
     (wf,) = client.workflows
     assert (wf.attempts, wf.final_models) == (attempts, models)
+    # the agent has a check exactly where the prompt states examples
+    checked = any(v is not None for v in examples.values())
+    assert {b["workflow"]["checked"] for b in router.bodies} == {checked}
 
 
 def test_stages_in_order_with_forced_lengths(trace: Trace) -> None:

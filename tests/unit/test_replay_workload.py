@@ -83,7 +83,7 @@ def test_stage_body_forces_each_models_length(trace: Trace) -> None:
     assert body["workflow"] == {
         "program_id": "w0001.2", "workflow": "plan_solve", "stage": "solver",
         "stage_index": 1, "num_stages": 2, "final": True, "attempt": 2,
-        "tried_models": ["a"]}
+        "tried_models": ["a"], "checked": False}
     assert "priority" not in body
 
 

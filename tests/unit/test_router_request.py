@@ -171,7 +171,7 @@ def test_bad_bodies(kind: str, raw: bytes, status: int, code: str, param: str | 
 def test_workflow_from_body() -> None:
     wf = {"program_id": "p1", "workflow": "swe", "stage": "plan", "stage_index": 0,
           "num_stages": 3, "final": False, "budget": 2, "weights": {"quality": 0.5},
-          "attempt": 2, "tried_models": ["tiny-b"]}
+          "attempt": 2, "tried_models": ["tiny-b"], "checked": True}
     assert chat({**CHAT, "workflow": wf}).workflow == {**wf, "budget": 2.0}
 
 
@@ -180,12 +180,13 @@ def test_workflow_from_headers() -> None:
                "X-Hetserve-Stage": "answer", "X-Hetserve-Stage-Index": "1",
                "X-Hetserve-Num-Stages": "2", "X-Hetserve-Final": "true",
                "X-Hetserve-Budget": "0.25", "X-Hetserve-Attempt": "3",
-               "X-Hetserve-Tried-Models": "tiny-a, tiny-b",
+               "X-Hetserve-Tried-Models": "tiny-a, tiny-b", "X-Hetserve-Checked": "no",
                "X-Hetserve-Weights": "quality=0.6,latency=0.4"}
     assert chat(CHAT, headers).workflow == {
         "program_id": "p9", "workflow": "qa", "stage": "answer", "stage_index": 1,
         "num_stages": 2, "final": True, "budget": 0.25, "attempt": 3,
-        "tried_models": ["tiny-a", "tiny-b"], "weights": {"quality": 0.6, "latency": 0.4}}
+        "tried_models": ["tiny-a", "tiny-b"], "checked": False,
+        "weights": {"quality": 0.6, "latency": 0.4}}
 
 
 def test_body_overrides_headers() -> None:
@@ -201,6 +202,7 @@ def test_every_field_has_a_header() -> None:
 @pytest.mark.parametrize("headers, param, words", [
     ({"X-Hetserve-Stage-Index": "one"}, "X-Hetserve-Stage-Index", "must be an integer"),
     ({"X-Hetserve-Final": "maybe"}, "X-Hetserve-Final", "must be a boolean"),
+    ({"X-Hetserve-Checked": "2"}, "X-Hetserve-Checked", "must be a boolean"),
     ({"X-Hetserve-Budget": "lots"}, "X-Hetserve-Budget", "must be a number"),
     ({"X-Hetserve-Budget": "inf"}, "X-Hetserve-Budget", "finite"),
     ({"X-Hetserve-Weights": "quality=high"}, "X-Hetserve-Weights.quality", "number"),
