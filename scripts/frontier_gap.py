@@ -2,7 +2,7 @@
 distance to the random router's curve (issue 30, item 5).
 
     python scripts/frontier_gap.py RUN [RUN ...] [--big tiny-b] [--baseline RUN:POLICY]
-                                   [--boot 2000] [--json FILE]
+                                   [--pool] [--boot 2000] [--json FILE]
 
 Every RUN is a replay's output folder (``workflows.jsonl``, ``requests.jsonl``) of the same
 workflows: the same trace, ``--seed``, ``--workflows`` and ``--artifacts``, so the same job
@@ -19,7 +19,9 @@ ids in each fold replay the same runs. For every (RUN, policy) at each rate:
   (points) and the mean E2E and E2E-per-token ratios.
 
 Intervals: 95% percentile bootstrap over problems (every workflow of a drawn problem, in
-every run and fold, drawn together: the comparisons are paired). Repeats are pooled. A
+every run and fold, drawn together: the comparisons are paired). Repeats are pooled;
+``--pool`` pools the RUNs too, as repeats of one run (e.g. the same command at several
+``--seed``: other arrivals and sample draws of the same problems), named ``pooled``. A
 comparison is a finding when its interval excludes no difference.
 """
 
@@ -80,6 +82,22 @@ def load(run: Path, big: str) -> dict[tuple[str, float], Series]:
     return out
 
 
+def pooled(runs: Sequence[dict[tuple[str, float], Series]]) -> dict[tuple[str, float], Series]:
+    """The runs' series as one run's: per (policy, rate) the rows of every run that has it,
+    the i-th run's repeats numbered after the earlier runs' (labels ``pooled: policy``)."""
+    out: dict[tuple[str, float], Series] = {}
+    for i, run in enumerate(runs):
+        for key, s in run.items():
+            keys = [(fold, job, i * 1_000_000 + rep) for fold, job, rep in s.keys]
+            have = out.get(key)
+            out[key] = Series(f"pooled: {key[0]}", keys, s.problem, s.score, s.e2e, s.tokens,
+                              s.calls, s.big_calls) if have is None else Series(
+                have.label, have.keys + keys,
+                *(np.concatenate([getattr(have, f), getattr(s, f)])
+                  for f in ("problem", "score", "e2e", "tokens", "calls", "big_calls")))
+    return out
+
+
 def stats(s: Series, idx: np.ndarray) -> np.ndarray:
     """[score, mean E2E, E2E per token, big share] of the rows ``idx``."""
     return np.array([s.score[idx].mean(), s.e2e[idx].mean(),
@@ -110,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--big", default="tiny-b", help="the big model's served name")
     p.add_argument("--baseline", help="RUN:POLICY (default: vllm:fcfs of the first RUN)")
+    p.add_argument("--pool", action="store_true",
+                   help="pool the RUNs as repeats of one run, named 'pooled'")
     p.add_argument("--boot", type=int, default=2000)
     p.add_argument("--json", type=Path, help="also write the table here")
     a = p.parse_args(argv)
@@ -119,8 +139,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.error(f"not a replay's output: {missing[0]} is missing" if missing
                 else "--boot must be at least 1")
     runs = {r.name: load(r, a.big) for r in a.runs}
+    if a.pool:
+        runs = {"pooled": pooled(list(runs.values()))}
     base_run, base_policy = (a.baseline.split(":", 1) if a.baseline
-                             else (a.runs[0].name, "vllm:fcfs"))
+                             else (next(iter(runs)), "vllm:fcfs"))
     if not any(pol == base_policy for pol, _ in runs.get(base_run, {})):
         p.error(f"baseline {base_run}:{base_policy} not found; runs: {', '.join(runs)}")
     rates = sorted({rate for series in runs.values() for _, rate in series})

@@ -1,0 +1,72 @@
+"""scripts/frontier_gap.py: scores, big shares, the random-mix curve and pooling runs, on
+hand-made replay outputs whose every number is known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "frontier_gap", Path(__file__).parents[2] / "scripts" / "frontier_gap.py")
+gap = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = gap  # dataclasses look their module up there
+_spec.loader.exec_module(gap)
+
+MIX_LO, MIX_HI = 'random_mix:fcfs@share=0.2', 'random_mix:fcfs@share=0.8'
+
+
+def write_run(folder: Path, rows: dict[str, list[tuple[str, float, list[str]]]]) -> Path:
+    """``rows``: per policy, one (problem, score, models of its calls) per workflow."""
+    folder.mkdir()
+    wfs, reqs = [], []
+    for policy, workflows in rows.items():
+        for i, (problem, score, models) in enumerate(workflows):
+            job = f"w{i:04d}"
+            wfs.append({"policy": policy, "rate": 3.0, "repeat": 0, "fold": 0, "job_id": job,
+                        "problem_id": problem, "score": score, "arrival_s": 0.0,
+                        "end_s": 2.0, "output_tokens": 100, "error": None})
+            reqs += [{"policy": policy, "rate": 3.0, "repeat": 0, "fold": 0, "job_id": job,
+                      "model": m} for m in models]
+    (folder / "workflows.jsonl").write_text("".join(json.dumps(w) + "\n" for w in wfs))
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reqs))
+    return folder
+
+
+def rows(big_calls: list[int], scores: list[float]) -> list[tuple[str, float, list[str]]]:
+    return [(f"P{i % 2}", s, ["big"] * b + ["small"] * (2 - b))
+            for i, (b, s) in enumerate(zip(big_calls, scores))]
+
+
+def test_pooled_runs_give_the_mean_share_and_the_gap_to_the_mix_curve(tmp_path: Path) -> None:
+    # mixes at big shares 0.25 and 0.75 scoring 0.4 and 0.8; the policy at 0.5 scores
+    # 0.7 in one run and 0.9 in the other: pooled 0.8, the curve there 0.6, gap +20 points
+    runs = [write_run(tmp_path / f"seed{k}", {
+        MIX_LO: rows([1, 0, 0, 1], [0.4] * 4), MIX_HI: rows([2, 1, 2, 1], [0.8] * 4),
+        "vllm:fcfs": rows([1, 1, 1, 1], [0.5] * 4),
+        "cascade:fcfs": rows([2, 0, 2, 0], [score] * 4)}) for k, score in ((0, 0.7), (1, 0.9))]
+    out = tmp_path / "table.json"
+    gap.main([*map(str, runs), "--pool", "--big", "big", "--boot", "50", "--json", str(out)])
+    table = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert {r["run"] for r in table.values()} == {"pooled"}
+    row = table["cascade:fcfs"]
+    assert row["workflows"] == 8 and row["big_share"]["value"] == pytest.approx(0.5)
+    assert row["score"]["value"] == pytest.approx(80.0)
+    assert row["minus_mix_curve"]["value"] == pytest.approx(20.0)
+    assert row["score_minus_baseline"]["value"] == pytest.approx(30.0)
+    assert row["e2e_ratio"]["value"] == pytest.approx(1.0)
+    # without --pool: one row per run, each against the first run's baseline
+    gap.main([*map(str, runs), "--big", "big", "--boot", "50", "--json", str(out)])
+    per_run = {(r["run"], r["policy"]): r for r in json.loads(out.read_text())}
+    assert per_run["seed1", "cascade:fcfs"]["minus_mix_curve"]["value"] == pytest.approx(30.0)
+    assert per_run["seed0", "cascade:fcfs"]["score_minus_baseline"]["value"] == pytest.approx(20.0)
+
+
+def test_a_folder_that_is_no_replay_output_is_one_line(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        gap.main([str(tmp_path)])
+    assert "not a replay's output" in capsys.readouterr().err
