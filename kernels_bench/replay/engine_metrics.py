@@ -6,16 +6,20 @@ histogram: from arrival at the engine's scheduler to first scheduling; its bucke
 at 0.3 s, too coarse for quantiles here, so only the mean is used), preemptions, prompt
 and generated tokens. And from the router's ``/metrics``: how often it marked an engine
 down during the run (a run with such events did not compare policies on the whole
-cluster).
+cluster), and its routing decisions' latency histogram (``Decisions``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from router.state.stats import LATENCY_BUCKETS_S
 
 COUNTERS = {
     "vllm:prefix_cache_queries": "prefix_queries",
@@ -101,11 +105,70 @@ def _get(client: httpx.Client, url: str) -> str:
 DECISION_HISTOGRAM = "hetserve_decision_latency_seconds"
 
 
-def router_decisions(client: httpx.Client, router_url: str) -> tuple[float, float]:
-    """(sum of seconds, count) of the router's routing decisions since it started: from a
-    request's arrival in ``route()`` to its decision, predictors included."""
+@dataclass(frozen=True)
+class Decisions:
+    """The router's decision latency histogram (``route()`` entry to decision, predictors
+    included): total seconds, count, and the cumulative count at each bucket bound."""
+
+    sum_s: float = 0.0
+    count: float = 0.0
+    cumulative: tuple[tuple[float, float], ...] = ()
+    """(upper bound in seconds, decisions at most that long), bounds ascending, +inf last."""
+
+    @classmethod
+    def of(cls, seconds: Sequence[float],
+           bounds: Sequence[float] = LATENCY_BUCKETS_S) -> Decisions:
+        """The histogram the router would export for these decision times (the twin's)."""
+        ordered = sorted(seconds)
+        return cls(float(sum(ordered)), float(len(ordered)), tuple(
+            (float(b), float(bisect.bisect_right(ordered, b)))
+            for b in (*bounds, float("inf"))))
+
+    def summary(self) -> dict[str, float | None]:
+        """A run's ``router`` figures: mean, p50 and p99 (``quantile``) in seconds, and the
+        share of decisions within 1 ms (``at_most``, exact)."""
+        return {"decision_s_mean": self.mean_s, "decision_s_p50": self.quantile(0.5),
+                "decision_s_p99": self.quantile(0.99),
+                "decisions_within_1ms": self.at_most(1e-3)}
+
+    def __sub__(self, other: Decisions) -> Decisions:
+        before = dict(other.cumulative)
+        return Decisions(self.sum_s - other.sum_s, self.count - other.count,
+                         tuple((b, c - before.get(b, 0.0)) for b, c in self.cumulative))
+
+    @property
+    def mean_s(self) -> float | None:
+        return self.sum_s / self.count if self.count else None
+
+    def at_most(self, bound_s: float) -> float | None:
+        """The share of decisions that took at most ``bound_s``: exact where ``bound_s`` is a
+        bucket bound (the router's are in ``router.state.stats.LATENCY_BUCKETS_S``: 1 ms and
+        5 ms among them), else that of the largest bound below it."""
+        if not self.count:
+            return None
+        below = [c for b, c in self.cumulative if b <= bound_s]
+        return (below[-1] if below else 0.0) / self.count
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus's ``histogram_quantile``: linear within the bucket that holds rank
+        ``q * count`` (from 0 for the first bucket); the largest finite bound when that
+        bucket is the last, unbounded one."""
+        if not self.count:
+            return None
+        rank, lower, below = q * self.count, 0.0, 0.0
+        for bound, cum in self.cumulative:
+            if cum >= rank and cum > below:
+                if bound == float("inf"):
+                    return lower
+                return lower + (bound - lower) * (rank - below) / (cum - below)
+            lower, below = (bound if bound != float("inf") else lower), cum
+        return lower
+
+
+def router_decisions(client: httpx.Client, router_url: str) -> Decisions:
+    """The router's routing decisions since it started (every policy label summed)."""
     text = _get(client, f"{router_url}/metrics")
-    total, count = 0.0, 0.0
+    total, count, cum = 0.0, 0.0, defaultdict(float)
     for f in text_string_to_metric_families(text):
         if f.name == DECISION_HISTOGRAM:
             for s in f.samples:
@@ -113,7 +176,9 @@ def router_decisions(client: httpx.Client, router_url: str) -> tuple[float, floa
                     total += s.value
                 elif s.name.endswith("_count"):
                     count += s.value
-    return total, count
+                elif s.name.endswith("_bucket"):
+                    cum[float(s.labels["le"])] += s.value
+    return Decisions(total, count, tuple(sorted(cum.items())))
 
 
 def router_down_events(client: httpx.Client, router_url: str) -> float:

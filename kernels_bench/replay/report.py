@@ -41,6 +41,7 @@ COLUMNS = (
     Column("kv_hit_rate", "KV hit", in_ratios=False),
     Column("router.cpu_s", "router CPU", "s", in_ratios=False),
     Column("router.decision_s_mean", "decision", "ms", 1e3, in_ratios=False),
+    Column("router.decision_s_p50", "decision p50", "ms", 1e3, in_ratios=False),
 )
 
 

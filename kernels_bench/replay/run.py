@@ -413,10 +413,9 @@ def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec
     per_engine = {n: after[n] - before[n] for n in before}
     summary = summarize(client.requests, client.workflows, em.total(per_engine.values()))
     summary["engine_down_events"] = int(em.router_down_events(cluster.http, url) - downs_before)
-    spent, decided = (a - b for a, b in zip(em.router_decisions(cluster.http, url),
-                                            decisions_before, strict=True))
+    decisions = em.router_decisions(cluster.http, url) - decisions_before
     summary["router"] = {"cpu_s": cluster.router_cpu_s() - cpu_before,
-                         "decision_s_mean": spent / decided if decided else None}
+                         **decisions.summary()}
     return {
         "summary": summary,
         "engines": {n: dataclasses.asdict(c) for n, c in per_engine.items()},

@@ -26,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from kernels_bench.replay.client import AgenticClient, ClientSettings
-from kernels_bench.replay.engine_metrics import EngineCounters
+from kernels_bench.replay.engine_metrics import Decisions, EngineCounters
 from kernels_bench.replay.metrics import summarize
 from kernels_bench.replay.output import write_run, write_summary
 from kernels_bench.replay.run import (ReplayOptions, client_settings, one_line, prepare,
@@ -175,8 +175,7 @@ def simulate(task: RunTask) -> dict[str, Any]:
     summary = summarize(client.requests, client.workflows, engine_counters(engines))
     summary["engine_down_events"] = router.core.membership.stats.engine_down_events
     spent = router.decision_s
-    summary["router"] = {"cpu_s": sum(spent),
-                         "decision_s_mean": sum(spent) / len(spent) if spent else None}
+    summary["router"] = {"cpu_s": sum(spent), **Decisions.of(spent).summary()}
     wall = time.perf_counter() - wall0
     summary["twin"] = {"virtual_s": sim.now(), "wall_s": wall,
                        "engine_steps": sum(e.steps for e in engines),
