@@ -53,6 +53,10 @@ class Series:
     big_calls: np.ndarray
 
 
+ARRAYS = ("problem", "score", "e2e", "tokens", "calls", "big_calls")
+"""``Series``' per-workflow arrays, in field order."""
+
+
 def read_jsonl(path: Path) -> list[dict]:
     with path.open() as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -85,17 +89,15 @@ def load(run: Path, big: str) -> dict[tuple[str, float], Series]:
 def pooled(runs: Sequence[dict[tuple[str, float], Series]]) -> dict[tuple[str, float], Series]:
     """The runs' series as one run's: per (policy, rate) the rows of every run that has it,
     the i-th run's repeats numbered after the earlier runs' (labels ``pooled: policy``)."""
-    out: dict[tuple[str, float], Series] = {}
+    parts: dict[tuple[str, float], list[tuple[int, Series]]] = defaultdict(list)
     for i, run in enumerate(runs):
         for key, s in run.items():
-            keys = [(fold, job, i * 1_000_000 + rep) for fold, job, rep in s.keys]
-            have = out.get(key)
-            out[key] = Series(f"pooled: {key[0]}", keys, s.problem, s.score, s.e2e, s.tokens,
-                              s.calls, s.big_calls) if have is None else Series(
-                have.label, have.keys + keys,
-                *(np.concatenate([getattr(have, f), getattr(s, f)])
-                  for f in ("problem", "score", "e2e", "tokens", "calls", "big_calls")))
-    return out
+            parts[key].append((i, s))
+    return {key: Series(f"pooled: {key[0]}",
+                        [(fold, job, i * 1_000_000 + rep) for i, s in ss
+                         for fold, job, rep in s.keys],
+                        *(np.concatenate([getattr(s, f) for _, s in ss]) for f in ARRAYS))
+            for key, ss in parts.items()}
 
 
 def stats(s: Series, idx: np.ndarray) -> np.ndarray:
