@@ -13,7 +13,14 @@ profile (decode_ms_per_token[m], max_batch_size[m], from kernels_bench).
   none qualifies -> m_fast.
 A program's later stages reuse the model its first stage got (stickiness), so the
 semantic router runs on a program's first call only (a later stage whose model is gone is
-routed with equal confidences: to m_fast). The engine within the model is chosen by
+routed with equal confidences: to m_fast).
+Two settings read what the agent says (issue 30, "the signal the workflow itself
+produces"; off by default, the paper has neither): ``escalate`` walks a retried call
+(``workflow.tried_models``) over the models its stage has not tried yet; ``trust_check``
+gives a first attempt whose agent checks its answer (``workflow.checked``) equal
+confidences, so it goes to m_fast: with a retry behind the check, the program ends correct
+with the same probability whichever model answers first (independent attempts), and
+latency alone separates them. The engine within the model is chosen by
 ``lmetric``; the request's priority is P-hat[m].
 Ties: m_fast prefers higher q, then the name; the walk prefers lower L, then the name.
 """
@@ -46,6 +53,13 @@ class ChimeraSettings:
     """Confidence margin delta_s of Algorithm 1 (``select_model``; as for tau)."""
     sticky: bool = True
     """Reuse a program's model for its later stages (section 3.5)."""
+    escalate: bool = False
+    """A retried call goes to a model its stage has not tried (``workflow.tried_models``),
+    the walk of Algorithm 1 over those only (FrugalGPT's cascade, arXiv 2305.05176, section
+    3); every model once tried, over all."""
+    trust_check: bool = False
+    """A first attempt whose agent checks its answer (``workflow.checked``) is routed with
+    equal confidences: to m_fast."""
     static_prior: bool = False
     """Use the tables below instead of missing predictors / profiles."""
     confidence: dict[str, Fraction] = field(default_factory=dict)
@@ -59,7 +73,8 @@ class ChimeraSettings:
 @dataclass(frozen=True)
 class ChimeraPrediction:
     q: Mapping[str, float] | None
-    """None for a later stage of a sticky program (no semantic routing needed)."""
+    """None where no semantic routing is needed: a later stage of a sticky program, a
+    first attempt behind a trusted check."""
     remaining: Mapping[str, float]
 
 
@@ -130,8 +145,16 @@ class Chimera(Policy[ChimeraSettings]):
         w = req.workflow
         return self.settings.sticky and w.program_id is not None and (w.stage_index or 0) > 0
 
+    def _check_trusted(self, req: RoutingRequest) -> bool:
+        """A first attempt routed with equal confidences (``trust_check``)."""
+        w = req.workflow
+        return self.settings.trust_check and bool(w.checked) and not w.tried_models
+
+    def _needs_q(self, req: RoutingRequest) -> bool:
+        return not (self._sticky_later(req) or self._check_trusted(req))
+
     async def predict(self, reqs: Sequence[RoutingRequest]) -> list[ChimeraPrediction]:
-        first = [r for r in reqs if not self._sticky_later(r)]
+        first = [r for r in reqs if self._needs_q(r)]
         if self.concurrent:
             got, lens = await asyncio.gather(
                 self.q_source.confidence(first) if first else _none(),
@@ -140,7 +163,7 @@ class Chimera(Policy[ChimeraSettings]):
             got = await self.q_source.confidence(first) if first else []
             lens = await self.len_source.remaining_tokens(reqs)
         qs = iter(got)
-        return [ChimeraPrediction(None if self._sticky_later(r) else next(qs), n)
+        return [ChimeraPrediction(next(qs) if self._needs_q(r) else None, n)
                 for r, n in zip(reqs, lens)]
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
@@ -153,14 +176,24 @@ class Chimera(Policy[ChimeraSettings]):
         if assigned is not None and assigned in lat:
             model, sticky = assigned, True
         else:
-            q = pred.q if pred.q is not None else dict.fromkeys(lat, 0.0)
-            model, sticky = select_model(q, lat, s.tau, s.delta_s), False
+            model, sticky = self._select(req, pred, lat), False
         engine, hot = self.replicas.choose(req, of_model(cands, model), view)
         remaining = pred.remaining[model]
         return decision(req, engine, self.name, priority=priority_for(remaining),
                         predicted_remaining_tokens=remaining,
                         info={"q": None if pred.q is None else pred.q[model],
                               "L_ms": lat[model], "sticky": sticky, "hotspot": hot})
+
+    def _select(self, req: RoutingRequest, pred: ChimeraPrediction,
+                lat: Mapping[str, float]) -> str:
+        """Algorithm 1, over the untried models of a retried call (``escalate``), with
+        equal confidences where the agent's check stands behind its first attempt
+        (``trust_check``) or the program's model is gone."""
+        s, tried = self.settings, req.workflow.tried_models
+        if s.escalate and tried:
+            lat = {m: v for m, v in lat.items() if m not in tried} or lat
+        q = pred.q if pred.q is not None else dict.fromkeys(lat, 0.0)
+        return select_model(q, lat, s.tau, s.delta_s)
 
 
 async def _none() -> list[Mapping[str, float]]:

@@ -169,3 +169,47 @@ def test_semantic_router_runs_on_a_programs_first_call_only() -> None:
     router.seen.clear()
     asyncio.run(off.predict([later]))
     assert router.seen == [1]
+
+
+def test_escalate_walks_the_models_a_retried_stage_has_not_tried() -> None:
+    w = world()
+    retry = req(tokens=PROMPT, program_id="job.1", attempt=1, tried_models=["b"])
+    assert w.decide(w.build("chimera", STATIC), retry).model == "b"  # the paper: q decides
+    on = w.build("chimera", {**STATIC, "escalate": True})
+    assert w.decide(on, retry).model == "a"
+    both = req(tokens=PROMPT, program_id="job.2", attempt=2, tried_models=["a", "b"])
+    assert w.decide(on, both).model == "b"  # every model tried: Algorithm 1 over all
+    w.programs.routed("job.1", "b", now=0)   # a later stage sticks to its attempt's model
+    later = req(tokens=PROMPT, program_id="job.1", stage_index=1, num_stages=2,
+                tried_models=["b"])
+    assert w.decide(on, later).model == "b"
+
+
+def test_trust_check_routes_a_checked_first_attempt_to_the_fastest_model() -> None:
+    w = world()
+    w.inflight("b0", "b", predicted=300, rid="x1")   # L_b = 1500 > L_a = 0: m_fast = a
+    on = w.build("chimera", {**STATIC, "trust_check": True})
+    checked = req(tokens=PROMPT, program_id="p", checked=True)
+    d = w.decide(on, checked)
+    assert (d.model, d.info["q"]) == ("a", None)
+    w.inflight("a0", "a", predicted=800, rid="x2")   # L_a = 1000 < 1500: still a
+    assert w.decide(on, checked).model == "a"
+    w.inflight("a0", "a", predicted=1000, rid="x3")  # L_a = 2250 > 1500: now b
+    assert w.decide(on, checked).model == "b"
+    # no check, or a retry: the semantic router's q as in the paper
+    for r in (req(tokens=PROMPT, program_id="p", checked=False),
+              req(tokens=PROMPT, program_id="p", checked=True, tried_models=["a"])):
+        assert w.decide(on, r).info["q"] is not None
+    assert w.decide(w.build("chimera", STATIC), checked).info["q"] == 0.9
+
+
+def test_trust_check_skips_the_semantic_router_on_a_checked_first_attempt() -> None:
+    router = CountingRouter()
+    preds = PredictorSet(semantic_router=router, length=Length(),
+                         profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
+    p = world().build("chimera", {"trust_check": True}, predictors=preds)
+    reqs = [req(tokens=PROMPT, checked=True, stage_index=2),
+            req(tokens=PROMPT, checked=False, stage_index=3),
+            req(tokens=PROMPT, checked=True, tried_models=["a"], stage_index=4)]
+    got = asyncio.run(p.predict(reqs))
+    assert router.seen == [3, 4] and [g.q is None for g in got] == [True, False, False]
