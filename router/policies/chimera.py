@@ -16,11 +16,12 @@ semantic router runs on a program's first call only (a later stage whose model i
 routed with equal confidences: to m_fast).
 Two settings read what the agent says (issue 30, "the signal the workflow itself
 produces"; off by default, the paper has neither): ``escalate`` walks a retried call
-(``workflow.tried_models``) over the models its stage has not tried yet; ``trust_check``
-gives a first attempt whose agent checks its answer (``workflow.checked``) equal
-confidences, so it goes to m_fast: with a retry behind the check, the program ends correct
-with the same probability whichever model answers first (independent attempts), and
-latency alone separates them. The engine within the model is chosen by
+(``workflow.tried_models``) over the models its stage has not tried yet; ``on_check``
+routes a first attempt whose agent checks its answer (``workflow.checked``) without the
+semantic router: with a retry behind the check, the program ends correct with about the
+same probability whichever model answers first (independent attempts), so latency alone
+separates them (``m_fast``, or the model expected to end it first, ``first_done``:
+argmin_m L[m] + P-hat[m] x decode_ms_per_token[m]). The engine within the model is chosen by
 ``lmetric``; the request's priority is P-hat[m].
 Ties: m_fast prefers higher q, then the name; the walk prefers lower L, then the name.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
@@ -57,9 +58,11 @@ class ChimeraSettings:
     """A retried call goes to a model its stage has not tried (``workflow.tried_models``),
     the walk of Algorithm 1 over those only (FrugalGPT's cascade, arXiv 2305.05176, section
     3); every model once tried, over all."""
-    trust_check: bool = False
-    """A first attempt whose agent checks its answer (``workflow.checked``) is routed with
-    equal confidences: to m_fast."""
+    on_check: Literal["q", "m_fast", "first_done"] = "q"
+    """How a first attempt whose agent checks its answer (``workflow.checked``) is routed:
+    ``q``, by the semantic router like any call (the paper); ``m_fast``, with equal
+    confidences (Algorithm 1 then takes the least congested model); ``first_done``, to the
+    model expected to end it first (``first_done`` below)."""
     static_prior: bool = False
     """Use the tables below instead of missing predictors / profiles."""
     confidence: dict[str, Fraction] = field(default_factory=dict)
@@ -146,9 +149,9 @@ class Chimera(Policy[ChimeraSettings]):
         return self.settings.sticky and w.program_id is not None and (w.stage_index or 0) > 0
 
     def _check_trusted(self, req: RoutingRequest) -> bool:
-        """A first attempt routed with equal confidences (``trust_check``)."""
+        """A first attempt routed by latency alone (``on_check``)."""
         w = req.workflow
-        return self.settings.trust_check and bool(w.checked) and not w.tried_models
+        return self.settings.on_check != "q" and bool(w.checked) and not w.tried_models
 
     def _needs_q(self, req: RoutingRequest) -> bool:
         return not (self._sticky_later(req) or self._check_trusted(req))
@@ -188,12 +191,23 @@ class Chimera(Policy[ChimeraSettings]):
                 lat: Mapping[str, float]) -> str:
         """Algorithm 1, over the untried models of a retried call (``escalate``), with
         equal confidences where the agent's check stands behind its first attempt
-        (``trust_check``) or the program's model is gone."""
+        (``on_check = "m_fast"``) or the program's model is gone; ``first_done`` where
+        ``on_check`` says so."""
         s, tried = self.settings, req.workflow.tried_models
+        if s.on_check == "first_done" and self._check_trusted(req):
+            return first_done(lat, pred.remaining, self.decode_ms)
         if s.escalate and tried:
             lat = {m: v for m, v in lat.items() if m not in tried} or lat
         q = pred.q if pred.q is not None else dict.fromkeys(lat, 0.0)
         return select_model(q, lat, s.tau, s.delta_s)
+
+
+def first_done(lat: Mapping[str, float], remaining: Mapping[str, float],
+               decode_ms_per_token: Mapping[str, float]) -> str:
+    """The model of ``lat`` expected to end the program first: argmin_m L[m] + P-hat[m] x
+    decode_ms_per_token[m] (its congestion, then its own tokens one decode step each);
+    ties to the name."""
+    return min(lat, key=lambda m: (lat[m] + remaining[m] * decode_ms_per_token[m], m))
 
 
 async def _none() -> list[Mapping[str, float]]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.policies.chimera import model_latency, select_model
+from router.policies.chimera import first_done, model_latency, select_model
 from router.predictors.base import ModelProfile, PredictorSet
 from tests.unit.test_policies_base import World, req
 
@@ -185,10 +185,10 @@ def test_escalate_walks_the_models_a_retried_stage_has_not_tried() -> None:
     assert w.decide(on, later).model == "b"
 
 
-def test_trust_check_routes_a_checked_first_attempt_to_the_fastest_model() -> None:
+def test_on_check_m_fast_routes_a_checked_first_attempt_to_the_least_congested() -> None:
     w = world()
     w.inflight("b0", "b", predicted=300, rid="x1")   # L_b = 1500 > L_a = 0: m_fast = a
-    on = w.build("chimera", {**STATIC, "trust_check": True})
+    on = w.build("chimera", {**STATIC, "on_check": "m_fast"})
     checked = req(tokens=PROMPT, program_id="p", checked=True)
     d = w.decide(on, checked)
     assert (d.model, d.info["q"]) == ("a", None)
@@ -203,13 +203,48 @@ def test_trust_check_routes_a_checked_first_attempt_to_the_fastest_model() -> No
     assert w.decide(w.build("chimera", STATIC), checked).info["q"] == 0.9
 
 
-def test_trust_check_skips_the_semantic_router_on_a_checked_first_attempt() -> None:
+@pytest.mark.parametrize("rule", ["m_fast", "first_done"])
+def test_on_check_skips_the_semantic_router_on_a_checked_first_attempt(rule: str) -> None:
     router = CountingRouter()
     preds = PredictorSet(semantic_router=router, length=Length(),
                          profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
-    p = world().build("chimera", {"trust_check": True}, predictors=preds)
+    p = world().build("chimera", {"on_check": rule}, predictors=preds)
     reqs = [req(tokens=PROMPT, checked=True, stage_index=2),
             req(tokens=PROMPT, checked=False, stage_index=3),
             req(tokens=PROMPT, checked=True, tried_models=["a"], stage_index=4)]
     got = asyncio.run(p.predict(reqs))
     assert router.seen == [3, 4] and [g.q is None for g in got] == [True, False, False]
+
+
+def test_first_done_adds_the_programs_own_tokens_to_the_congestion() -> None:
+    # a: L 1000 + 100 x 10 = 2000; b: L 0 + 200 x 40 = 8000 (STATIC's tables)
+    assert first_done({"a": 1000.0, "b": 0.0}, {"a": 100.0, "b": 200.0},
+                      {"a": 10.0, "b": 40.0}) == "a"
+    assert first_done({"a": 7000.0, "b": 0.0}, {"a": 100.0, "b": 200.0},
+                      {"a": 10.0, "b": 40.0}) == "a"          # 8000 = 8000: the name
+    assert first_done({"a": 7001.0, "b": 0.0}, {"a": 100.0, "b": 200.0},
+                      {"a": 10.0, "b": 40.0}) == "b"
+    assert first_done({"a": 0.0, "b": 0.0}, {"a": 4.0, "b": 1.0},
+                      {"a": 1.0, "b": 4.0}) == "a"            # a tie goes to the name
+
+
+def test_on_check_first_done_routes_a_checked_first_attempt() -> None:
+    w = world()
+    on = w.build("chimera", {**STATIC, "on_check": "first_done"})
+    checked = req(tokens=PROMPT, program_id="p", checked=True)
+    d = w.decide(on, checked)                     # idle: a ends first (1000 < 8000 ms)
+    assert (d.model, d.info["q"]) == ("a", None)
+    # no check: the semantic router's q (0.9 >= 0.5 + 0.1 on an idle cluster)
+    assert w.decide(on, req(tokens=PROMPT, program_id="p", checked=False)).model == "b"
+    w.inflight("a0", "a", predicted=6000, rid="x1")  # L_a = 7500: 8500 > 8000
+    assert w.decide(on, checked).model == "b"
+    w.inflight("b0", "b", predicted=1, rid="x2")     # L_b = 5: 8005 < 8500, still b
+    assert w.decide(on, checked).model == "b"
+    # a retry: Algorithm 1 on q, as in the paper
+    retry = req(tokens=PROMPT, program_id="p.1", checked=True, tried_models=["b"])
+    assert w.decide(on, retry).info["q"] is not None
+
+
+def test_on_check_names_its_rules() -> None:
+    with pytest.raises(ValueError, match="on_check"):
+        world().build("chimera", {**STATIC, "on_check": "fastest"})
