@@ -157,7 +157,8 @@ class Chimera(Policy[ChimeraSettings]):
         return not (self._sticky_later(req) or self._check_trusted(req))
 
     async def predict(self, reqs: Sequence[RoutingRequest]) -> list[ChimeraPrediction]:
-        first = [r for r in reqs if self._needs_q(r)]
+        needs = [self._needs_q(r) for r in reqs]
+        first = [r for r, need in zip(reqs, needs) if need]
         if self.concurrent:
             got, lens = await asyncio.gather(
                 self.q_source.confidence(first) if first else _none(),
@@ -166,8 +167,8 @@ class Chimera(Policy[ChimeraSettings]):
             got = await self.q_source.confidence(first) if first else []
             lens = await self.len_source.remaining_tokens(reqs)
         qs = iter(got)
-        return [ChimeraPrediction(next(qs) if self._needs_q(r) else None, n)
-                for r, n in zip(reqs, lens)]
+        return [ChimeraPrediction(next(qs) if need else None, n)
+                for need, n in zip(needs, lens)]
 
     def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
                pred: ChimeraPrediction) -> Decision:
