@@ -47,6 +47,10 @@ from router.config.addresses import is_loopback
 from router.config.engines import EngineConfig, EngineInstance
 CALL_TIMEOUT_S = 10.0
 """Longest wait for one answer of a host actor (a poll, a stop)."""
+ACTOR_START_TIMEOUT_S = 120.0
+"""Longest wait for a placed replica's host actor to start and answer (Ray spawns a worker
+process for it: seconds on a busy node). Not ``placement_timeout_s``, which bounds the
+wait for a node with room: a short placement timeout must not fail a slow start."""
 _DROPPED_ENV = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 """Variables Ray sets for its workers that would mislead the engine (vLLM sizes its own
 threads; the replica's GPUs are set from its leases)."""
@@ -342,9 +346,9 @@ class RayBackend(Backend):
                                                scheduling_strategy=at(i)).remote()
                   for i in range(1, len(p.bundles))]
         try:
-            address, node_id = ray.get(host.node.remote(), timeout=self.timeout_s)
+            address, node_id = ray.get(host.node.remote(), timeout=ACTOR_START_TIMEOUT_S)
             gpus = [g for a in [host, *leases]
-                    for g in ray.get(a.gpu_ids.remote(), timeout=self.timeout_s)] \
+                    for g in ray.get(a.gpu_ids.remote(), timeout=ACTOR_START_TIMEOUT_S)] \
                 if p.gpus else []
             taken = self._ports.setdefault(address, set())
             if address == self.address:
@@ -354,7 +358,7 @@ class RayBackend(Backend):
             env = {**spec.env, MARKER_ENV: str(self.run_dir)}
             port, pid = ray.get(host.start.remote(spec.argv, env, str(spec.log_path),
                                                   p.base_port, sorted(taken - mine), gpus),
-                                timeout=self.timeout_s)
+                                timeout=ACTOR_START_TIMEOUT_S)
         except Exception as e:
             for a in [host, *leases]:
                 ray.kill(a)

@@ -1,7 +1,7 @@
-"""The trace builder on a real engine (builtin:tiny-a): killed mid-build, then resumed, it
-ends with every unit exactly once and keeps the units written before the kill; with
-``--samples K`` on the finished trace it adds K sampled runs per unit, each with its own
-seed, and runs nothing else. One build killed, resumed, then sampled: three engine starts."""
+"""The trace builder on a real engine (builtin:tiny-a): killed mid-build, then resumed with
+``--samples K``, it ends with every greedy unit exactly once, keeps the units written
+before the kill, and adds K sampled runs per unit, each with its own seed. One build
+killed, then resumed with samples: two engine starts."""
 
 from __future__ import annotations
 
@@ -44,11 +44,11 @@ base_port = 18700
 """
 
 
-def _build(tmp_path: Path, out: Path, run_root: Path, *extra: str,
-           problems: int = PROBLEMS) -> subprocess.Popen[bytes]:
+def _build(tmp_path: Path, out: Path, run_root: Path, *extra: str
+           ) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "kernels_bench", "trace", "build", "--cluster",
-            str(tmp_path / "cluster.toml"), "--suite", "math", "--problems", str(problems),
-            "--out", str(out), "--max-tokens", "48", "--concurrency", "1", *extra]
+            str(tmp_path / "cluster.toml"), "--suite", "math", "--problems", str(PROBLEMS),
+            "--out", str(out), "--max-tokens", "48", *extra]
     env = {**os.environ, "TMPDIR": str(run_root), "HF_HUB_OFFLINE": "1"}
     log = (tmp_path / "build.log").open("ab")
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -97,7 +97,7 @@ def test_a_killed_build_resumes_and_samples_are_added_beside_its_greedy_runs(
     out = tmp_path / "trace.jsonl.gz"
     log = tmp_path / "build.log"
     total = PROBLEMS * WORKFLOWS
-    first = _build(tmp_path, out, run_root)
+    first = _build(tmp_path, out, run_root, "--concurrency", "1")
     try:
         deadline = time.monotonic() + 400
         while len(_units(out)) < 3:
@@ -111,31 +111,24 @@ def test_a_killed_build_resumes_and_samples_are_added_beside_its_greedy_runs(
     before = _units(out)
     assert 3 <= len(before) < total, "the kill came too late to test resumption"
 
-    second = _build(tmp_path, out, run_root)
+    samples = 2
+    second = _build(tmp_path, out, run_root, "--samples", str(samples), "--concurrency", "4")
     assert second.wait(timeout=600) == 0, log.read_text()[-3000:]
-    after = _units(out)
-    keys = [u.key for u in after]
-    assert len(keys) == len(set(keys)) == total
-    assert after[: len(before)] == before
-    assert f"{len(before)}/{total} units done, {total - len(before)} to run" in log.read_text()
+    runs = total * (1 + samples)
+    assert (f"{len(before)}/{runs} units (greedy + {samples} samples each) done, "
+            f"{runs - len(before)} to run") in log.read_text()
     assert "math tiny-a: 100%|" in log.read_text()  # the progress bar of the resumed run
-
-    # --samples 2 on two problems of one workflow: two seeded runs beside each greedy one,
-    # and only those run
-    args = ("--workflows", "solve", "--concurrency", "4")
-    third = _build(tmp_path, out, run_root, *args, "--samples", "2", problems=2)
-    assert third.wait(timeout=600) == 0, log.read_text()[-3000:]
-    assert "2/6 units (greedy + 2 samples each) done, 4 to run" in log.read_text()
-    header, sampled = read_records(out)
-    assert sampled[:total] == after
+    header, units = read_records(out)
+    assert units[: len(before)] == before  # nothing written before the kill is run again
+    greedy = [u for u in units if u.sample is None]
+    assert len({u.key for u in greedy}) == len(greedy) == total
     assert header.settings["sampling"] == {"temperature": 0.7, "top_p": 0.95}
     assert header.settings["temperature"] == 0.0
-    added = sampled[total:]
-    assert sorted((u.problem_id, u.sample) for u in added) == [
-        (p, k) for p in ("gsm_symbolic/0/0", "gsm_symbolic/0/1") for k in (0, 1)]
-    for u in added:
-        assert u.workflow == "solve"
-        assert u.seed == sample_seed(0, u.problem_id, "solve", "tiny-a", u.sample)
-    texts = {u.sample: u.stages[0].output_text for u in sampled
+    sampled = [u for u in units if u.sample is not None]
+    assert sorted((u.problem_id, u.workflow, u.sample) for u in sampled) == sorted(
+        (u.problem_id, u.workflow, k) for u in greedy for k in range(samples))
+    for u in sampled:
+        assert u.seed == sample_seed(0, u.problem_id, u.workflow, "tiny-a", u.sample)
+    texts = {u.sample: u.stages[0].output_text for u in units
              if u.problem_id == "gsm_symbolic/0/0" and u.workflow == "solve"}
     assert len(set(texts.values())) == 3  # greedy and two samples of a random model differ
