@@ -115,3 +115,14 @@ def test_a_wrong_type_anywhere_names_its_key(tmp_path: Path, table: str, name: s
 ])
 def test_engine_api_key_only_by_its_key(tmp_path: Path, extra: str, key: str) -> None:
     error(tmp_path, ROUTER + ENGINE_A + extra, key)
+
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").rglob("*.toml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_cluster_file_loads(path: Path) -> None:
+    """The cluster files docs and benchmarks name (examples/, examples/twin/) load as the
+    launcher loads them: router, policies and engines checked."""
+    cfg = load_launch_config(path)
+    assert cfg.engines
