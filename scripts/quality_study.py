@@ -18,7 +18,9 @@ calls on the 1.5B, APGR, bootstrap over problems).
   selected one, losers included.
 - **Signals the workflow produces**: on math, the small model's final answer agreeing
   with its answers to the same problem under the other workflows (self-consistency; it
-  costs those runs), and its verifier calling its answer wrong; on code, the small model's
+  costs those runs), two sampled runs of the same workflow agreeing (where the trace has
+  samples of both models; it costs a second run), and its verifier calling its answer
+  wrong; on code, the small model's
   final program failing the examples its own prompt states (doctests, run in the sandbox;
   the hidden tests are not read). Each is used as the gain score of an escalation rule
   (doubt -> the big model); no training, so every problem is held out. They are read
@@ -57,7 +59,7 @@ from router.predictors.records import Split, seeded_uniform
 from router.predictors.semantic import SemanticRouter, SemanticSettings
 from router.predictors.sources import load_records, parse_model_map, serve_as
 from router.predictors.table import PromptTable, prompt_table
-from router.trace_format import load_trace
+from router.trace_format import ModelRun, load_trace
 
 TRACES = ["data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz"]
 MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
@@ -241,6 +243,15 @@ def examples_doubt(outputs: Sequence[str], problems: Sequence[str]) -> np.ndarra
                                   desc="prompt examples")))
 
 
+def samples_agree(samples: Sequence[ModelRun]) -> float:
+    """1.0 when two sampled runs give the same non-empty final answer, else 0.0. As a
+    cascade's check (keep either run where they agree, else escalate), the kept run's
+    expected outcome is the pair's mean correctness: the row's P(correct) label, so the
+    signal is judged on rows with exactly two samples (the build's K = 2)."""
+    a, b = ((r.final_answer or "").strip() for r in samples)
+    return float(bool(a) and a == b)
+
+
 def workflow_signals(traces: Sequence[str], boot: int,
                      suites: Sequence[str] = ("math", "code")) -> dict:
     """APGR of the escalation signals (see the module docstring), per suite: each reads
@@ -274,6 +285,12 @@ def workflow_signals(traces: Sequence[str], boot: int,
                        "disagreement of the small model's workflows":
                            judged(keys, 1 - np.array(agree)),
                        "small model's verifier says wrong": judged(keys, np.array(verdict))}
+        sampled = [k for k in keys if len(runs[k].samples.get(small, [])) == 2
+                   and runs[k].samples.get(big)]
+        if sampled:
+            out["math"]["sampled rows"] = len(sampled)
+            out["math"]["disagreement of two samples of the small model"] = judged(
+                sampled, np.array([1.0 - samples_agree(runs[k].samples[small]) for k in sampled]))
     keys = sorted(k for k in runs if k[1] in TRACE_CODE)
     if keys and "code" in suites:
         doubt = examples_doubt([runs[k].models[small].stages[-1].output_text for k in keys],

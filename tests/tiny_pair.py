@@ -61,6 +61,7 @@ class TinyPair:
                 "--kv-events-endpoint", f"ipc://{self.d}/{name}-0.kv",
                 "--host", "127.0.0.1", "--port", str(self.ports[name]), "--dtype", "float32",
                 "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
+                "--enable-prompt-tokens-details",
                 "--kv-cache-memory-bytes", str(64 * 2**20), "--enforce-eager",
             ], self.d / f"{name}.log", {"VLLM_CPU_OMP_THREADS_BIND": core,
                                         **({"VLLM_API_KEY": ENGINE_KEY[1]} if name == "b" else {})})

@@ -42,11 +42,11 @@ import httpx
 import msgspec
 import numpy as np
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
 from engine_ext.telemetry import SchedulerSnapshot, snapshot_decoder, subscriber_binds
 from kernels_bench.replay.cluster import ClusterError, ReplayCluster
+from kernels_bench.replay.engine_metrics import block_size, cache_config
 from kernels_bench.replay.priors import trace_priors
 from kernels_bench.replay.spec import SpecError, parse_model_map, resolve_model_map
 from launcher import LaunchError
@@ -151,15 +151,15 @@ class TelemetryTap:
 
 def kv_capacity_tokens(client: httpx.Client, url: str) -> int:
     """The engine's KV cache size in tokens (vLLM's ``cache_config_info``)."""
-    text = client.get(f"{url}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        if family.name == "vllm:cache_config_info":
-            for s in family.samples:
-                if s.labels.get("kv_cache_size_tokens", "None") != "None":
-                    return int(s.labels["kv_cache_size_tokens"])
-                blocks, size = s.labels.get("num_gpu_blocks"), s.labels.get("block_size")
-                if blocks and size and blocks != "None":
-                    return int(blocks) * int(size)
+    try:
+        labels = cache_config(client, url)
+    except RuntimeError as e:
+        raise ClusterError(str(e)) from None
+    if labels.get("kv_cache_size_tokens", "None") != "None":
+        return int(labels["kv_cache_size_tokens"])
+    blocks, size = labels.get("num_gpu_blocks", "None"), block_size(labels)
+    if blocks.isdigit() and size:
+        return int(blocks) * size
     raise ClusterError(f"{url}/metrics has no cache_config_info: cannot size the KV cache")
 
 

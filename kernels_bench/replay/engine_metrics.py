@@ -6,7 +6,8 @@ histogram: from arrival at the engine's scheduler to first scheduling; its bucke
 at 0.3 s, too coarse for quantiles here, so only the mean is used), preemptions, prompt
 and generated tokens. And from the router's ``/metrics``: how often it marked an engine
 down during the run (a run with such events did not compare policies on the whole
-cluster), and its routing decisions' latency histogram (``Decisions``).
+cluster), and its routing decisions' latency histogram (``Decisions``). Also each engine's
+KV cache settings (vLLM's ``cache_config_info``: block size, KV tokens).
 """
 
 from __future__ import annotations
@@ -90,6 +91,22 @@ def mean_queue_s(c: EngineCounters) -> float | None:
 def scrape(client: httpx.Client, base_url: str) -> EngineCounters:
     """One engine's counters now."""
     return parse_counters(_get(client, f"{base_url}/metrics"))
+
+
+def cache_config(client: httpx.Client, base_url: str) -> dict[str, str]:
+    """The labels of the engine's ``vllm:cache_config_info`` (``block_size``,
+    ``num_gpu_blocks``, ...; values as vLLM writes them, "None" included); {} without it."""
+    for family in text_string_to_metric_families(_get(client, f"{base_url}/metrics")):
+        if family.name == "vllm:cache_config_info":
+            for s in family.samples:
+                return dict(s.labels)
+    return {}
+
+
+def block_size(labels: dict[str, str]) -> int | None:
+    """The KV block size in tokens of ``cache_config`` labels; None when absent."""
+    size = labels.get("block_size", "None")
+    return int(size) if size.isdigit() and int(size) > 0 else None
 
 
 def _get(client: httpx.Client, url: str) -> str:

@@ -419,6 +419,8 @@ def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec
     return {
         "summary": summary,
         "engines": {n: dataclasses.asdict(c) for n, c in per_engine.items()},
+        "block_sizes": {i.name: em.block_size(em.cache_config(cluster.http, i.url))
+                        for i in instances},
         "requests": client.requests,
         "workflows": client.workflows,
     }

@@ -8,7 +8,8 @@ Per workflow (errors left out, as everywhere), from its calls (``requests.jsonl`
 - prefix hit rate of stage k: cached / prompt tokens of its stage-k calls;
 - recomputed prefix tokens (``--context chat`` replays only, where each prompt extends
   the previous stage's): over the calls after the first stage, the previous call's prompt
-  tokens in full blocks (``--block-size``) that the call did not find cached: what was
+  tokens in full blocks (the engines' block size: what the replay recorded of them,
+  else ``--block-size``) that the call did not find cached: what was
   in the engine's cache when the program left and had to be computed again;
   and of it, what was recomputed on the engine of the previous call (what LRU evicted
   there: all retention can save; the rest follows a call the router *moved* to another
@@ -56,7 +57,8 @@ from kernels_bench.replay.output import load_summary
 Calls = list[Mapping[str, Any]]
 """One workflow's calls (rows of ``requests.jsonl``)."""
 DEFAULT_BLOCK_SIZE = 16
-"""The engines' KV block size unless told (vLLM's on GPUs)."""
+"""The engines' KV block size when neither the replay recorded it (folders written before
+runs kept ``block_sizes``) nor ``--block-size`` says it (vLLM's on GPUs)."""
 
 
 def _ttft(r: Mapping[str, Any]) -> float | None:
@@ -194,10 +196,23 @@ def pooled(folders: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str
     return requests, flows, runs, {**meta, "seeds": [s["meta"].get("seed") for s in summaries]}
 
 
+def recorded_block_size(runs: Sequence[Mapping[str, Any]]) -> int | None:
+    """The engines' KV block size the replay recorded (each run's ``block_sizes``); None
+    when no run recorded one; ValueError when engines differ."""
+    sizes = {b for r in runs for b in (r.get("block_sizes") or {}).values() if b}
+    if len(sizes) > 1:
+        raise ValueError(f"the replay's engines have different KV block sizes "
+                         f"({', '.join(map(str, sorted(sizes)))}): recomputed prefix tokens "
+                         "need one; analyse their runs apart")
+    return sizes.pop() if sizes else None
+
+
 def analyse(folder: Path | Sequence[Path], baseline: str | None = None,
-            block_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0) -> dict[str, Any]:
+            block_size: int | None = None, seed: int = 0) -> dict[str, Any]:
     """Values and comparisons of one replay folder, or of several pooled as the seeds
-    of one replay (``pooled``; counters summed over them) (JSON-ready)."""
+    of one replay (``pooled``; counters summed over them) (JSON-ready). ``block_size``:
+    the engines' KV block size where the replay did not record it (default
+    ``DEFAULT_BLOCK_SIZE``); ValueError where it recorded another."""
     folders = [folder] if isinstance(folder, Path) else list(folder)
     if len(folders) == 1:
         summary = load_summary(folders[0])
@@ -214,7 +229,11 @@ def analyse(folder: Path | Sequence[Path], baseline: str | None = None,
                          []).append(r)
     flows = [w for w in flow_rows if w.get("error") is None]
     stages = max((w["num_stages"] for w in flows), default=0)
-    chat_block = block_size if context == "chat" else None
+    recorded = recorded_block_size(run_rows)
+    if recorded and block_size and block_size != recorded:
+        raise ValueError(f"--block-size {block_size}, but the replay recorded its engines' "
+                         f"block size as {recorded}")
+    chat_block = (recorded or block_size or DEFAULT_BLOCK_SIZE) if context == "chat" else None
     ms = metrics(stages, chat_block)
     runs: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
     folds: dict[str, int] = {}
@@ -357,8 +376,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("folders", type=Path, nargs="*", help="replay folders (twin or live)")
     p.add_argument("--baseline", help="the spec compared against (default: the replay's "
                    "--baseline)")
-    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, metavar="N",
-                   help="the engines' KV block size, for the recomputed prefix (default "
+    p.add_argument("--block-size", type=int, metavar="N",
+                   help="the engines' KV block size, for the recomputed prefix, where the "
+                   "replay did not record it (default: what it recorded, else "
                    f"{DEFAULT_BLOCK_SIZE}, vLLM's on GPUs)")
     p.add_argument("--plot", type=Path, metavar="PNG", help="write the plot here")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results here")
@@ -367,8 +387,8 @@ def main(argv: list[str] | None = None) -> None:
                    "analysed as one (the seeds resampled as repeats); repeat the option "
                    "for another group")
     a = p.parse_args(argv)
-    if a.block_size < 1:
-        p.error("--block-size must be >= 1")
+    if a.block_size is not None and not 1 <= a.block_size <= 1 << 20:
+        p.error("--block-size must be in 1..1048576")
     if not a.folders and not a.pool:
         p.error("no replay folder given")
     try:

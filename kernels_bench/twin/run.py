@@ -186,6 +186,7 @@ def simulate(task: RunTask) -> dict[str, Any]:
     return {
         "summary": summary,
         "engines": {e.name: dataclasses.asdict(engine_counters([e])) for e in engines},
+        "block_sizes": {e.name: e.spec.block_size for e in engines},
         "requests": client.requests,
         "workflows": client.workflows,
     }

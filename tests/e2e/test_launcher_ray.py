@@ -4,9 +4,10 @@ A Ray cluster of three nodes is made on this machine (``ray.cluster_utils.Cluste
 on loopback): ``head`` offers ``node-a``, ``n2`` offers ``node-b`` and ``spare``, ``n3``
 offers ``spare``. Engine ``a`` (built-in tiny model) needs ``node-a``, engine ``b`` needs
 ``spare``. One launcher runs for the module; the tests go in order: both engines serve
-through the router from different nodes; an engine process killed is re-placed; the node
-of ``b`` removed, ``b`` comes back on the other ``spare`` node and the router follows it;
-SIGTERM leaves no actor, placement group or process behind.
+through the router from different nodes; at once, ``a``'s engine process killed comes
+back and the node of ``b`` removed, ``b`` comes back on the other ``spare`` node and the
+router follows it; a replica added and drained under load loses no request; SIGTERM
+leaves no actor, placement group or process behind.
 
     .venv/bin/python -m pytest tests/e2e/test_launcher_ray.py -v
 """
@@ -131,27 +132,27 @@ def test_engines_on_two_nodes_serve_through_the_router(launched: Launcher) -> No
     assert "NODE" in table and engines["a-0"]["node"] in table
 
 
-def test_a_killed_engine_is_replaced(launched: Launcher) -> None:
+def test_a_killed_engine_and_a_lost_node_are_both_replaced(launched: Launcher,
+                                                           cluster: Cluster) -> None:
+    """Two faults at once (the two restarts overlap, one engine start's time): ``a-0``'s
+    process killed comes back on its node; ``b-0``'s node removed, ``b-0`` comes back on
+    the other ``spare`` node and the router follows it."""
     pid = engine_pid(launched, "a-0")
     assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    wait(launched, "a-0 restarted", lambda: engine_pid(launched, "a-0") not in (None, pid)
-         and health(launched)["a-0"]["up"])
-    assert ask(launched, "a").status_code == 200
-    assert "a-0 is up again" in launched.output()
-
-
-def test_a_lost_node_s_engine_is_replaced_on_another(launched: Launcher,
-                                                    cluster: Cluster) -> None:
     before = health(launched)["b-0"]["node"]
     node = next(n for n in cluster.list_all_nodes() if n.node_id[:8] in before)
     assert not node.head
+    os.kill(pid, signal.SIGKILL)
     cluster.remove_node(node)
+    wait(launched, "a-0 restarted", lambda: engine_pid(launched, "a-0") not in (None, pid)
+         and health(launched)["a-0"]["up"])
     wait(launched, "b-0 on another node",
          lambda: (e := health(launched)["b-0"])["up"] and e["node"] != before)
-    r = ask(launched, "b")
-    assert r.status_code == 200, r.text
-    assert "re-placed on" in launched.output()
+    for model in ("a", "b"):
+        r = ask(launched, model)
+        assert r.status_code == 200, r.text
+    out = launched.output()
+    assert "a-0 is up again" in out and "re-placed on" in out
 
 
 def test_scale_up_and_down_under_load_loses_nothing(launched: Launcher) -> None:

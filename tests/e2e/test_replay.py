@@ -65,6 +65,7 @@ def test_replay_end_to_end(tmp_path: Path) -> None:
         assert s["e2e_s"]["mean"] > 0 and s["queue_s"]["n"] >= s["calls"]
         assert abs(sum(v["calls"] for v in s["traffic"].values()) - 1) < 1e-9
         assert s["router"]["cpu_s"] > 0 and 0 < s["router"]["decision_s_mean"] < 60
+        assert run["block_sizes"] == {"tiny-a-0": 128, "tiny-b-0": 128}  # vLLM's on CPU
 
     trace = load_trace(trace_path)
     runs = {(r.problem_id, r.workflow): r for r in trace.runs}

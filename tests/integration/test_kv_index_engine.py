@@ -1,5 +1,6 @@
 """The router's KV prefix index against a real engine (engine_ext.serve, builtin:tiny-a,
-block size 128 on CPU): the block hashes the engine reports in BlockStored equal the
+block size 128 on CPU: engine ``a`` of tests/tiny_pair.py; every prompt here is this
+module's own, so what other modules left in its cache does not meet it): the block hashes the engine reports in BlockStored equal the
 router's own, and the router's predicted cached tokens equal the engine's reported
 ``usage.prompt_tokens_details.cached_tokens``, for token-id prompts and for chat
 requests tokenized by the router front."""
@@ -21,13 +22,15 @@ from router.dispatch.core import RouterCore
 from router.admission.parse import parse_request
 from router.tokenize import Tokenizers
 from router.types import Decision, RoutingRequest
-from tests.engine_proc import EngineProc, start_engine
+from tests.engine_proc import EngineProc
 from tests.remote_cluster import remote_cluster
+from tests.tiny_pair import TinyPair
 
 pytestmark = pytest.mark.engine
 
 BLOCK = 128
 MODEL = "tiny-a"
+ENGINE_ID = "a-0"
 
 
 class StoredEvents:
@@ -60,11 +63,11 @@ class StoredEvents:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
-    eng = start_engine(tmp_path_factory.mktemp("kv"), "e0",
-                       extra=["--enable-prompt-tokens-details", "--max-num-seqs", "8"])
-    yield eng
-    eng.stop()
+def engine(tiny_pair: TinyPair) -> EngineProc:
+    tiny_pair.revive()
+    d = tiny_pair.d
+    return EngineProc(ENGINE_ID, tiny_pair.ports["a"], tiny_pair.procs["a"], d / "a.log",
+                      f"ipc://{d}/{ENGINE_ID}.telemetry", f"ipc://{d}/{ENGINE_ID}.kv")
 
 
 def make_core(engine: EngineProc) -> RouterCore:
@@ -138,13 +141,13 @@ def test_block_stored_hashes_equal_the_routers(run: Any) -> None:
         decision, cached = await h.completion(ids)
         assert (decision.cached_tokens, cached) == (0, 0)
         ours = h.core.state.hasher.block_hashes(ids, BLOCK)
-        assert len(ours) == 2 and h.core.state.table["e0"].kv.block_size == BLOCK
+        assert len(ours) == 2 and h.core.state.table[ENGINE_ID].kv.block_size == BLOCK
         for _ in range(100):
             if h.events.hashes[-2:] == ours:
                 break
             await asyncio.sleep(0.05)
         assert h.events.hashes[-2:] == ours
-        assert h.core.state.table["e0"].kv.match(ours) == 2
+        assert h.core.state.table[ENGINE_ID].kv.match(ours) == 2
     run(scenario)
 
 

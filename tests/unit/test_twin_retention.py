@@ -191,6 +191,7 @@ def test_a_retention_replay_in_the_twin_and_its_report(profiles: Path,
                    TwinOptions(load_profiles(profiles, ["tiny-a", "tiny-b"]),
                                RouterCosts(charge_decision=False)), "test")
     assert summary["meta"]["tool_gap"] == "fixed:0.5" and summary["meta"]["context"] == "chat"
+    assert all(set(r["block_sizes"].values()) == {16} for r in summary["runs"])
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert all(r["error"] is None and r["cached_tokens"] is not None for r in rows)
     gapped = [r for r in rows if r["stage_index"] < r["num_stages"] - 1]
@@ -279,3 +280,28 @@ def test_the_report_pools_seeds_as_repeats(tmp_path: Path) -> None:
         report.analyse([a, _hand_made_replay(tmp_path / "again", 0, 64)])
     report.main(["--pool", str(a), str(b), "--json", str(tmp_path / "r.json")])
     assert json.loads((tmp_path / "r.json").read_text())[0]["seeds"] == [0, 1]
+
+
+def test_the_report_reads_the_block_size_the_replay_recorded(tmp_path: Path) -> None:
+    """The recomputed prefix counts full blocks of the engines' block size: the one each
+    run recorded (``block_sizes``), else ``--block-size``, else 16; a recorded size that
+    disagrees with ``--block-size`` or between engines is refused."""
+    folder = _hand_made_replay(tmp_path / "r", 0, saved=0)
+
+    def recomputed(res: dict[str, Any]) -> float:
+        return {v["policy"]: v for v in res["values"]}["lru"]["recomputed_prefix"]["value"]
+
+    assert recomputed(report.analyse(folder)) == 64.0  # 16-token blocks: all 64 tokens
+    assert recomputed(report.analyse(folder, block_size=48)) == 48.0
+    summary = json.loads((folder / "summary.json").read_text())
+    for run in summary["runs"]:
+        run["block_sizes"] = {"e-0": 48, "e-1": 48}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    res = report.analyse(folder)
+    assert res["block_size"] == 48 and recomputed(res) == 48.0
+    with pytest.raises(ValueError, match="recorded its engines' block size as 48"):
+        report.analyse(folder, block_size=16)
+    summary["runs"][1]["block_sizes"] = {"e-0": 48, "e-1": 32}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="different KV block sizes"):
+        report.analyse(folder)
