@@ -60,8 +60,8 @@ class TwinOptions:
     jobs: int = 1
     """Runs simulated at once, one process each."""
     stock: bool = False
-    """Engines on one of vLLM's own policies (``router.config.engines.STOCK_SCHED_POLICIES``) are stock
-    vLLM servers, which the router scrapes; off: every engine is hetserve's."""
+    """Engines on one of vLLM's own policies (``router.config.engines.STOCK_SCHED_POLICIES``)
+    are stock vLLM servers, which the router scrapes; off: every engine is hetserve's."""
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     """Between two scrapes of a stock engine's ``/metrics`` (virtual seconds)."""
 

@@ -1,9 +1,9 @@
 """The router's KV prefix index against a real engine (engine_ext.serve, builtin:tiny-a,
-block size 128 on CPU: engine ``a`` of tests/tiny_pair.py; every prompt here is this
-module's own, so what other modules left in its cache does not meet it): the block hashes the engine reports in BlockStored equal the
+block size 128 on CPU): the block hashes the engine reports in BlockStored equal the
 router's own, and the router's predicted cached tokens equal the engine's reported
 ``usage.prompt_tokens_details.cached_tokens``, for token-id prompts and for chat
-requests tokenized by the router front."""
+requests tokenized by the router front. The engine is ``a`` of tests/tiny_pair.py; every
+prompt here is this module's own, so what other modules left in its cache meets none."""
 
 from __future__ import annotations
 
