@@ -102,7 +102,7 @@ def markdown_tables(summary: Mapping[str, Any]) -> str:
                               str(s["errors"]), _downs_text(run)]))
     base = summary["meta"]["baseline"]
     cols = [c for c in COLUMNS if c.in_ratios]
-    out = "\n".join(lines)
+    out = "\n".join([*(f"**{w}**\n" for w in summary["meta"].get("warnings", [])), *lines])
     if not any(baseline_run(summary, r["rate"]) for r in runs):
         return out + f"\n\n(no ratios: the baseline {base!r} was not run)"
     head = ["policy", "rate/s", *(c.name for c in cols)]

@@ -249,6 +249,25 @@ def schedule(specs: Sequence[PolicySpec], rates: Sequence[float], repeats: int,
             for f in range(folds) for s in _rotated(g, k + f) for r in rates]
 
 
+MIN_REPEATS_ACROSS_GROUPS = 3
+"""Repeats below which a live comparison across engine groups gets ``drift_warning``."""
+
+
+def drift_warning(groups: Sequence[Sequence[PolicySpec]], repeats: int) -> str | None:
+    """A warning when specs on different engine settings are compared live with fewer than
+    ``MIN_REPEATS_ACROSS_GROUPS`` repeats: each group runs on its own engine start, one
+    after the other, and drift between them (the machine, the engines' state) lies between
+    the groups, where intervals over workflows cannot see it and those over so few repeats
+    barely can."""
+    if len(groups) < 2 or repeats >= MIN_REPEATS_ACROSS_GROUPS:
+        return None
+    names = " | ".join(", ".join(s.label for s in g) for g in groups)
+    return (f"warning: {len(groups)} engine groups ({names}) run one after the other with "
+            f"--repeats {repeats}: a difference between groups may be drift between their "
+            f"engine starts, not the specs; give --repeats {MIN_REPEATS_ACROSS_GROUPS} or "
+            "more (the groups rotate every repeat)")
+
+
 def _rotated(items: Sequence[Any], k: int) -> list[Any]:
     k %= len(items)
     return [*items[k:], *items[:k]]
@@ -350,6 +369,10 @@ def replay(cfg: LaunchConfig, trace: Trace, trace_name: str, opts: ReplayOptions
     """Run every policy at every rate; write outputs after each run; return the summary."""
     p = prepare(cfg, trace, trace_name, opts, command)
     summary = p.summary
+    warning = drift_warning(grouped(opts.policies, lambda s: p.engines[s.label]), opts.repeats)
+    if warning:
+        tqdm.write(warning)
+        summary["meta"]["warnings"] = [warning]
     opts.out.mkdir(parents=True, exist_ok=True)
     cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)
     try:

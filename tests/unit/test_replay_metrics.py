@@ -124,6 +124,18 @@ def test_tables_show_ratios_against_the_baseline() -> None:
     assert row["e2e_s.mean/baseline"] == 0.75 and row["score/baseline"] == pytest.approx(1.2)
 
 
+def test_tables_open_with_the_replays_warnings() -> None:
+    summary = summary_of([("chimera:stjf", 1.0, 3.0, 0.6), ("vllm:fcfs", 1.0, 4.0, 0.5)])
+    summary["meta"]["warnings"] = ["warning: drift"]
+    assert markdown_tables(summary).startswith("**warning: drift**\n")
+
+
+def test_block_size_of_cache_config_labels() -> None:
+    assert em.block_size({"block_size": "128", "num_gpu_blocks": "512"}) == 128
+    assert [em.block_size(x) for x in ({}, {"block_size": "None"}, {"block_size": "-16"},
+                                       {"block_size": "0"})] == [None] * 4
+
+
 def test_tables_without_the_baseline_say_so() -> None:
     text = markdown_tables(summary_of([("chimera:stjf", 1.0, 3.0, 0.6)]))
     assert "no ratios: the baseline 'vllm:fcfs' was not run" in text

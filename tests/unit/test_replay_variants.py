@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kernels_bench.replay.cluster import ClusterError, engine_variant
-from kernels_bench.replay.run import (check_variant, grouped, router_variant, schedule,
-                                      spec_inputs)
+from kernels_bench.replay.run import (check_variant, drift_warning, grouped, router_variant,
+                                      schedule, spec_inputs)
 from kernels_bench.replay.spec import parse_policies
 from router.config.cluster import ClusterConfig, load_cluster_config
 from router.config.engines import SCHED_POLICIES
@@ -115,6 +115,14 @@ def test_runs_grouped_by_engine_settings(cfg: ClusterConfig) -> None:
     got = grouped(given, lambda s: engine_variant(cfg, s.sched))
     assert [[s.label for s in g] for g in got] == [["chimera:stjf", "lmetric", "oracle"],
                                                    ["vllm:fcfs", "chimera:fcfs"]]
+
+
+def test_a_live_comparison_across_engine_groups_with_few_repeats_is_warned(
+        cfg: ClusterConfig) -> None:
+    two = grouped(specs("chimera:stjf", "vllm:fcfs"), lambda s: engine_variant(cfg, s.sched))
+    one = grouped(specs("chimera:stjf", "lmetric"), lambda s: engine_variant(cfg, s.sched))
+    assert "2 engine groups (chimera:stjf | vllm:fcfs)" in (drift_warning(two, 2) or "")
+    assert drift_warning(two, 3) is None and drift_warning(one, 1) is None
 
 
 def test_repeats_are_interleaved_and_rotated(cfg: ClusterConfig) -> None:
