@@ -176,6 +176,11 @@ def _key_env(cfg: LaunchConfig, e: EngineConfig) -> dict[str, str]:
         raise LaunchError(f"{cfg.source}: {exc}") from None
 
 
+ROUTER_LIVENESS = "/live"
+"""The router's path a supervisor checks: 200 while it answers, even with every engine
+down (its ``/health`` is readiness: 503 then, and restarting the router would not help)."""
+
+
 def router_processes(cfg: LaunchConfig, run_dir: Path, python: str) -> list[ProcessPlan]:
     """The router process, or ``router.workers`` of them, each health-checked on its own
     port and serving the shared one on the socket the launcher binds (``--listen-fd``)."""
@@ -186,14 +191,14 @@ def router_processes(cfg: LaunchConfig, run_dir: Path, python: str) -> list[Proc
         return [ProcessPlan(
             spec=ProcessSpec(name="router", argv=argv, env=dict(BASE_ENV),
                              log_path=run_dir / "router.log",
-                             health_url=cfg.router_url() + "/health"),
+                             health_url=cfg.router_url() + ROUTER_LIVENESS),
             kind="router", port=r.port, devices="", model=r.policy)]
     assert r.worker_ports is not None
     return [ProcessPlan(
         spec=ProcessSpec(name=f"router-{i}",
                          argv=[*argv, "--worker", str(i), "--listen-fd", LISTEN_FD],
                          env=dict(BASE_ENV), log_path=run_dir / f"router-{i}.log",
-                         health_url=http_url(r.host, port) + "/health"),
+                         health_url=http_url(r.host, port) + ROUTER_LIVENESS),
         kind="router", port=port, devices="", model=r.policy)
         for i, port in enumerate(r.worker_ports)]
 

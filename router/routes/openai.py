@@ -1,5 +1,6 @@
 """The OpenAI routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, and
-``/health`` and ``/metrics``. A generation route bounds the requests in flight, admits the
+``/health`` (readiness: 503 while no engine is up), ``/live`` (liveness: the router
+answers) and ``/metrics``. A generation route bounds the requests in flight, admits the
 request (``router.admission``) and hands it to the proxy (``router.proxy``)."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class OpenAIRoutes:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models, allow_head=False)
         app.router.add_get("/health", self.health, allow_head=False)
+        app.router.add_get("/live", self.live, allow_head=False)
         app.router.add_get("/metrics", self.metrics_text, allow_head=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -89,6 +91,12 @@ class OpenAIRoutes:
                                "inflight": state.open_requests[e.name], "url": e.url,
                                "node": membership.nodes.get(e.name)} for e in engines]}
         return json_response(body, 200 if up else 503)
+
+    async def live(self, _request: web.Request) -> web.Response:
+        """200 whenever the router's event loop answers, engines up or not: what a
+        supervisor restarts on (``/health``'s 503 with every engine down is no reason to
+        restart the router)."""
+        return json_response({"status": "alive"})
 
     async def metrics_text(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={

@@ -98,13 +98,18 @@ def test_the_front_asks_for_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     app = create_app(_load(tmp_path, 'api_keys_env = "HS_API_KEYS"\n'
                                      'admin_keys_file = "admin.txt"\n'))
     chat = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
-    (s1, b1), (s2, b2), (s3, _), (s4, _), (s5, _), (s6, b6) = _calls(app, [
+    (s1, b1), (s2, b2), (s3, _), (s4, _), (s5, _), (s6, b6), (s7, b7), (s8, b8) = _calls(app, [
         ("POST", "/v1/chat/completions", None, chat),
         ("POST", "/v1/chat/completions", {"Authorization": "Bearer nope"}, chat),
         ("GET", "/v1/models", None, None),
         ("GET", "/v1/models", {"Authorization": "Bearer k1"}, None),
         ("POST", "/admin/engines/a-0/down", None, None),  # loopback too
-        ("POST", "/admin/engines/a-0/down", {"Authorization": "Bearer adm"}, None)])
+        ("POST", "/admin/engines/a-0/down", {"Authorization": "Bearer adm"}, None),
+        ("GET", "/health", None, None), ("GET", "/live", None, None)])
+    # no key needed for either; with the only engine marked down the router is not ready
+    # (503) but alive (200): a supervisor restarts on /live only
+    assert s7 == 503 and b7["status"] == "no engine up"
+    assert s8 == 200 and b8 == {"status": "alive"}
     assert s1 == 401 and b1["error"]["code"] == "invalid_api_key"
     assert s2 == 401 and "incorrect" in b2["error"]["message"]
     assert (s3, s4, s5) == (401, 200, 403)

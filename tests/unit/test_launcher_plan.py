@@ -181,7 +181,7 @@ def test_ports_and_endpoints_assigned(tmp_path: Path) -> None:
     assert inst["a-1"].kv_events_endpoint == f"ipc://{run}/a-1.kv"
     assert inst["a-1"].url == "http://127.0.0.1:8105"
     assert plan.engines[1].spec.health_url == "http://127.0.0.1:8105/health"
-    assert plan.router.spec.health_url == "http://127.0.0.1:8103/health"
+    assert plan.router.spec.health_url == "http://127.0.0.1:8103/live"
 
 
 def test_given_port_in_use(tmp_path: Path) -> None:
@@ -327,7 +327,7 @@ def test_router_workers(tmp_path: Path) -> None:
     assert [p.spec.name for p in plan.routers] == ["router-0", "router-1"]
     assert [flag(p.spec.argv, "--worker") for p in plan.routers] == ["0", "1"]
     assert [p.spec.health_url for p in plan.routers] == [
-        "http://127.0.0.1:8100/health", "http://127.0.0.1:8101/health"]
+        "http://127.0.0.1:8100/live", "http://127.0.0.1:8101/live"]
     assert plan.router is plan.routers[0]
     # the port's socket: bound by the launcher when it starts (launcher.listener)
     assert [flag(p.spec.argv, "--listen-fd") for p in plan.routers] == ["<listen-fd>"] * 2
