@@ -194,6 +194,9 @@ def _supervise(sup: Supervisor, backend: Backend, plan: Plan, unplaced: Plan,
                     console.line(f"{name} {'is up again' if ev.kind == 'up' else ev.detail}")
                     if ev.kind == "failed":
                         return 1
+                    if ev.kind == "up":  # a restarted router takes engines it has not
+                        for m in not_serving(sup, routers, scaler):  # heard from as up
+                            admin(m.spec.name, "down")
                     continue
                 if ev.kind == "moved":
                     console.line(f"{name} {ev.detail}")
@@ -227,6 +230,15 @@ def _supervise(sup: Supervisor, backend: Backend, plan: Plan, unplaced: Plan,
     finally:
         if scaler is not None:
             scaler.close()
+
+
+def not_serving(sup: Supervisor, routers: list[Managed], scaler: Scaler | None
+                ) -> list[Managed]:
+    """The engines in routing that are not up (restarting, or given up on): what a router
+    that has just restarted must be told are down."""
+    return [m for m in sup.procs if m not in routers
+            and not (scaler is not None and scaler.busy(m.spec.name))
+            and m.state in (State.STARTING, State.DOWN, State.FAILED)]
 
 
 def _admin(console: Console, router_url: str, instance: str, action: str,

@@ -271,3 +271,20 @@ def test_engines_yield_the_cpu_to_a_restarting_one(tmp_path: Path) -> None:
         assert [nice(m) for m in sup.procs] == ["0", "0", "0"]
     finally:
         sup.stop_all(grace_s=1)
+
+
+def test_a_restarted_router_is_told_which_engines_are_not_serving(tmp_path: Path) -> None:
+    """``launcher.run.not_serving``: the engines not up (restarting, given up on), never
+    the routers, never one stopped (removed from routing)."""
+    from launcher.run import not_serving
+
+    sup = Supervisor(tmp_path, health_timeout_s=1, max_restarts=0, backoff_s=0.1,
+                     backoff_max_s=0.1)
+    spec = ProcessSpec(name="x", argv=["true"], env={}, log_path=tmp_path / "x.log",
+                       health_url=None)
+    procs = {state: Managed(dataclasses.replace(spec, name=state.value), state=state)
+             for state in State}
+    router = Managed(dataclasses.replace(spec, name="router"), state=State.STARTING)
+    sup.procs = [*procs.values(), router]
+    assert [m.spec.name for m in not_serving(sup, [router], None)] == [
+        "starting", "down", "failed"]
