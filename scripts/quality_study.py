@@ -19,9 +19,9 @@ calls on the 1.5B, APGR, bootstrap over problems).
 - **Signals the workflow produces**: on math, the small model's final answer agreeing
   with its answers to the same problem under the other workflows (self-consistency; it
   costs those runs), two sampled runs of the same workflow agreeing (where the trace has
-  two samples of the small model and any of the big one; it costs a second run), and its verifier calling its answer
-  wrong; on code, the small model's
-  final program failing the examples its own prompt states (doctests, run in the sandbox;
+  two samples of the small model and any of the big one; it costs a second run), and its
+  verifier calling its answer wrong; on code, the small model's final program failing
+  the examples its own prompt states (doctests, run in the sandbox;
   the hidden tests are not read). Each is used as the gain score of an escalation rule
   (doubt -> the big model); no training, so every problem is held out. They are read
   after the small model's run, so an escalated workflow pays for both runs.
