@@ -80,22 +80,6 @@ def first_stages(trace: Path, model: str, n: int) -> list[tuple[str, str, list[d
             for r in runs[:n]]
 
 
-def one_engine(cluster: Path, engine: str):
-    """The cluster file with only engine ``engine`` (its table and ``[launcher]`` as
-    written; the router's policies dropped): the other engines' models need not be on
-    this machine, as ``trace build --models`` needs them."""
-    from launcher.settings import parse_launch_config
-    from router.config.cluster import read_cluster_file
-
-    raw = read_cluster_file(cluster)
-    engines = [e for e in raw.get("engines", []) if e.get("name") == engine]
-    if not engines:
-        raise SystemExit(f"--engine: no engine named {engine!r} in {cluster}")
-    raw = {**raw, "engines": engines,
-           "router": {k: v for k, v in raw.get("router", {}).items() if k != "policies"}}
-    return parse_launch_config(raw, str(cluster), cluster.resolve().parent)
-
-
 def decode_metrics(client: httpx.Client, url: str) -> tuple[float, float]:
     """(sum, count) of the engine's per-request decode time histogram."""
     text = client.get(f"{url}/metrics", timeout=30.0).text
@@ -208,9 +192,9 @@ def main() -> None:
         print(summarize(res))
         return
 
-    from kernels_bench.trace.engines import engine_session
+    from kernels_bench.trace.engines import engine_session, single_engine_config
 
-    cfg = one_engine(a.cluster, a.engine)
+    cfg = single_engine_config(a.cluster, a.engine)
     model = cfg.engine(a.engine).served_model_name
     prompts = first_stages(a.trace, model, a.batch)
     done = {(b["round"], b["setting"]) for b in res["batches"]}
