@@ -20,16 +20,23 @@ calls on the 1.5B, APGR, bootstrap over problems).
   with its answers to the same problem under the other workflows (self-consistency; it
   costs those runs), two sampled runs of the same workflow agreeing (where the trace has
   two samples of the small model and any of the big one; it costs a second run), and its
-  verifier calling its answer wrong; on code, the small model's final program failing
-  the examples its own prompt states (doctests, run in the sandbox;
-  the hidden tests are not read). Each is used as the gain score of an escalation rule
-  (doubt -> the big model); no training, so every problem is held out. They are read
-  after the small model's run, so an escalated workflow pays for both runs.
+  verifier calling its answer wrong; on both, the length of its planner's plan; on code,
+  the small model's final program failing the examples its own prompt states (doctests,
+  run in the sandbox; the hidden tests are not read); on both, where ``--confidence``
+  holds them, the small model's token log-probabilities of its final stage
+  (``CONFIDENCE_STATS``; on code also as the tie-break of the examples where the prompt
+  states none). Each is used as the gain score of an escalation rule (doubt -> the big
+  model); no training, so every problem is held out, except a continuous doubt's
+  threshold, chosen on each fold's training problems (``thresholded``). They are read
+  after the small model's run (the plan after its first stage, the problem text's
+  log-probability before it), so an escalated workflow pays for both runs.
 - **Learning curve**: the candidates trained on 25%, 50%, 75% and 100% of each fold's
   training problems (seeded subsets, ``--repeats`` draws below 100%), judged on the same
   held-out problems.
 
-Writes ``study.json`` and ``learning-curve.png`` in ``--out`` (docs/predictors/quality/).
+Writes ``study.json``, ``learning-curve.png`` and ``signals.png`` (each signal's share of
+the oracle's gain recovered at each share) in ``--out`` (docs/predictors/quality/);
+``--signals-only`` recomputes only the signals into an existing ``study.json``.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ TRACE_CODE = ("plan_code_qa_code", "plan_code", "code")
 FOLDS = 5
 INNER = 4
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+CONFIDENCE = Path("docs/predictors/quality/confidence.json")
+"""Where ``scripts/small_confidence.py`` writes by default."""
 
 
 @dataclass(frozen=True)
@@ -252,21 +261,89 @@ def samples_agree(samples: Sequence[ModelRun]) -> float:
     return float(bool(a) and a == b)
 
 
+def thresholded(doubt: np.ndarray, labels: np.ndarray, problems: Sequence[str]
+                ) -> np.ndarray:
+    """A continuous doubt as a rule "escalate where doubt > t", cross-fitted: each of the
+    ``FOLDS`` folds of problems gets the t (a 5%-step quantile of its training rows'
+    doubt) that scores best on its training rows (mean of the big model's label where
+    doubt > t, the small model's elsewhere); returns doubt - t (its sign is the rule; the
+    margin ranks the rows for APGR)."""
+    fold = np.array([fold_of(p, 0, FOLDS) for p in problems])
+    out = np.zeros(len(doubt))
+    for k in range(FOLDS):
+        tr, te = fold != k, fold == k
+        ts = np.unique(np.percentile(doubt[tr], np.arange(0, 101, 5)))
+        score = [np.where(doubt[tr] > t, labels[tr, 1], labels[tr, 0]).mean() for t in ts]
+        out[te] = doubt[te] - ts[int(np.argmax(score))]
+    return out
+
+
+def confidence_doubt(keys: Sequence[tuple[str, str]], confidence: dict, stat: str
+                     ) -> np.ndarray:
+    """Per row, minus the small model's token log-probability statistic ``stat`` of its
+    final stage (``scripts/small_confidence.py``; ``problem``: of the problem text alone);
+    NaN where the file has no score."""
+    def one(p: str, w: str) -> float:
+        if stat == "problem":
+            row = confidence["problems"].get(p, {})
+            return -row.get("mean", np.nan)
+        return -confidence["rows"].get(f"{p}|{w}", {}).get(stat, np.nan)
+    return np.array([one(p, w) for p, w in keys])
+
+
+CONFIDENCE_STATS = {"mean": "mean token log-probability of its final stage",
+                    "p10": "10% quantile of its final stage's token log-probabilities",
+                    "min": "least likely token of its final stage",
+                    "tail": "mean log-probability of its final stage's last 8 tokens",
+                    "problem": "mean log-probability of the problem text (read before any run)"}
+"""The confidence statistics judged (``confidence_doubt``), fixed before their numbers."""
+
+
 def workflow_signals(traces: Sequence[str], boot: int,
-                     suites: Sequence[str] = ("math", "code")) -> dict:
+                     suites: Sequence[str] = ("math", "code"),
+                     confidence: dict | None = None) -> dict:
     """APGR of the escalation signals (see the module docstring), per suite: each reads
     the small model's greedy runs; labels as the candidates' (P(correct) where sampled).
     Scores are [0.5, doubt], so the top-confidence choice keeps the small model exactly
-    where the signal says its run is right (doubt 0) and escalates a tie."""
+    where the signal says its run is right (doubt 0) and escalates a tie; a continuous
+    doubt (the small model's confidence, ``confidence``) is ``thresholded`` first."""
     small, big = (dict(parse_model_map([MODEL_MAP]))[m] for m in (SMALL, BIG))
+    if confidence is not None and confidence.get("model") != small:
+        raise ValueError(f"the confidence file scores {confidence.get('model')!r}, "
+                         f"not the small model {small!r}")
     runs = {(r.problem_id, r.workflow): r for path in traces
             for r in load_trace(path).complete_runs([small, big])}
 
+    def label_of(keys: Sequence[tuple[str, str]]) -> np.ndarray:
+        return np.array([[runs[k].p_correct(m) for m in (small, big)] for k in keys])
+
     def judged(keys: list[tuple[str, str]], doubt: np.ndarray) -> dict:
-        labels = np.array([[runs[k].p_correct(m) for m in (small, big)] for k in keys])
         scores = np.stack([np.full(len(doubt), 0.5), doubt], 1)
-        return routing_gain_report(scores, labels, [SMALL, BIG], [p for p, _ in keys], 0,
-                                   boot)
+        return routing_gain_report(scores, label_of(keys), [SMALL, BIG],
+                                   [p for p, _ in keys], 0, boot)
+
+    def planned(keys: list[tuple[str, str]], into: dict) -> None:
+        """The small model's planner's output length (issue 30 item 4), where there is one:
+        read after the first stage."""
+        ok = [k for k in keys if runs[k].models[small].stages[0].role == "planner"]
+        if len(ok) > 1:
+            n = np.array([runs[k].models[small].stages[0].output_tokens for k in ok], float)
+            into["small model's planner's length (workflows with a planner)"] = judged(
+                ok, 0.5 + thresholded(n, label_of(ok), [p for p, _ in ok]))
+
+    def confident(keys: list[tuple[str, str]], into: dict) -> None:
+        """The confidence signals, on the rows the file scored."""
+        if confidence is None:
+            return
+        into["confidence rows"] = int(np.isfinite(confidence_doubt(keys, confidence,
+                                                                   "mean")).sum())
+        for stat, name in CONFIDENCE_STATS.items():
+            doubt = confidence_doubt(keys, confidence, stat)
+            ok = [k for k, v in zip(keys, doubt) if np.isfinite(v)]
+            if len(ok) < 2:
+                continue
+            into[f"small model's confidence: {name}"] = judged(ok, 0.5 + thresholded(
+                doubt[np.isfinite(doubt)], label_of(ok), [p for p, _ in ok]))
 
     out: dict = {}
     keys = sorted(k for k in runs if k[1] in TRACE_MATH)
@@ -291,12 +368,26 @@ def workflow_signals(traces: Sequence[str], boot: int,
             out["math"]["sampled rows"] = len(sampled)
             out["math"]["disagreement of two samples of the small model"] = judged(
                 sampled, np.array([1.0 - samples_agree(runs[k].samples[small]) for k in sampled]))
+        planned(keys, out["math"])
+        confident(keys, out["math"])
     keys = sorted(k for k in runs if k[1] in TRACE_CODE)
     if keys and "code" in suites:
         doubt = examples_doubt([runs[k].models[small].stages[-1].output_text for k in keys],
                                [p for p, _ in keys])
         out["code"] = {"rows": len(keys), "doubt": doubt.tolist(),
                        "small model's code fails its prompt's examples": judged(keys, doubt)}
+        planned(keys, out["code"])
+        confident(keys, out["code"])
+        if confidence is not None:
+            mean = confidence_doubt(keys, confidence, "mean")
+            if np.isfinite(mean).all():
+                none = doubt == 0.5
+                both = doubt.copy()
+                both[none] = 0.5 + thresholded(mean[none], label_of(keys)[none],
+                                               [p for (p, _), n in zip(keys, none) if n])
+                both[~none] = np.where(doubt[~none] > 0.5, 1e3, -1e3)  # the examples decide
+                out["code"]["examples, else the small model's mean token confidence"] = \
+                    judged(keys, both)
     return out
 
 
@@ -327,7 +418,26 @@ def main() -> None:
     p.add_argument("--trace", nargs="+", default=TRACES,
                    help="trace files (default: the shipped math and code traces)")
     p.add_argument("--out", type=Path, default=Path("docs/predictors/quality"))
+    p.add_argument("--confidence", type=Path, default=CONFIDENCE,
+                   help="the small model's token log-probabilities of its runs "
+                        "(scripts/small_confidence.py; default %(default)s, skipped when "
+                        "absent)")
+    p.add_argument("--signals-only", action="store_true",
+                   help="recompute only the workflow signals into --out's study.json")
     args = p.parse_args()
+    confidence = (json.loads(args.confidence.read_text()) if args.confidence.exists()
+                  else None)
+    if args.signals_only:
+        path = args.out / "study.json"
+        if not path.exists():
+            raise SystemExit(f"--signals-only: {path} does not exist; run the whole study")
+        result = json.loads(path.read_text())
+        result["workflow_signals"] = workflow_signals(args.trace, args.boot,
+                                                      confidence=confidence)
+        path.write_text(json.dumps(result, indent=1))
+        plot_signals(result["workflow_signals"], args.out / "signals.png")
+        print_summary(result)
+        return
     d = load(args.trace, progress=True)
     n = len(d.labels)
     fold = np.array([fold_of(pr, 0, FOLDS) for pr in d.problems])
@@ -384,10 +494,11 @@ def main() -> None:
                 print(f"curve {name} [{label}] {f:.2f} #{r}: APGR "
                       f"{rep['apgr']['value']:.3f}", flush=True)
         result["curve"][name] = {"setting": label, "points": curve}
-    result["workflow_signals"] = workflow_signals(args.trace, args.boot)
+    result["workflow_signals"] = workflow_signals(args.trace, args.boot, confidence=confidence)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "study.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "learning-curve.png")
+    plot_signals(result["workflow_signals"], args.out / "signals.png")
     print_summary(result)
 
 
@@ -427,6 +538,33 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
+
+def plot_signals(signals: dict, path: Path) -> None:
+    """Share of the oracle's gain over random recovered at each share of rows escalated to
+    the big model, one panel per suite, one line per signal (each on its own rows)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    suites = [s for s in signals if any(isinstance(v, dict) for v in signals[s].values())]
+    fig, axes = plt.subplots(1, len(suites), figsize=(6.5 * len(suites), 6.2), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        reps = {k: v for k, v in signals[suite].items() if isinstance(v, dict) and v}
+        colors = plt.get_cmap("tab10").colors
+        for i, (name, rep) in enumerate(reps.items()):
+            short = name.replace("small model's confidence: ", "confidence: ")
+            ax.plot([p["share"] for p in rep["per_share"]],
+                    [p["recovered"]["value"] for p in rep["per_share"]], marker="o",
+                    color=colors[i % len(colors)],
+                    label=f"{short[:60]} ({rep['prompts']} rows)")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.axhline(0.3, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("share of rows escalated to the big model")
+        ax.set_ylabel("share of the oracle's gain over random")
+        ax.set_title(f"{suite}: escalation signals (0 random, 1 oracle, dashed: 0.3)")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.13))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 if __name__ == "__main__":
     main()

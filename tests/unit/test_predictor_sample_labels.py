@@ -106,7 +106,9 @@ def test_quality_study_signals_on_the_shipped_traces_are_the_committed_ones() ->
     study = _quality_study()
     committed = json.loads((ROOT / "docs/predictors/quality/study.json").read_text())
     signals = committed["workflow_signals"]
-    assert study.workflow_signals(study.TRACES, 1000, ("math",)) == {"math": signals["math"]}
+    confidence = json.loads((ROOT / "docs/predictors/quality/confidence.json").read_text())
+    assert study.workflow_signals(study.TRACES, 1000, ("math",), confidence) == {
+        "math": signals["math"]}
     # code: the examples of the first rows' prompts run again (the whole suite: a minute)
     small, big = (dict(study.parse_model_map([study.MODEL_MAP]))[m]
                   for m in (study.SMALL, study.BIG))
@@ -116,3 +118,21 @@ def test_quality_study_signals_on_the_shipped_traces_are_the_committed_ones() ->
     doubt = study.examples_doubt([runs[k].models[small].stages[-1].output_text for k in keys],
                                  [p for p, _ in keys])
     assert doubt.tolist() == signals["code"]["doubt"][:9]
+
+
+def test_a_continuous_doubt_is_thresholded_on_each_folds_training_problems() -> None:
+    study = _quality_study()
+    rng = np.random.default_rng(0)
+    problems = [f"p{i}" for i in range(200)]
+    doubt = rng.random(200)
+    # the small model is right below 0.6, the big one above: the rule's best t is 0.6
+    labels = np.stack([doubt < 0.6, doubt >= 0.6], 1).astype(float)
+    margin = study.thresholded(doubt, labels, problems)
+    assert ((margin > 0) == (doubt > 0.62)).mean() > 0.95
+    assert np.all(np.diff(margin[np.argsort(doubt)]) != 0)  # the margin keeps doubt's order
+    # a fold's held-out labels choose nothing: change them all and its margins stay
+    fold = np.array([study.fold_of(p, 0, study.FOLDS) for p in problems])
+    flipped = labels.copy()
+    flipped[fold == 0] = 1 - flipped[fold == 0]
+    again = study.thresholded(doubt, flipped, problems)
+    assert np.array_equal(again[fold == 0], margin[fold == 0])
