@@ -322,28 +322,30 @@ def workflow_signals(traces: Sequence[str], boot: int,
         return routing_gain_report(scores, label_of(keys), [SMALL, BIG],
                                    [p for p, _ in keys], 0, boot)
 
+    def judged_continuous(keys: list[tuple[str, str]], doubt: np.ndarray) -> dict:
+        return judged(keys, 0.5 + thresholded(doubt, label_of(keys), [p for p, _ in keys]))
+
     def planned(keys: list[tuple[str, str]], into: dict) -> None:
         """The small model's planner's output length (issue 30 item 4), where there is one:
         read after the first stage."""
         ok = [k for k in keys if runs[k].models[small].stages[0].role == "planner"]
         if len(ok) > 1:
             n = np.array([runs[k].models[small].stages[0].output_tokens for k in ok], float)
-            into["small model's planner's length (workflows with a planner)"] = judged(
-                ok, 0.5 + thresholded(n, label_of(ok), [p for p, _ in ok]))
+            into["small model's planner's length (workflows with a planner)"] = \
+                judged_continuous(ok, n)
 
     def confident(keys: list[tuple[str, str]], into: dict) -> None:
         """The confidence signals, on the rows the file scored."""
         if confidence is None:
             return
-        into["confidence rows"] = int(np.isfinite(confidence_doubt(keys, confidence,
-                                                                   "mean")).sum())
         for stat, name in CONFIDENCE_STATS.items():
             doubt = confidence_doubt(keys, confidence, stat)
-            ok = [k for k, v in zip(keys, doubt) if np.isfinite(v)]
-            if len(ok) < 2:
-                continue
-            into[f"small model's confidence: {name}"] = judged(ok, 0.5 + thresholded(
-                doubt[np.isfinite(doubt)], label_of(ok), [p for p, _ in ok]))
+            scored = np.isfinite(doubt)
+            if stat == "mean":
+                into["confidence rows"] = int(scored.sum())
+            if scored.sum() > 1:
+                into[f"small model's confidence: {name}"] = judged_continuous(
+                    [k for k, s in zip(keys, scored) if s], doubt[scored])
 
     out: dict = {}
     keys = sorted(k for k in runs if k[1] in TRACE_MATH)
@@ -565,6 +567,7 @@ def plot_signals(signals: dict, path: Path) -> None:
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
 
 if __name__ == "__main__":
     main()
