@@ -427,8 +427,15 @@ def main() -> None:
     p.add_argument("--signals-only", action="store_true",
                    help="recompute only the workflow signals into --out's study.json")
     args = p.parse_args()
-    confidence = (json.loads(args.confidence.read_text()) if args.confidence.exists()
-                  else None)
+    try:
+        confidence = (json.loads(args.confidence.read_text()) if args.confidence.exists()
+                      else None)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--confidence {args.confidence}: {e}") from None
+    if confidence is not None and not (isinstance(confidence, dict)
+                                       and {"model", "rows", "problems"} <= set(confidence)):
+        raise SystemExit(f"--confidence {args.confidence}: not a file of "
+                         "scripts/small_confidence.py (model, rows, problems)")
     if args.signals_only:
         path = args.out / "study.json"
         if not path.exists():

@@ -143,7 +143,12 @@ def main() -> None:
     res: dict[str, Any] = {"engine": a.engine, "model": model, "tail_tokens": TAIL,
                            "rows": {}, "problems": {}}
     if a.out.exists():
-        res = json.loads(a.out.read_text())
+        try:
+            res = json.loads(a.out.read_text())
+        except ValueError as e:
+            raise SystemExit(f"{a.out}: not JSON ({e}); use another --out") from None
+        if not isinstance(res, dict) or not {"rows", "problems"} <= set(res):
+            raise SystemExit(f"{a.out}: not a file of this script; use another --out")
         if res.get("model") != model or res.get("tail_tokens") != TAIL:
             raise SystemExit(f"{a.out} holds {res.get('model')!r} (tail {res.get('tail_tokens')})"
                              f"; use another --out")
