@@ -20,7 +20,10 @@ calls on the 1.5B, APGR, bootstrap over problems).
   with its answers to the same problem under the other workflows (self-consistency; it
   costs those runs), two sampled runs of the same workflow agreeing (where the trace has
   two samples of the small model and any of the big one; it costs a second run), and its
-  verifier calling its answer wrong; on both, the length of its planner's plan; on code,
+  verifier calling its answer wrong, and, where ``--programs`` holds them, its final
+  answer differing from what its own program for the problem returns (one more call of
+  the small model; ties broken by the workflows' disagreement in a second rule); on both,
+  the length of its planner's plan; on code,
   the small model's final program failing the examples its own prompt states (doctests,
   run in the sandbox; the hidden tests are not read); on both, where ``--confidence``
   holds them, the small model's token log-probabilities of its final stage
@@ -30,13 +33,17 @@ calls on the 1.5B, APGR, bootstrap over problems).
   threshold, chosen on each fold's training problems (``thresholded``). They are read
   after the small model's run (the plan after its first stage, the problem text's
   log-probability before it), so an escalated workflow pays for both runs.
+- **Noise ceiling** (``ceiling``): where ``--sampled`` traces hold two sampled runs of
+  each model, their P(correct) as the prediction of the greedy outcome: about what knowing
+  each row's true gain would score on the labels the candidates are judged on.
 - **Learning curve**: the candidates trained on 25%, 50%, 75% and 100% of each fold's
   training problems (seeded subsets, ``--repeats`` draws below 100%), judged on the same
   held-out problems.
 
 Writes ``study.json``, ``learning-curve.png`` and ``signals.png`` (each signal's share of
 the oracle's gain recovered at each share) in ``--out`` (docs/predictors/quality/);
-``--signals-only`` recomputes only the signals into an existing ``study.json``.
+``--signals-only`` recomputes only the signals and the ceiling into an existing
+``study.json``.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from sklearn.decomposition import PCA
 from tqdm import tqdm
 from xgboost import XGBClassifier
 
-from kernels_bench.trace.suites import code_problem, passes_examples
+from kernels_bench.trace.suites import code_problem, passes_examples, program_agrees
 from router.predictors.encoder import MINILM, Encoder, StaticEncoder, resolve_encoder
 from router.predictors.evaluation import routing_gain_report
 from router.predictors.features import RequestFeatures
@@ -69,6 +76,8 @@ from router.predictors.table import PromptTable, prompt_table
 from router.trace_format import ModelRun, load_trace
 
 TRACES = ["data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz"]
+SAMPLED = ["data/traces/math-sampled.jsonl.gz", "data/traces/code-sampled.jsonl.gz"]
+"""Traces with sampled runs (docs/traces.md): the noise ceiling's rows (``ceiling``)."""
 MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
 SMALL, BIG = "tiny-a", "tiny-b"
 TRACE_MATH = ("plan_solve_verify_solve", "plan_solve", "solve")
@@ -80,6 +89,8 @@ INNER = 4
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 CONFIDENCE = Path("docs/predictors/quality/confidence.json")
 """Where ``scripts/small_confidence.py`` writes by default."""
+PROGRAMS = Path("docs/predictors/quality/programs.json")
+"""Where ``scripts/program_check.py`` writes by default."""
 
 
 @dataclass(frozen=True)
@@ -278,6 +289,16 @@ def thresholded(doubt: np.ndarray, labels: np.ndarray, problems: Sequence[str]
     return out
 
 
+def program_doubt(answers: Sequence[str | None], outputs: Sequence[str]) -> np.ndarray:
+    """Per math row: 0 when the small model's final answer equals what its program for the
+    problem returns (``scripts/program_check.py``, run in the sandbox), else 1 (no
+    number, no program, or another value)."""
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return np.array([0.0 if ok else 1.0 for ok in tqdm(
+            pool.map(program_agrees, outputs, answers), total=len(outputs),
+            desc="programs in the sandbox")])
+
+
 def confidence_doubt(keys: Sequence[tuple[str, str]], confidence: dict, stat: str
                      ) -> np.ndarray:
     """Per row, minus the small model's token log-probability statistic ``stat`` of its
@@ -301,16 +322,18 @@ CONFIDENCE_STATS = {"mean": "mean token log-probability of its final stage",
 
 def workflow_signals(traces: Sequence[str], boot: int,
                      suites: Sequence[str] = ("math", "code"),
-                     confidence: dict | None = None) -> dict:
+                     confidence: dict | None = None, programs: dict | None = None) -> dict:
     """APGR of the escalation signals (see the module docstring), per suite: each reads
     the small model's greedy runs; labels as the candidates' (P(correct) where sampled).
     Scores are [0.5, doubt], so the top-confidence choice keeps the small model exactly
     where the signal says its run is right (doubt 0) and escalates a tie; a continuous
-    doubt (the small model's confidence, ``confidence``) is ``thresholded`` first."""
+    doubt (the small model's confidence, ``confidence``) is ``thresholded`` first.
+    ``programs``: the small model's programs per math problem (``program_doubt``)."""
     small, big = (dict(parse_model_map([MODEL_MAP]))[m] for m in (SMALL, BIG))
-    if confidence is not None and confidence.get("model") != small:
-        raise ValueError(f"the confidence file scores {confidence.get('model')!r}, "
-                         f"not the small model {small!r}")
+    for name, given in (("confidence", confidence), ("programs", programs)):
+        if given is not None and given.get("model") != small:
+            raise ValueError(f"the {name} file is of {given.get('model')!r}, "
+                             f"not the small model {small!r}")
     runs = {(r.problem_id, r.workflow): r for path in traces
             for r in load_trace(path).complete_runs([small, big])}
 
@@ -372,6 +395,18 @@ def workflow_signals(traces: Sequence[str], boot: int,
                 sampled, np.array([1.0 - samples_agree(runs[k].samples[small]) for k in sampled]))
         planned(keys, out["math"])
         confident(keys, out["math"])
+        if programs is not None:
+            have = [k for k in keys if k[0] in programs["problems"]]
+            if have:
+                doubt = program_doubt([runs[k].models[small].final_answer for k in have],
+                                      [programs["problems"][p]["output_text"] for p, _ in have])
+                kept = set(have)
+                disagree = 1 - np.array([a for k, a in zip(keys, agree) if k in kept])
+                out["math"]["program rows"] = len(have)
+                out["math"]["small model's answer differs from its program's"] = judged(
+                    have, doubt)
+                out["math"]["its program's answer, ties by its workflows' disagreement"] = \
+                    judged(have, doubt + 0.4 * disagree)
     keys = sorted(k for k in runs if k[1] in TRACE_CODE)
     if keys and "code" in suites:
         doubt = examples_doubt([runs[k].models[small].stages[-1].output_text for k in keys],
@@ -393,6 +428,34 @@ def workflow_signals(traces: Sequence[str], boot: int,
     return out
 
 
+def ceiling(traces: Sequence[str], boot: int) -> dict:
+    """What a predictor that knew each row's true gain would score against the greedy
+    labels every candidate is judged on: per suite, on the rows with exactly two sampled
+    runs of each model (independent of the greedy ones), the samples' P(correct) used as
+    the prediction of the greedy run's outcome (ties broken at random, seeded). Two
+    samples only estimate the true gain, so this is a lower bound of the ceiling; it
+    says whether a target is out of reach of any predictor of these labels."""
+    small, big = (dict(parse_model_map([MODEL_MAP]))[m] for m in (SMALL, BIG))
+    out: dict = {}
+    for path in traces:
+        if not Path(path).exists():
+            continue
+        trace = load_trace(path)
+        rows = [r for r in trace.complete_runs([small, big])
+                if all(len(r.samples.get(m, [])) == 2 for m in (small, big))]
+        if len(rows) < 2:
+            continue
+        greedy = np.array([[r.models[m].correct for m in (small, big)] for r in rows], float)
+        sampled = np.array([[np.mean([x.correct for x in r.samples[m]]) for m in (small, big)]
+                            for r in rows])
+        ties = 1e-9 * np.random.default_rng(0).random(sampled.shape)
+        out[trace.header.suite] = {
+            "rows": len(rows), "problems": len({r.problem_id for r in rows}),
+            "samples predict the greedy outcome": routing_gain_report(
+                sampled + ties, greedy, [SMALL, BIG], [r.problem_id for r in rows], 0, boot)}
+    return out
+
+
 def report(d: Data, gain: np.ndarray, boot: int) -> dict:
     scores = np.stack([np.zeros_like(gain), gain], 1)
     return routing_gain_report(scores, d.labels, [SMALL, BIG], list(d.problems), 0, boot)
@@ -407,6 +470,21 @@ def positive(text: str) -> int:
     if not 1 <= value <= 100_000:
         raise argparse.ArgumentTypeError(f"{value} is not in 1..100000")
     return value
+
+
+def optional_file(flag: str, path: Path, script: str, keys: Sequence[str]) -> dict | None:
+    """The JSON object ``scripts/<script>.py`` wrote at ``path``; None when it is absent;
+    a one-line exit when it is not such a file."""
+    if not path.exists():
+        return None
+    try:
+        out = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{flag} {path}: {e}") from None
+    if not (isinstance(out, dict) and set(keys) <= set(out)):
+        raise SystemExit(f"{flag} {path}: not a file of scripts/{script}.py "
+                         f"({', '.join(keys)})")
+    return out
 
 
 def main() -> None:
@@ -424,25 +502,28 @@ def main() -> None:
                    help="the small model's token log-probabilities of its runs "
                         "(scripts/small_confidence.py; default %(default)s, skipped when "
                         "absent)")
+    p.add_argument("--programs", type=Path, default=PROGRAMS,
+                   help="the small model's programs per math problem (scripts/program_check.py;"
+                        " default %(default)s, skipped when absent)")
+    p.add_argument("--sampled", nargs="*", default=SAMPLED,
+                   help="traces with two sampled runs per model, for the noise ceiling "
+                        "(default: the shipped sampled traces; absent ones skipped)")
     p.add_argument("--signals-only", action="store_true",
-                   help="recompute only the workflow signals into --out's study.json")
+                   help="recompute only the workflow signals and the ceiling into --out's "
+                        "study.json")
     args = p.parse_args()
-    try:
-        confidence = (json.loads(args.confidence.read_text()) if args.confidence.exists()
-                      else None)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--confidence {args.confidence}: {e}") from None
-    if confidence is not None and not (isinstance(confidence, dict)
-                                       and {"model", "rows", "problems"} <= set(confidence)):
-        raise SystemExit(f"--confidence {args.confidence}: not a file of "
-                         "scripts/small_confidence.py (model, rows, problems)")
+    confidence = optional_file("--confidence", args.confidence, "small_confidence",
+                               ("model", "rows", "problems"))
+    programs = optional_file("--programs", args.programs, "program_check",
+                             ("model", "problems"))
     if args.signals_only:
         path = args.out / "study.json"
         if not path.exists():
             raise SystemExit(f"--signals-only: {path} does not exist; run the whole study")
         result = json.loads(path.read_text())
         result["workflow_signals"] = workflow_signals(args.trace, args.boot,
-                                                      confidence=confidence)
+                                                      confidence=confidence, programs=programs)
+        result["ceiling"] = ceiling(args.sampled, args.boot)
         path.write_text(json.dumps(result, indent=1))
         plot_signals(result["workflow_signals"], args.out / "signals.png")
         print_summary(result)
@@ -503,7 +584,9 @@ def main() -> None:
                 print(f"curve {name} [{label}] {f:.2f} #{r}: APGR "
                       f"{rep['apgr']['value']:.3f}", flush=True)
         result["curve"][name] = {"setting": label, "points": curve}
-    result["workflow_signals"] = workflow_signals(args.trace, args.boot, confidence=confidence)
+    result["workflow_signals"] = workflow_signals(args.trace, args.boot, confidence=confidence,
+                                                  programs=programs)
+    result["ceiling"] = ceiling(args.sampled, args.boot)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "study.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "learning-curve.png")
@@ -517,7 +600,9 @@ def print_summary(result: dict) -> None:
     print(f"\n{'candidate':52s} {'APGR':>26s} {'top - always big':>26s}")
     rows = [*result["candidates"].items(), ("selected per fold", result["selected"]),
             *((f"{suite}: {k}", v) for suite, signals in result["workflow_signals"].items()
-              for k, v in signals.items() if isinstance(v, dict))]
+              for k, v in signals.items() if isinstance(v, dict)),
+            *((f"{suite}: ceiling, {c['rows']} rows", c["samples predict the greedy outcome"])
+              for suite, c in result.get("ceiling", {}).items())]
     for name, rep in rows:
         print(f"{name:52s} {ci(rep['apgr']):>26s} "
               f"{ci(rep['top_confidence_minus_always_big']):>26s}")

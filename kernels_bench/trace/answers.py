@@ -10,6 +10,7 @@ block, else the raw text from ``def <entry point>``.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal, NamedTuple
 
@@ -59,6 +60,15 @@ def extract_code(text: str, entry_point: str) -> str | None:
         return blocks[-1].rstrip() + "\n"
     start = re.search(rf"^(?:from|import|def\s+{re.escape(entry_point)}\b)", text, re.MULTILINE)
     return text[start.start():].rstrip() + "\n" if start else None
+
+
+def number_value(answer: str | None) -> float | None:
+    """The finite number an extracted answer denotes (``1,250`` -> 1250.0), else None."""
+    try:
+        x = float(_plain(answer or ""))
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 def numbers_equal(a: str, b: str, tol: float = 1e-6) -> bool:

@@ -25,6 +25,7 @@ import ast
 import contextlib
 import doctest
 import functools
+import math
 import os
 import secrets
 import shutil
@@ -241,3 +242,16 @@ def humaneval_program(problem: dict[str, str], code: str) -> str:
     solution (``_with_solution``), the tests and the call of ``check``."""
     return (f"{_with_solution(problem, code)}\n\n{problem['test']}\n\n"
             f"check({problem['entry_point']})\n")
+
+
+def value_program(code: str, entry_point: str, expected: float) -> str:
+    """The program that calls ``entry_point()`` (no arguments) of ``code`` and exits 0
+    when it returns a number equal to ``expected`` (relative tolerance 1e-6, as
+    ``answers.numbers_equal``): a math agent's check of a worked answer by a program."""
+    if not math.isfinite(expected):
+        raise ValueError(f"expected must be a finite number, got {expected!r}")
+    return (f"{code}\n\nimport numbers as _n, sys as _s\n"
+            f"_v = {entry_point}()\n"
+            f"_ok = isinstance(_v, _n.Real) and not isinstance(_v, bool) and "
+            f"abs(float(_v) - {expected!r}) <= 1e-6 * max(1.0, abs({expected!r}))\n"
+            f"_s.exit(0 if _ok else 1)\n")

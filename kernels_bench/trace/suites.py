@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernels_bench.trace.answers import extract_code, extract_math_answer
+from kernels_bench.trace.answers import extract_code, extract_math_answer, number_value
 from kernels_bench.trace.sandbox import (examples_program, humaneval_program, prompt_examples,
-                                         run_program)
+                                         run_program, value_program)
 from router.trace_format import WorkflowRun
 
 SOURCES = {
@@ -120,3 +120,22 @@ def passes_examples(problem: Problem, output: str, timeout_s: float = 10.0) -> b
     if code is None:
         return False
     return run_program(examples_program(problem.raw, code, examples), timeout_s).passed
+
+
+PROGRAM_ENTRY_POINT = "solution"
+"""The function a math program (``program_agrees``) defines and the check calls."""
+
+
+def program_agrees(output: str, answer: str | None, timeout_s: float = 10.0) -> bool | None:
+    """Whether the program in a model's ``output`` (a ``solution()`` that computes a math
+    problem's answer, program-aided style) returns the number ``answer``, run in the
+    sandbox: a math agent's check of a worked answer by a program of its own. None:
+    ``answer`` is not a finite number; False: no program in ``output``, or it fails, or it
+    returns anything else."""
+    value = number_value(answer)
+    if value is None:
+        return None
+    code = extract_code(output, PROGRAM_ENTRY_POINT)
+    if code is None:
+        return False
+    return run_program(value_program(code, PROGRAM_ENTRY_POINT, value), timeout_s).passed

@@ -6,33 +6,17 @@ tests/tiny_pair.py."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import httpx
 import numpy as np
 import pytest
 
+from tests.scripts import script
 from tests.tiny_pair import MAX_MODEL_LEN, TinyPair
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "small_confidence", ROOT / "scripts" / "small_confidence.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_recomputed_logprobs_are_the_live_calls(tiny_pair: TinyPair) -> None:
     tiny_pair.revive()
-    url, conf = tiny_pair.url("a"), _script()
+    url, conf = tiny_pair.url("a"), script("small_confidence")
     messages = [{"role": "system", "content": "You are the Solver of a math team."},
                 {"role": "user", "content": "What is 12 times 7? End with `Answer: <n>`."}]
     with httpx.Client(timeout=120) as client:

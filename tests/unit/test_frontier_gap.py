@@ -3,18 +3,14 @@ hand-made replay outputs whose every number is known."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "frontier_gap", Path(__file__).parents[2] / "scripts" / "frontier_gap.py")
-gap = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = gap  # dataclasses look their module up there
-_spec.loader.exec_module(gap)
+from tests.scripts import script
+
+gap = script("frontier_gap")
 
 MIX_LO, MIX_HI = 'random_mix:fcfs@share=0.2', 'random_mix:fcfs@share=0.8'
 

@@ -21,6 +21,7 @@ from router.predictors.sources import trace_records
 from router.predictors.table import PromptTable, prompt_table
 from router.trace_format import load_trace
 from tests.replay_fixture import sample_correct, write_trace
+from tests.scripts import script
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 3
@@ -90,25 +91,16 @@ def test_capability_fits_p_correct_as_a_soft_label() -> None:
     assert q == pytest.approx(np.array([[0.2, 0.9], [0.7, 0.4]]), abs=0.01)
 
 
-def _quality_study():
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(
-        "quality_study", ROOT / "scripts" / "quality_study.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_quality_study_signals_on_the_shipped_traces_are_the_committed_ones() -> None:
-    study = _quality_study()
+    study = script("quality_study")
     committed = json.loads((ROOT / "docs/predictors/quality/study.json").read_text())
     signals = committed["workflow_signals"]
     confidence = json.loads((ROOT / "docs/predictors/quality/confidence.json").read_text())
-    assert study.workflow_signals(study.TRACES, 1000, ("math",), confidence) == {
+    programs = json.loads((ROOT / "docs/predictors/quality/programs.json").read_text())
+    assert study.workflow_signals(study.TRACES, 1000, ("math",), confidence, programs) == {
         "math": signals["math"]}
+    # the noise ceiling of the shipped sampled traces (regenerate study.json when they grow)
+    assert study.ceiling(study.SAMPLED, 1000) == committed["ceiling"]
     # code: the examples of the first rows' prompts run again (the whole suite: a minute)
     small, big = (dict(study.parse_model_map([study.MODEL_MAP]))[m]
                   for m in (study.SMALL, study.BIG))
@@ -121,7 +113,7 @@ def test_quality_study_signals_on_the_shipped_traces_are_the_committed_ones() ->
 
 
 def test_a_continuous_doubt_is_thresholded_on_each_folds_training_problems() -> None:
-    study = _quality_study()
+    study = script("quality_study")
     rng = np.random.default_rng(0)
     problems = [f"p{i}" for i in range(200)]
     doubt = rng.random(200)

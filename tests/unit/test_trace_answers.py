@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels_bench.trace.answers import extract_code, extract_math_answer, numbers_equal
+from kernels_bench.trace.answers import (extract_code, extract_math_answer, number_value,
+                                         numbers_equal)
 
 # Real outputs: the last stage of Qwen2.5-Coder-0.5B-Instruct units of the shipped math
 # trace (data/traces/math.jsonl.gz; the unit key, then the tail of its output text, and
@@ -83,6 +84,11 @@ def test_extract_math_answer_edge_cases(text: str, answer: str | None, method: s
 def test_numbers_equal() -> None:
     assert numbers_equal("70.0", "70") and numbers_equal("1,000", "1000")
     assert not numbers_equal("71", "70") and not numbers_equal("x", "70")
+
+
+def test_number_value() -> None:
+    assert number_value("1,250") == 1250.0 and number_value("-0.5") == -0.5
+    assert all(number_value(x) is None for x in (None, "", "x", "inf", "nan", "1e999"))
 
 
 CODER_OUTPUT = '''Here is the implementation:

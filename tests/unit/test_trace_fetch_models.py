@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "fetch_real_models", Path(__file__).parents[2] / "scripts" / "fetch_real_models.py")
-fetch = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = fetch  # dataclasses look their module up there
-_spec.loader.exec_module(fetch)
+from tests.scripts import script
+
+fetch = script("fetch_real_models")
 
 
 def _wheels(folder: Path, parts: list[bytes]) -> list[Path]:

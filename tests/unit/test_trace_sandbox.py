@@ -230,3 +230,30 @@ def test_the_prompts_own_examples_judge_real_outputs_without_the_hidden_tests() 
     code = PASSING.split("```python\n")[1].split("```")[0]
     assert not run_program(examples_program(raw, code, wrong)).passed
     assert run_program(examples_program(raw, code, prompt_examples(raw))).passed
+
+
+def test_a_math_program_checks_a_worked_answer_in_the_sandbox() -> None:
+    """``program_agrees``: the program's ``solution()`` runs in the sandbox and agrees only
+    with the number it returns (within 1e-6 relative; an int, a float, a Fraction); a
+    program that fails, loops, returns a bool or a string, or is missing, disagrees; an
+    answer that is not a finite number gives None (nothing to compare)."""
+    from kernels_bench.trace.sandbox import value_program
+    from kernels_bench.trace.suites import program_agrees
+
+    def fenced(body: str) -> str:
+        return f"The program:\n```python\ndef solution():\n{body}\n```\nDone."
+
+    right = fenced("    eggs = 16 - 3 - 4\n    return eggs * 2")
+    assert program_agrees(right, "18") is True
+    assert program_agrees(right, "18.0000000001") is True
+    assert program_agrees(right, "1,800") is False and program_agrees(right, "17") is False
+    assert program_agrees(fenced("    from fractions import Fraction\n"
+                                 "    return Fraction(5, 4)"), "1.25") is True
+    for bad in ("    return True", "    return '18'", "    return 18 / 0",
+                "    while True:\n        pass"):
+        assert program_agrees(fenced(bad), "1" if "True" in bad else "18", 2.0) is False
+    assert program_agrees("I would compute 16 - 3 - 4 = 9.", "18") is False
+    for none in (None, "", "eighteen", "inf", "nan"):
+        assert program_agrees(right, none) is None
+    with pytest.raises(ValueError, match="finite"):
+        value_program("def solution():\n    return 1\n", "solution", float("nan"))
