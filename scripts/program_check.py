@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -77,7 +78,7 @@ def checks(programs: dict[str, Any], runs: list[WorkflowRun], models: list[str]
     problems = {r.problem_id: r.reference for r in have}
     jobs = [(p, None, None, ref) for p, ref in problems.items()] + [
         (r.problem_id, r.workflow, m, r.models[m].final_answer) for r in have for m in models]
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         verdicts = list(tqdm(pool.map(
             lambda j: program_agrees(programs[j[0]]["output_text"], j[3]), jobs),
             total=len(jobs), desc="programs in the sandbox", unit="run"))
@@ -91,7 +92,7 @@ def checks(programs: dict[str, Any], runs: list[WorkflowRun], models: list[str]
 
 def report(res: dict[str, Any], runs: list[WorkflowRun]) -> str:
     programs = res["problems"]
-    models = sorted({m for r in runs for m in r.models})
+    models = sorted(set.intersection(*(set(r.models) for r in runs)))
     c = checks(programs, runs, models)
     right = list(c["right"].values())
     lines = [f"{res['model']}: {len(programs)} programs; right {sum(map(bool, right))} "
@@ -132,6 +133,8 @@ def main() -> None:
                          "prompt's examples)")
     max_tokens = int(traces[0].header.settings["max_tokens"])
     runs = [r for t in traces for r in t.runs]
+    if not runs:
+        raise SystemExit(f"no workflow runs in {' '.join(a.trace)}")
     res: dict[str, Any] = {"engine": a.engine, "model": model, "system": SYSTEM, "user": USER,
                            "max_tokens": max_tokens, "problems": {}}
     if a.out.exists():

@@ -429,12 +429,12 @@ def workflow_signals(traces: Sequence[str], boot: int,
 
 
 def ceiling(traces: Sequence[str], boot: int) -> dict:
-    """What a predictor that knew each row's true gain would score against the greedy
+    """About what a predictor that knew each row's gain would score against the greedy
     labels every candidate is judged on: per suite, on the rows with exactly two sampled
-    runs of each model (independent of the greedy ones), the samples' P(correct) used as
-    the prediction of the greedy run's outcome (ties broken at random, seeded). Two
-    samples only estimate the true gain, so this is a lower bound of the ceiling; it
-    says whether a target is out of reach of any predictor of these labels."""
+    runs of each model (drawn independently of the greedy ones), the samples' P(correct)
+    as the prediction of the greedy run's outcome (a tie, as always, goes to the big
+    model). An estimate, low rather than high: two samples estimate a row's gain with
+    noise, and at another temperature than the greedy runs'."""
     small, big = (dict(parse_model_map([MODEL_MAP]))[m] for m in (SMALL, BIG))
     out: dict = {}
     for path in traces:
@@ -448,11 +448,10 @@ def ceiling(traces: Sequence[str], boot: int) -> dict:
         greedy = np.array([[r.models[m].correct for m in (small, big)] for r in rows], float)
         sampled = np.array([[np.mean([x.correct for x in r.samples[m]]) for m in (small, big)]
                             for r in rows])
-        ties = 1e-9 * np.random.default_rng(0).random(sampled.shape)
         out[trace.header.suite] = {
             "rows": len(rows), "problems": len({r.problem_id for r in rows}),
             "samples predict the greedy outcome": routing_gain_report(
-                sampled + ties, greedy, [SMALL, BIG], [r.problem_id for r in rows], 0, boot)}
+                sampled, greedy, [SMALL, BIG], [r.problem_id for r in rows], 0, boot)}
     return out
 
 
