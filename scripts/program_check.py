@@ -142,7 +142,9 @@ def main() -> None:
             old = json.loads(a.out.read_text())
         except ValueError as e:
             raise SystemExit(f"{a.out}: not JSON ({e}); use another --out") from None
-        if not isinstance(old, dict) or not isinstance(old.get("problems"), dict):
+        if not isinstance(old, dict) or not isinstance(old.get("problems"), dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("output_text"), str)
+                and isinstance(v.get("finish_reason"), str) for v in old["problems"].values()):
             raise SystemExit(f"{a.out}: not a file of this script; use another --out")
         same = {k: res[k] for k in ("model", "system", "user", "max_tokens")}
         if {k: old.get(k) for k in same} != same:

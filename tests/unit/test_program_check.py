@@ -43,7 +43,10 @@ def test_programs_are_judged_against_the_reference_and_each_models_answer(
 
 def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
-    for content in ("not json", "[1, 2]", json.dumps({"model": "other", "problems": {}})):
+    mine = {"model": "qwen2.5-coder-0.5b-instruct", "system": script("program_check").SYSTEM,
+            "user": script("program_check").USER, "max_tokens": 512}
+    for content in ("not json", "[1, 2]", json.dumps({"model": "other", "problems": {}}),
+                    json.dumps({**mine, "problems": {"p0": {"output_text": 3}}})):
         bad.write_text(content)
         r = subprocess.run([sys.executable, str(SCRIPTS / "program_check.py"), "--out",
                             str(bad), "--report"], capture_output=True, text=True, timeout=300)
