@@ -446,8 +446,7 @@ def ceiling(traces: Sequence[str], boot: int) -> dict:
         if len(rows) < 2:
             continue
         greedy = np.array([[r.models[m].correct for m in (small, big)] for r in rows], float)
-        sampled = np.array([[np.mean([x.correct for x in r.samples[m]]) for m in (small, big)]
-                            for r in rows])
+        sampled = np.array([[r.p_correct(m) for m in (small, big)] for r in rows])
         out[trace.header.suite] = {
             "rows": len(rows), "problems": len({r.problem_id for r in rows}),
             "samples predict the greedy outcome": routing_gain_report(
