@@ -362,10 +362,15 @@ def write_records(dst: str | os.PathLike[str], header: Header, units: list[Unit]
     tmp.replace(dst)
 
 
-def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> int:
+def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str],
+            without: str | os.PathLike[str] | None = None) -> int:
     """Rewrite a trace as one gzip member (better compression), units sorted by key;
-    return the number of units. ``dst`` is written atomically."""
+    return the number of units. ``without``: a trace whose problems are left out (what a
+    grown file adds to it). ``dst`` is written atomically."""
     header, units = read_records(src)
+    if without is not None:
+        old = {u.problem_id for u in read_records(without)[1]}
+        units = [u for u in units if u.problem_id not in old]
     write_records(dst, header, sorted(units, key=lambda u: u.key))
     return len(units)
 

@@ -1,6 +1,7 @@
 """Quality predictors judged as routers, cross-fitted (issue 30 items 1, 3 and 4).
 
     python scripts/quality_study.py [--repeats 3] [--boot 1000] [--trace FILE ...] [--out DIR]
+    python scripts/quality_study.py --confirm data/traces/math-new.jsonl.gz
 
 Rows: the first stage of every (problem, workflow) of the shipped math and code traces
 (``--trace``), labelled by whether the 0.5B and the 1.5B Qwen run of that workflow was
@@ -39,6 +40,13 @@ calls on the 1.5B, APGR, bootstrap over problems).
 - **Learning curve**: the candidates trained on 25%, 50%, 75% and 100% of each fold's
   training problems (seeded subsets, ``--repeats`` draws below 100%), judged on the same
   held-out problems.
+- **By suite and template** (``by_suite``): each candidate's held-out report on the math
+  and the code rows, the math rows split by whether a training problem of their fold
+  instantiates the same GSM-symbolic template, and how the gain of two problems of one
+  template correlates.
+- **Confirmation** (``--confirm FILE``, docs/predictors/quality/confirm-plan.md): the
+  predictors ``CONFIRM`` fixed there, trained once on every row of ``--trace`` and
+  reported on FILE's problems (none of them in ``--trace``), into ``confirm.json``.
 
 Writes ``study.json``, ``learning-curve.png`` and ``signals.png`` (each signal's share of
 the oracle's gain recovered at each share) in ``--out`` (docs/predictors/quality/);
@@ -49,6 +57,7 @@ the oracle's gain recovered at each share) in ``--out`` (docs/predictors/quality
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -64,10 +73,12 @@ from sklearn.decomposition import PCA
 from tqdm import tqdm
 from xgboost import XGBClassifier
 
-from kernels_bench.trace.suites import code_problem, passes_examples, program_agrees
+from kernels_bench.trace.suites import (code_problem, math_template, passes_examples,
+                                        program_agrees)
 from router.predictors.encoder import MINILM, Encoder, StaticEncoder, resolve_encoder
 from router.predictors.evaluation import routing_gain_report
 from router.predictors.features import RequestFeatures
+from router.predictors.knn import KnnEstimator, KnnSettings, prompt_text
 from router.predictors.metrics import apgr
 from router.predictors.records import Split, seeded_uniform
 from router.predictors.semantic import SemanticRouter, SemanticSettings
@@ -129,7 +140,8 @@ def load(traces: Sequence[str], progress: bool) -> Data:
     names = sorted(set(workflows))
     onehot = (workflows[:, None] == np.array(names)[None]).astype(np.float32)
     t0 = time.monotonic()
-    static = StaticEncoder.distill(resolve_encoder(MINILM)).embed(texts)
+    static = static_encoder().embed(texts)
+    prompts = static_encoder().embed([prompt_text(f) for f in feats])
     minilm = Encoder(resolve_encoder(MINILM)).embed(texts, progress=progress)
     if progress:
         print(f"embeddings: {time.monotonic() - t0:.0f} s", flush=True)
@@ -138,8 +150,15 @@ def load(traces: Sequence[str], progress: bool) -> Data:
     return Data(table.label[keep], table.correct[keep],
                 np.array([p for p, k in zip(table.problems, keep) if k]),
                 workflows, texts,
-                {"workflow": onehot, "static": static, "minilm": minilm, "difficulty": diff},
+                {"workflow": onehot, "static": static, "minilm": minilm, "difficulty": diff,
+                 "prompt": prompts},
                 feats)
+
+
+@functools.cache
+def static_encoder() -> StaticEncoder:
+    """MiniLM distilled to a static table (the router's default encoder), once."""
+    return StaticEncoder.distill(resolve_encoder(MINILM))
 
 
 def columns(d: Data, *names: str) -> np.ndarray:
@@ -177,16 +196,22 @@ def ridge_gain(feature_names: Sequence[str], alpha: float) -> Fit:
     return fit
 
 
-def knn(feature: str, k: int) -> Fit:
-    """Mean labels of the k most similar training prompts of the same workflow."""
+def knn(feature: str, k: int, temperature: float | None = None) -> Fit:
+    """The gain of the k most similar training prompts of the same workflow: their mean,
+    or with ``temperature`` T each weighted by exp((s - s_max) / T) (s: the cosine
+    similarity of the embeddings), so that the nearest counts most (on math, a problem of
+    the same template: docs/predictors.md, "Math's templates")."""
     def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
         e = d.features[feature]
         out = np.zeros(len(te))
         for i, row in enumerate(te):
             pool = tr[d.workflows[tr] == d.workflows[row]]
             pool = pool if len(pool) else tr
-            near = pool[np.argsort(-(e[pool] @ e[row]))[:k]]
-            out[i] = d.labels[near, 1].mean() - d.labels[near, 0].mean()
+            sim = e[pool] @ e[row]
+            top = np.argsort(-sim)[:k]
+            w = (np.ones(len(top)) if temperature is None
+                 else np.exp((sim[top] - sim[top[0]]) / temperature))
+            out[i] = w @ (d.labels[pool[top], 1] - d.labels[pool[top], 0]) / w.sum()
         return out
     return fit
 
@@ -215,6 +240,23 @@ def semantic(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
     return np.array([r[BIG] - r[SMALL] for r in q])
 
 
+def router_knn(temperature: float) -> Fit:
+    """The router's own KNN estimator (``KnnEstimator``, RouteBalance's: the static table,
+    system + user text, the prompts of the same stage role, k = 10), with inverse-distance
+    weights (``temperature`` 0, the paper's) or exp((s - s_max) / T)."""
+    def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+        est = KnnEstimator(static_encoder(), d.features["prompt"][tr],
+                           [d.table_rows[i].stage for i in tr], d.labels[tr],
+                           np.zeros_like(d.labels[tr]), [SMALL, BIG],
+                           KnnSettings(temperature=temperature))
+        q = est.predict([d.table_rows[i] for i in te])
+        return np.array([r[BIG].quality - r[SMALL].quality for r in q])
+    return fit
+
+
+TEMPERATURES = (0.01, 0.02, 0.05, 0.1)
+"""The similarity-weighted k-NN's grid of T (k = 10)."""
+
 CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
     "prior per (model, workflow)": [("-", prior)],
     "semantic router (default)": [("-", semantic)],
@@ -225,6 +267,12 @@ CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
     "ridge gain, MiniLM + workflow": [(f"alpha={a}", ridge_gain(("minilm", "workflow"), a))
                                       for a in (1.0, 10.0, 100.0)],
     "k-NN, MiniLM, same workflow": [(f"k={k}", knn("minilm", k)) for k in (5, 10, 20)],
+    "k-NN weighted by similarity, MiniLM, same workflow": [
+        (f"T={t}", knn("minilm", 10, t)) for t in TEMPERATURES],
+    "k-NN weighted by similarity, static MiniLM, same workflow": [
+        (f"T={t}", knn("static", 10, t)) for t in TEMPERATURES],
+    "the router's KNN (RouteBalance: static table, system + user text, same stage role)": [
+        (f"T={t}" if t else "inverse distance", router_knn(t)) for t in (0.0, *TEMPERATURES)],
     "boosted trees, MiniLM PCA + workflow + difficulty": [(f"depth={k}", boosted(k))
                                                           for k in (2, 4)],
     "logistic, difficulty + workflow": [(f"C={c}", logistic(("difficulty", "workflow"), c))
@@ -233,6 +281,7 @@ CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
 
 
 CURVE = ("prior per (model, workflow)", "semantic router (default)",
+         "k-NN weighted by similarity, MiniLM, same workflow",
          "logistic, MiniLM + workflow", "ridge gain, MiniLM + workflow")
 """The candidates of the learning curve."""
 
@@ -454,9 +503,94 @@ def ceiling(traces: Sequence[str], boot: int) -> dict:
     return out
 
 
-def report(d: Data, gain: np.ndarray, boot: int) -> dict:
-    scores = np.stack([np.zeros_like(gain), gain], 1)
-    return routing_gain_report(scores, d.labels, [SMALL, BIG], list(d.problems), 0, boot)
+def report(d: Data, gain: np.ndarray, boot: int, rows: np.ndarray | None = None) -> dict:
+    """``routing_gain_report`` of the predicted ``gain`` (per row of ``d``) on ``rows``
+    (a mask or indices; default all)."""
+    rows = np.arange(len(gain)) if rows is None else rows
+    scores = np.stack([np.zeros_like(gain[rows]), gain[rows]], 1)
+    return routing_gain_report(scores, d.labels[rows], [SMALL, BIG], list(d.problems[rows]),
+                               0, boot)
+
+
+def template_seen(d: Data, fold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: whether it is a math row, and whether a row of another ``fold`` (an id per
+    row) is of a problem instantiating its template (``suites.math_template``)."""
+    tmpl = np.array([math_template(p) or "" for p in d.problems])
+    math = tmpl != ""
+    seen = np.array([m and bool(((tmpl == t) & (fold != f)).any())
+                     for m, t, f in zip(math, tmpl, fold)])
+    return math, seen
+
+
+def template_correlation(d: Data) -> dict[str, float | int | None]:
+    """Correlation of the gain y_big - y_small between two math problems' rows of the same
+    workflow: of one template, and of two different ones."""
+    tmpl = np.array([math_template(p) or "" for p in d.problems])
+    gain = d.labels[:, 1] - d.labels[:, 0]
+    pairs: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
+    rows = np.flatnonzero(tmpl != "")
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if d.workflows[a] == d.workflows[b] and d.problems[a] != d.problems[b]:
+                pairs[bool(tmpl[a] == tmpl[b])].append((a, b))
+    out: dict[str, float | int | None] = {}
+    for same, label in ((True, "same template"), (False, "different templates")):
+        a, b = np.array(pairs[same], dtype=int).reshape(-1, 2).T
+        spread = len(a) > 1 and gain[a].std() > 0 and gain[b].std() > 0
+        out[label] = float(np.corrcoef(gain[a], gain[b])[0, 1]) if spread else None
+        out[f"{label}: pairs"] = len(a)
+    return out
+
+
+def by_suite(d: Data, held: dict[str, np.ndarray], fold: np.ndarray, boot: int) -> dict:
+    """Each candidate's held-out report on the math rows (all, of a template some training
+    problem of the fold instantiates, of one none does) and on the code rows."""
+    math, seen = template_seen(d, fold)
+    masks = {"math": math, "math, template seen in training": seen,
+             "math, template not seen": math & ~seen, "code": ~math}
+    return {"rows": {k: int(v.sum()) for k, v in masks.items()},
+            "gain correlation": template_correlation(d),
+            "candidates": {name: {k: report(d, g, boot, v) for k, v in masks.items()}
+                           for name, g in held.items()}}
+
+
+CONFIRM: dict[str, Fit] = {
+    "k-NN weighted by similarity, MiniLM, T=0.02 (primary)": knn("minilm", 10, 0.02),
+    "k-NN weighted by similarity, static MiniLM, T=0.01": knn("static", 10, 0.01),
+    "semantic router (default)": semantic,
+}
+"""docs/predictors/quality/confirm-plan.md's predictors, as fixed there."""
+
+
+def confirm(d: Data, new: np.ndarray, boot: int) -> dict:
+    """docs/predictors/quality/confirm-plan.md: each of ``CONFIRM`` trained on the rows
+    outside ``new`` (a mask), reported on the ``new`` rows, on those of a template the
+    training rows have and of one they do not; the primary's APGR minus the default's,
+    paired bootstrap over problems."""
+    tr, te = np.flatnonzero(~new), np.flatnonzero(new)
+    gains = {name: np.zeros(len(d.problems)) for name in CONFIRM}
+    for name, fit in CONFIRM.items():
+        gains[name][te] = fit(d, tr, te)
+    _, seen = template_seen(d, new.astype(int))
+    masks = {"new problems": new, "template seen in training": new & seen,
+             "template not seen": new & ~seen}
+    primary, default = list(CONFIRM)[0], "semantic router (default)"
+    ys, yb = d.labels[te, 0], d.labels[te, 1]
+    point = apgr(gains[primary][te], ys, yb) - apgr(gains[default][te], ys, yb)
+    groups = [np.flatnonzero(d.problems[te] == p) for p in dict.fromkeys(d.problems[te])]
+    rng = np.random.default_rng(0)
+    draws = []
+    for _ in range(boot):
+        idx = np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])
+        draws.append(apgr(gains[primary][te][idx], ys[idx], yb[idx])
+                     - apgr(gains[default][te][idx], ys[idx], yb[idx]))
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return {"rows": {k: int(v.sum()) for k, v in masks.items()},
+            "training rows": len(tr), "training problems": len(set(d.problems[tr])),
+            "predictors": {name: {k: report(d, g, boot, v) for k, v in masks.items()}
+                           for name, g in gains.items()},
+            "primary minus default, APGR": {"value": float(point), "lo": float(lo),
+                                            "hi": float(hi)}}
 
 
 def positive(text: str) -> int:
@@ -509,7 +643,14 @@ def main() -> None:
     p.add_argument("--signals-only", action="store_true",
                    help="recompute only the workflow signals and the ceiling into --out's "
                         "study.json")
+    p.add_argument("--confirm", type=Path, metavar="FILE",
+                   help="only the confirmation of docs/predictors/quality/confirm-plan.md: "
+                        "train on --trace, report on FILE's problems (none of --trace's) "
+                        "into --out's confirm.json")
     args = p.parse_args()
+    if args.confirm:
+        run_confirm(args.trace, args.confirm, args.out, args.boot)
+        return
     confidence = optional_file("--confidence", args.confidence, "small_confidence",
                                ("model", "rows", "problems"))
     programs = optional_file("--programs", args.programs, "program_check",
@@ -562,6 +703,7 @@ def main() -> None:
                       "validation": {m: {"apgr": v[0], "setting": v[1]}
                                      for m, v in val.items()}})
     result["folds"] = picks
+    result["by_suite"] = by_suite(d, {**held, "selected per fold": chosen}, fold, args.boot)
     for name in candidates:
         result["candidates"][name] = report(d, held[name], args.boot)
     result["selected"] = report(d, chosen, args.boot)
@@ -590,6 +732,33 @@ def main() -> None:
     plot(result, args.out / "learning-curve.png")
     plot_signals(result["workflow_signals"], args.out / "signals.png")
     print_summary(result)
+
+
+def run_confirm(traces: Sequence[str], path: Path, out: Path, boot: int) -> None:
+    """``--confirm``: refuse a FILE that is unreadable or shares a problem with ``traces``;
+    write ``confirm.json`` and print it."""
+    try:
+        new_problems = {r.problem_id for r in load_trace(path).runs}
+        old = {r.problem_id for t in traces for r in load_trace(t).runs}
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--confirm: {e}")
+    if not new_problems or new_problems & old:
+        raise SystemExit(f"--confirm {path}: it must hold problems and none of --trace's "
+                         f"(it shares {len(new_problems & old)}; keep only the new ones with "
+                         f"`python -m kernels_bench trace compact GROWN NEW --without OLD`)")
+    d = load([*traces, str(path)], progress=True)
+    result = confirm(d, np.isin(d.problems, sorted(new_problems)), boot)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "confirm.json").write_text(json.dumps(result, indent=1))
+    print(f"trained on {result['training problems']} problems; rows {result['rows']}")
+    for name, reps in result["predictors"].items():
+        for k, rep in ((k, r) for k, r in reps.items() if r):
+            a, t = rep["apgr"], rep["top_confidence_minus_always_big"]
+            print(f"{name[:52]:52s} {k:26s} APGR {a['value']:+.3f} [{a['lo']:+.3f}, "
+                  f"{a['hi']:+.3f}]  top - big {t['value']:+.3f} [{t['lo']:+.3f}, "
+                  f"{t['hi']:+.3f}]")
+    v = result["primary minus default, APGR"]
+    print(f"primary minus default, APGR: {v['value']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]")
 
 
 def print_summary(result: dict) -> None:

@@ -88,6 +88,34 @@ def _math_scorer() -> Any:
     return reasoning_gym.create_dataset("gsm_symbolic", size=1, seed=0)
 
 
+MATH_TEMPLATE_INDICES = 100_000
+"""``math_template`` answers for problem indices below this (the list it draws is that long
+at most)."""
+
+
+def math_template(problem_id: str) -> str | None:
+    """The GSM-symbolic template a math problem instantiates (``gsm_symbolic/t<index>``:
+    the generator draws each problem's template from 85, with replacement, so problems
+    share them); None for any other id, or an index of ``MATH_TEMPLATE_INDICES`` or more."""
+    parts = problem_id.split("/")
+    if len(parts) != 3 or parts[0] != "gsm_symbolic" or not all(
+            x.isascii() and x.isdigit() and len(x) < 10 for x in parts[1:]):
+        return None
+    seed, i = int(parts[1]), int(parts[2])
+    if i >= MATH_TEMPLATE_INDICES:
+        return None
+    return f"gsm_symbolic/t{_math_templates(seed, i // 1000 + 1)[i]}"
+
+
+@functools.cache
+def _math_templates(seed: int, thousands: int) -> list[int]:
+    """The template index of each of the first ``1000 * thousands`` problems of ``seed``."""
+    import reasoning_gym
+
+    return list(reasoning_gym.create_dataset("gsm_symbolic", size=1000 * thousands,
+                                             seed=seed).task_indices)
+
+
 @functools.cache
 def _humaneval() -> dict[str, Problem]:
     return {p.id: p for p in load_problems("code", 164, 0)}

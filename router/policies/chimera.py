@@ -23,6 +23,8 @@ same probability whichever model answers first (independent attempts), so latenc
 separates them (``m_fast``, or the model expected to end it first, ``first_done``:
 argmin_m L[m] + P-hat[m] x decode_ms_per_token[m]). The engine within the model is chosen by
 ``lmetric``; the request's priority is P-hat[m].
+``quality = "knn"`` (ours; the paper's is the semantic router) takes q[m] from the KNN
+estimator's quality instead.
 Ties: m_fast prefers higher q, then the name; the walk prefers lower L, then the name.
 """
 
@@ -37,7 +39,8 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from router.policies.base import (BuildPolicy, Policy, decision, models_of, of_model,
                                   priority_for, resolve)
 from router.policies.lmetric import LMetric
-from router.predictors.base import StaticConfidence, StaticRemainingTokens
+from router.predictors.base import (KnnConfidence, StaticConfidence,
+                                   StaticRemainingTokens)
 from router.predictors.service import Served
 from router.settings import STRICT, Fraction, NonNegative, Positive, PositiveInt
 from router.state.view import EngineView, StateView
@@ -63,6 +66,10 @@ class ChimeraSettings:
     ``q``, by the semantic router like any call (the paper); ``m_fast``, with equal
     confidences (Algorithm 1 then takes the least congested model); ``first_done``, to the
     model expected to end it first (``first_done`` below)."""
+    quality: Literal["semantic_router", "knn"] = "semantic_router"
+    """Where q[m] comes from: the semantic router (the paper's), or the quality estimate of
+    the KNN estimator (``router.predictors.knn``, RouteBalance section 4.2), which on math
+    recognises a problem's template (docs/predictors.md, "Math's templates")."""
     static_prior: bool = False
     """Use the tables below instead of missing predictors / profiles."""
     confidence: dict[str, Fraction] = field(default_factory=dict)
@@ -71,6 +78,13 @@ class ChimeraSettings:
     """Static P-hat[m] = mean output tokens x remaining stages."""
     decode_ms_per_token: dict[str, Positive] = field(default_factory=dict)
     max_batch_size: dict[str, PositiveInt] = field(default_factory=dict)
+
+
+QUALITY_HINT = {
+    "semantic_router": "train the semantic router (python -m router.train semantic_router) "
+                       "and set router.predictors.semantic_router",
+    "knn": "build the KNN estimator (python -m router.train knn) and set "
+           "router.predictors.knn (chimera.quality = \"knn\")"}
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,7 @@ def select_model(q: Mapping[str, float], lat: Mapping[str, float], tau: float,
 
 class Chimera(Policy[ChimeraSettings]):
     name = "chimera"
-    predictors_used = ("semantic_router", "length")
+    predictors_used = ("semantic_router", "length", "knn")
     Settings = ChimeraSettings
     inputs = LMetric.inputs | {"model_inflight_tokens", "program_model"}
 
@@ -108,12 +122,13 @@ class Chimera(Policy[ChimeraSettings]):
                  build: BuildPolicy) -> None:
         super().__init__(settings, cluster, predictors, build)
         s, models = settings, cluster.models
+        q_source = (predictors.semantic_router if s.quality == "semantic_router" else
+                    None if predictors.knn is None else KnnConfidence(predictors.knn))
         self.q_source, self.sources["confidence"] = resolve(
-            self.name, "per-model confidences q[m]", predictors.semantic_router,
-            getattr(predictors.semantic_router, "models", None), models,
-            "train the semantic router (python -m router.train semantic_router) and set "
-            "router.predictors.semantic_router", s.static_prior,
-            {"confidence": s.confidence}, lambda: StaticConfidence(s.confidence))
+            self.name, "per-model confidences q[m]", q_source,
+            getattr(q_source, "models", None), models, QUALITY_HINT[s.quality],
+            s.static_prior, {"confidence": s.confidence},
+            lambda: StaticConfidence(s.confidence))
         self.len_source, self.sources["remaining_tokens"] = resolve(
             self.name, "predicted remaining workflow tokens", predictors.length,
             getattr(predictors.length, "models", None), models,

@@ -137,6 +137,17 @@ class StaticConfidence:
         return [self.table] * len(reqs)
 
 
+class KnnConfidence:
+    """q[m] read from RouteBalance's KNN estimator (section 4.2): its quality estimate per
+    model, for a policy that takes confidences (Chimera's ``quality = "knn"``)."""
+
+    def __init__(self, knn: QualityLengthEstimator) -> None:
+        self.knn, self.models = knn, frozenset(knn.models)
+
+    async def confidence(self, reqs: Sequence[RoutingRequest]) -> list[Mapping[str, float]]:
+        return [{m: e.quality for m, e in row.items()} for row in await self.knn.estimate(reqs)]
+
+
 class StaticCapability:
     """Q(m, x) = a constant per model."""
 

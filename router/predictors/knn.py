@@ -2,10 +2,11 @@
 request from its k nearest training prompts, in one batched lookup.
 
 Prompts (system + user text of each (problem, workflow, stage)) are embedded with a
-sentence encoder (MiniLM distilled to a static table by default), L2-normalised, in FAISS inner-product indexes. For
-neighbours i with cosine similarity s_i and weight w_i = 1 / (1 - s_i + eps), a model's
-estimate is the w-weighted mean of its known labels among them (its training mean when
-none of the k neighbours has one).
+sentence encoder (MiniLM distilled to a static table by default), L2-normalised, in FAISS
+inner-product indexes. For neighbours i with cosine similarity s_i and weight
+w_i = 1 / (1 - s_i + eps) (or, with a ``temperature`` T > 0, exp((s_i - s_max) / T)), a
+model's estimate is the w-weighted mean of its known labels among them (its training mean
+when none of the k neighbours has one).
 
 Workflow stages: a request searches only the training prompts of its own stage role
 (one index per role; requests of an unknown role search all), since a workflow's roles
@@ -44,6 +45,16 @@ class KnnSettings:
     """Neighbours per lookup."""
     eps: float = 1e-3
     """Distance floor of the inverse-distance weights."""
+    temperature: float = 0.0
+    """0: RouteBalance's inverse-distance weights. T > 0 (ours): w_i = exp((s_i - s_max) / T)
+    (``neighbour_weights``), so the nearest prompt dominates: on math, a problem of the same
+    template (docs/predictors.md, "Math's templates")."""
+
+    def __post_init__(self) -> None:
+        if not (self.k >= 1 and self.eps > 0 and 0 <= self.temperature < float("inf")):
+            raise ValueError(f"KnnSettings: k >= 1, eps > 0 and a finite temperature >= 0 "
+                             f"(got k={self.k}, eps={self.eps}, "
+                             f"temperature={self.temperature})")
 
 
 FEATURE_KEYS = ("encoder", "max_length")
@@ -56,6 +67,15 @@ def prompt_text(f: RequestFeatures) -> str:
 def inverse_distance_weights(similarity: np.ndarray, eps: float) -> np.ndarray:
     """w_i = 1 / (1 - s_i + eps)."""
     return 1.0 / (1.0 - similarity + eps)
+
+
+def neighbour_weights(similarity: np.ndarray, settings: KnnSettings) -> np.ndarray:
+    """(queries, k) weights of neighbours sorted by decreasing ``similarity``:
+    ``inverse_distance_weights``, or exp((s_i - s_max) / T) with ``settings.temperature``
+    T > 0."""
+    if settings.temperature == 0:
+        return inverse_distance_weights(similarity, settings.eps)
+    return np.exp((similarity - similarity[:, :1]) / settings.temperature)
 
 
 def weighted_means(labels: np.ndarray, weights: np.ndarray, fallback: np.ndarray
@@ -117,7 +137,7 @@ class KnnEstimator:
         for stage, mine in by_stage.items():
             index, rows = self.indexes[stage]
             sim, pos = index.search(emb[mine], min(self.settings.k, index.ntotal))
-            idx, w = rows[pos], inverse_distance_weights(sim, self.settings.eps)
+            idx, w = rows[pos], neighbour_weights(sim, self.settings)
             (qv, qk), (nv, nk) = self._known["quality"], self._known["tokens"]
             q[mine] = known_weighted_means(qv[idx], qk[idx], w, self.quality_mean)
             n[mine] = known_weighted_means(nv[idx], nk[idx], w, self.tokens_mean)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from router.policies.chimera import first_done, model_latency, select_model
-from router.predictors.base import ModelProfile, PredictorSet
+from router.predictors.base import ModelProfile, PredictorSet, QualityLength
 from tests.unit.test_policies_base import World, req
 
 PROMPT = list(range(100, 112))
@@ -248,3 +248,30 @@ def test_on_check_first_done_routes_a_checked_first_attempt() -> None:
 def test_on_check_names_its_rules() -> None:
     with pytest.raises(ValueError, match="on_check"):
         world().build("chimera", {**STATIC, "on_check": "fastest"})
+
+
+class Knn:
+    models = frozenset({"a", "b"})
+
+    async def estimate(self, reqs: Any) -> Any:
+        return [{"a": QualityLength(0.2, 50.0), "b": QualityLength(0.9, 60.0)} for _ in reqs]
+
+
+def test_quality_knn_reads_the_knn_estimators_quality_as_q() -> None:
+    w = world()
+    profiles = {"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)}
+    preds = PredictorSet(semantic_router=Router(), length=Length(), knn=Knn(),
+                         profiles=profiles)
+    paper = w.build("chimera", predictors=preds)
+    knn = w.build("chimera", {"quality": "knn"}, predictors=preds)
+    r = req(tokens=PROMPT)
+    assert asyncio.run(paper.predict([r]))[0].q == {"a": 0.95, "b": 0.1}
+    got = asyncio.run(knn.predict([r]))[0]
+    assert got.q == {"a": 0.2, "b": 0.9}
+    assert (w.decide(paper, r).model, knn.decide(r, w.cands(), w.view(), got).model) == ("a", "b")
+    with pytest.raises(ValueError, match=r"python -m router.train knn.*quality = \"knn\""):
+        w.build("chimera", {"quality": "knn"},
+                predictors=PredictorSet(semantic_router=Router(), length=Length(),
+                                        profiles=profiles))
+    with pytest.raises(ValueError):
+        w.build("chimera", {"quality": "capability"}, predictors=preds)

@@ -9,8 +9,9 @@ import torch
 from engine_ext.telemetry import SchedulerSnapshot
 from router.predictors import metrics
 from router.predictors.features import language, length_bucket, task_type
-from router.predictors.knn import (inverse_distance_weights, known_weighted_means,
-                                  weighted_means)
+from router.predictors.knn import (KnnSettings, inverse_distance_weights,
+                                   known_weighted_means, neighbour_weights,
+                                   weighted_means)
 from router.predictors.records import held_out
 from router.predictors.semantic import logit, masked_bce
 from router.predictors.tpot import samples, tpot_ms
@@ -49,6 +50,18 @@ def test_knn_weights_and_means() -> None:
     labels = np.array([[[1.0, np.nan], [0.0, np.nan]]])  # 1 query, k=2, 2 models
     got = weighted_means(labels, np.array([[3.0, 1.0]]), fallback=np.array([0.5, 0.25]))
     assert got[0] == pytest.approx([0.75, 0.25])  # (3 x 1 + 1 x 0) / 4; model 2: fallback
+
+
+def test_knn_temperature_weights_the_nearest_most_and_is_bounded() -> None:
+    sim = np.array([[0.95, 0.93, 0.6]])
+    assert np.array_equal(neighbour_weights(sim, KnnSettings()),
+                          inverse_distance_weights(sim, 1e-3))
+    w = neighbour_weights(sim, KnnSettings(temperature=0.01))
+    assert w[0] == pytest.approx([1.0, np.exp(-2), np.exp(-35)])
+    for bad in ({"temperature": -0.1}, {"temperature": float("inf")},
+                {"temperature": float("nan")}, {"k": 0}, {"eps": 0.0}):
+        with pytest.raises(ValueError, match="KnnSettings"):
+            KnnSettings(**bad)
 
 
 def test_knn_means_over_labels_split_at_load_are_the_same() -> None:

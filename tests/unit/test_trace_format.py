@@ -146,6 +146,21 @@ def test_compact_sorts_and_makes_one_member(tmp_path: Path) -> None:
     assert gzip.decompress(dst.read_bytes()).count(b"\n") == 3
 
 
+def test_compact_without_keeps_only_the_problems_a_grown_file_adds(tmp_path: Path,
+                                                                    capsys) -> None:
+    from kernels_bench.commands.trace import main
+
+    old = write(tmp_path / "old.jsonl.gz", [header(), unit(pid="p0")])
+    grown = write(tmp_path / "grown.jsonl.gz",
+                  [header(), unit(pid="p2"), unit(pid="p0"), unit(pid="p1")])
+    dst = tmp_path / "new.jsonl.gz"
+    assert compact(grown, dst, old) == 2
+    assert [r.problem_id for r in load_trace(dst).runs] == ["p1", "p2"]
+    with pytest.raises(SystemExit) as code:
+        main(["compact", str(grown), str(dst), "--without", str(tmp_path / "absent.jsonl.gz")])
+    assert "trace compact:" in str(code.value) and "absent" in str(code.value)
+
+
 def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
     from kernels_bench.commands.trace import main
 

@@ -1,0 +1,74 @@
+"""scripts/quality_study.py's pure parts on small synthetic rows: the similarity-weighted
+k-NN, which math rows have a template in training, and the confirmation's protocol."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels_bench.trace.suites import math_template
+from tests.scripts import script
+
+
+def rows(problems: list[str], labels: list[list[float]], emb: list[list[float]] | None = None,
+         workflows: list[str] | None = None):
+    study = script("quality_study")
+    n = len(problems)
+    e = np.array(emb if emb is not None else np.eye(n), dtype=np.float32)
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    return study.Data(np.array(labels, float), np.array(labels) > 0.5, np.array(problems),
+                      np.array(workflows or ["solve"] * n), [""] * n, {"minilm": e}, [])
+
+
+def test_the_weighted_knn_trusts_the_nearest_prompt_of_the_same_workflow() -> None:
+    study = script("quality_study")
+    d = rows(["a", "b", "c", "d", "q"],
+             [[0, 1], [1, 0], [1, 0], [0, 1], [0, 0]],
+             [[1, 0.1, 0], [0.6, 1, 0], [0.5, 1, 0.2], [1, 0, 0], [1, 0.12, 0]],
+             ["solve", "solve", "solve", "plan", "solve"])
+    tr, te = np.array([0, 1, 2, 3]), np.array([4])
+    # d is of another workflow: never a neighbour; unweighted, a's +1 and b's, c's -1
+    assert study.knn("minilm", 10)(d, tr, te) == pytest.approx([-1 / 3])
+    assert study.knn("minilm", 10, 0.01)(d, tr, te)[0] > 0.99
+    assert study.knn("minilm", 1)(d, tr, te) == pytest.approx([1.0])
+
+
+def test_a_math_rows_template_is_seen_only_through_another_folds_problem() -> None:
+    study = script("quality_study")
+    ids = [f"gsm_symbolic/0/{i}" for i in (1, 13, 0, 2)]
+    assert math_template(ids[0]) == math_template(ids[1])
+    assert len({math_template(i) for i in ids}) == 3
+    d = rows([*ids, "HumanEval/0"], [[0, 1]] * 5)
+    math, seen = study.template_seen(d, np.array([0, 1, 1, 0, 0]))
+    assert math.tolist() == [True, True, True, True, False]
+    # 1 and 13 share one across folds; 0 and 2 are the only problems of theirs
+    assert seen.tolist() == [True, True, False, False, False]
+    math, seen = study.template_seen(d, np.array([0, 0, 1, 0, 1]))
+    assert seen.tolist() == [False, False, False, False, False]
+
+
+def test_the_confirmation_trains_outside_the_new_problems_and_pairs_its_draws(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    study = script("quality_study")
+    rng = np.random.default_rng(0)
+    n = 120
+    labels = rng.integers(0, 2, (n, 2)).astype(float)
+    d = rows([f"gsm_symbolic/0/{i}" for i in range(n)], labels.tolist(),
+             rng.normal(size=(n, 4)).tolist())
+    new = np.arange(n) >= 60
+    seen_rows: list[np.ndarray] = []
+
+    def oracle(d, tr, te):  # knows the new rows' labels: what no real predictor may
+        seen_rows.append(tr)
+        return d.labels[te, 1] - d.labels[te, 0]
+
+    monkeypatch.setattr(study, "CONFIRM", {"oracle": oracle,
+                                           "semantic router (default)": study.prior})
+    out = study.confirm(d, new, 200)
+    assert out["rows"]["new problems"] == 60 and out["training problems"] == 60
+    assert not new[seen_rows[0]].any()
+    assert out["predictors"]["oracle"]["new problems"]["apgr"]["value"] == pytest.approx(1.0)
+    split = out["rows"]["template seen in training"] + out["rows"]["template not seen"]
+    assert split == 60
+    diff = out["primary minus default, APGR"]
+    assert diff["lo"] > 0 and diff["value"] > 0.5
