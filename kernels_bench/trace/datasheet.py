@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels_bench.trace.suites import load_problems
 from router.trace_format import Trace
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)
@@ -61,7 +62,7 @@ def summarize(trace: Trace, path: Path) -> dict[str, Any]:
         "settings": trace.header.settings,
         "sources": trace.header.sources,
         "command": trace.header.command,
-        "rebuild": rebuild_command(trace, path, len(problems)),
+        "rebuild": rebuild_command(trace, path, problems),
         "problems": len(problems),
         "workflows": trace.header.workflows,
         "units": {m: sum(len(v) for v in acc[m].values()) for m in models},
@@ -100,11 +101,19 @@ def sampling_summary(trace: Trace, models: list[str], workflows: list[str]) -> d
     return out
 
 
-def rebuild_command(trace: Trace, path: Path, problems: int) -> str:
-    """The builder command that rebuilds (or continues) ``path``; empty if not built."""
+def rebuild_command(trace: Trace, path: Path, problems: list[str]) -> str:
+    """The builder command that rebuilds (or continues) ``path``; empty if not built; a
+    ``#`` line where ``problems`` are not the suite's first ones (a file cut by
+    ``trace compact --without``), which no one build makes."""
     argv = shlex.split(trace.header.command)
     if argv[3:5] != ["trace", "build"]:
         return trace.header.command
+    first = {p.id for p in load_problems(trace.header.suite, len(problems),
+                                         int(trace.header.settings.get("seed", 0)))
+             } if problems else set()
+    if set(problems) != first:
+        return (f"# {len(problems)} problems that are not the suite's first {len(problems)} "
+                f"(a file cut by `trace compact --without`): no one build command makes it")
     opts = [f"{a} {shlex.quote(b)}" for a, b in zip(argv, argv[1:])
             if a in ("--cluster", "--concurrency")]
     settings = trace.header.settings  # explicit, so a change of defaults does not matter
@@ -119,7 +128,7 @@ def rebuild_command(trace: Trace, path: Path, problems: int) -> str:
         models = sorted({m for r in trace.runs for m in r.samples}) or models
     opts.append("--models " + " ".join(shlex.quote(m) for m in models))
     return " ".join(["python -m kernels_bench trace build", *opts,
-                     f"--suite {trace.header.suite}", f"--problems {problems}",
+                     f"--suite {trace.header.suite}", f"--problems {len(problems)}",
                      f"--out {path.as_posix()}"])
 
 

@@ -34,16 +34,18 @@ def _unit(pid: str, workflow: str, model: str, lengths: list[int], correct: bool
                 latency_s=0.0, detail="extracted by boxed")
 
 
-def _trace(tmp_path: Path) -> Path:
+def _trace(tmp_path: Path, first: int = 0) -> Path:
+    """Units of math problems ``first`` and ``first + 1``."""
     path = tmp_path / "t.jsonl.gz"
+    p0, p1 = (f"gsm_symbolic/0/{first + i}" for i in (0, 1))
     with TraceWriter(path) as w:
         w.append(Header(format=FORMAT, version=VERSION, suite="math", workflows=WORKFLOWS,
                         settings={"seed": 0}, sources=[{"name": "x", "license": "MIT"}],
                         command=COMMAND))
-        w.append(_unit("p0", "solve", "small", [10], False))
-        w.append(_unit("p0", "plan_solve", "small", [20, 30], True))
-        w.append(_unit("p1", "solve", "small", [40], True))
-        w.append(_unit("p0", "solve", "big", [100], True))
+        w.append(_unit(p0, "solve", "small", [10], False))
+        w.append(_unit(p0, "plan_solve", "small", [20, 30], True))
+        w.append(_unit(p1, "solve", "small", [40], True))
+        w.append(_unit(p0, "solve", "big", [100], True))
     return path
 
 
@@ -60,6 +62,11 @@ def test_summarize(tmp_path: Path) -> None:
     assert s["judged"]["small"] == {"boxed": {"n": 3, "accuracy": 2 / 3}}
     assert s["rebuild"] == ("python -m kernels_bench trace build --cluster c.toml --seed 0 "
                             f"--models big small --suite math --problems 2 --out {path.as_posix()}")
+    # problems 1 and 2 (what `trace compact --without` leaves of a grown file): no command
+    (tmp_path / "cut").mkdir()
+    cut = _trace(tmp_path / "cut", first=1)
+    assert summarize(load_trace(cut), cut)["rebuild"].startswith(
+        "# 2 problems that are not the suite's first 2")
 
 
 def test_distribution() -> None:
