@@ -114,11 +114,11 @@ def router_variant(cfg: ClusterConfig, spec: PolicySpec,
     tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in
                                          cfg.router.policies.items()}
     predictors = dict(cfg.router.predictors)
-    used = POLICIES[spec.router].predictors_used
     for key, value in spec.overrides:
         table, dot, name = key.partition(".")
         table, name = (table, name) if dot else (spec.router, key)
         tables[table] = {**tables.get(table, {}), name: value}
+    used = POLICIES[spec.router].predictors_for(tables.get(spec.router, {}))
     if spec.static:
         tables[spec.router] = {**tables.get(spec.router, {}), "static_prior": True}
         predictors = {k: v for k, v in predictors.items() if k not in used}
@@ -134,7 +134,7 @@ def router_variant(cfg: ClusterConfig, spec: PolicySpec,
 def spec_inputs(router: RouterConfig) -> dict[str, Any]:
     """What a run's policy routes on: its trained predictors, and whether static priors
     fill in for the rest."""
-    used = POLICIES[router.policy].predictors_used
+    used = POLICIES[router.policy].predictors_for(router.policies.get(router.policy, {}))
     return {"predictors": sorted(k for k in router.predictors if k in used),
             "static_prior": bool(router.policies.get(router.policy, {}).get("static_prior"))}
 
@@ -143,7 +143,8 @@ def check_variant(cfg: ClusterConfig, router: RouterConfig, spec: PolicySpec) ->
     """Fail before any engine starts if the router could not start with ``router``: bad
     settings, (when no predictor artifacts are configured) a missing static table, or a
     spec whose name would misstate what it routes on."""
-    label, used = spec.label, POLICIES[spec.router].predictors_used
+    label = spec.label
+    used = POLICIES[spec.router].predictors_for(router.policies.get(spec.router, {}))
     if spec.static and not used:
         raise ValueError(f"policy {label!r}: {spec.router} routes on no trained predictor; "
                          f"drop '-static'")

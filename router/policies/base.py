@@ -60,7 +60,8 @@ class Policy(ABC, Generic[S]):
     Settings: ClassVar[type]
     predictors_used: ClassVar[tuple[str, ...]] = ()
     """The ``[router.predictors]`` artifacts the policy routes on when given (else its
-    static priors, when its settings select them)."""
+    static priors, when its settings select them); ``predictors_for`` narrows it by the
+    settings."""
     uses_prompt: ClassVar[bool] = True
     """Whether the policy reads the request's prompt (``prompt_text``, ``system_text``,
     ``user_text``, ``prompt_token_ids``, ``num_prompt_tokens``), directly or through its
@@ -76,6 +77,11 @@ class Policy(ABC, Generic[S]):
     window: BatchWindow | None = None
     """Set by batched policies: they implement ``decide_batch`` and a collector feeds
     them batches closed by this window."""
+
+    @classmethod
+    def predictors_for(cls, settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """The predictors it routes on under ``settings`` (its raw config table)."""
+        return cls.predictors_used
 
     def __init__(self, settings: S, cluster: ClusterInfo, predictors: PredictorSet,
                  build: BuildPolicy) -> None:

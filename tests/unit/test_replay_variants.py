@@ -96,6 +96,10 @@ def test_artifacts_go_to_the_policies_that_route_on_them(cfg: ClusterConfig) -> 
     r = router_variant(cfg, static, PRIORS, ARTIFACTS)
     assert r.predictors == {} and r.policies["chimera"]["static_prior"] is True
     assert r.policies["chimera"]["confidence"] == PRIORS["accuracy"]
+    knn = specs('chimera:stjf@quality="knn"')[0]  # the KNN in the semantic router's place
+    r = router_variant(cfg, knn, PRIORS, ARTIFACTS)
+    assert r.predictors == {"knn": "/a/knn", "length": "/a/len"}
+    assert spec_inputs(r)["predictors"] == ["knn", "length"]
     assert router_variant(cfg, laar, None, ARTIFACTS).predictors == {"capability": "/a/cap"}
     assert router_variant(cfg, vllm, None, ARTIFACTS).predictors == {}
 
