@@ -115,13 +115,13 @@ def select_model(q: Mapping[str, float], lat: Mapping[str, float], tau: float,
 class Chimera(Policy[ChimeraSettings]):
     name = "chimera"
     predictors_used = ("semantic_router", "length")
+    Settings = ChimeraSettings
+    inputs = LMetric.inputs | {"model_inflight_tokens", "program_model"}
 
     @classmethod
     def predictors_for(cls, settings: Mapping[str, Any]) -> tuple[str, ...]:
         """The semantic router's place taken by the KNN where ``quality = "knn"``."""
         return ("knn" if settings.get("quality") == "knn" else "semantic_router", "length")
-    Settings = ChimeraSettings
-    inputs = LMetric.inputs | {"model_inflight_tokens", "program_model"}
 
     def __init__(self, settings: ChimeraSettings, cluster: Any, predictors: Any,
                  build: BuildPolicy) -> None:

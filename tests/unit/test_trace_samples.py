@@ -141,11 +141,12 @@ def test_greedy_settings_are_unchanged_and_sampling_is_added_once(tmp_path: Path
 def test_datasheet_reports_samples_per_unit_and_p_correct(tmp_path: Path) -> None:
     settings = {"seed": 0, "max_tokens": 512, "code_timeout_s": 10.0,
                 SAMPLING: {"temperature": 0.7, "top_p": 0.95}}
+    p0, p1 = "gsm_symbolic/0/0", "gsm_symbolic/0/1"  # the suite's first two: a rebuild command
     path = _write(tmp_path / "t.jsonl.gz", [
-        _header(settings), _unit("p0", "m", True), _unit("p1", "m", False),
-        _unit("p0", "m", True, sample=0), _unit("p0", "m", False, sample=1),
-        _unit("p1", "m", False, sample=0), _unit("p1", "m", False, sample=1),
-        _unit("p1", "m", True, sample=2)])
+        _header(settings), _unit(p0, "m", True), _unit(p1, "m", False),
+        _unit(p0, "m", True, sample=0), _unit(p0, "m", False, sample=1),
+        _unit(p1, "m", False, sample=0), _unit(p1, "m", False, sample=1),
+        _unit(p1, "m", True, sample=2)])
     s = summarize(load_trace(path), path)
     sm = s["samples"]["m"]
     assert (sm["runs"], sm["units"], sm["disagreeing_units"]) == (5, 2, 2)
