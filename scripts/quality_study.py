@@ -564,16 +564,18 @@ CONFIRM: dict[str, Fit] = {
 
 def confirm(d: Data, new: np.ndarray, boot: int) -> dict:
     """docs/predictors/quality/confirm-plan.md: each of ``CONFIRM`` trained on the rows
-    outside ``new`` (a mask), reported on the ``new`` rows, on those of a template the
-    training rows have and of one they do not; the primary's APGR minus the default's,
-    paired bootstrap over problems."""
+    outside ``new`` (a mask), reported on the ``new`` rows and, for math rows, on those of
+    a template the training rows have and of one they do not; the primary's APGR minus the
+    default's, paired bootstrap over problems."""
     tr, te = np.flatnonzero(~new), np.flatnonzero(new)
     gains = {name: np.zeros(len(d.problems)) for name in CONFIRM}
     for name, fit in CONFIRM.items():
         gains[name][te] = fit(d, tr, te)
-    _, seen = template_seen(d, new.astype(int))
-    masks = {"new problems": new, "template seen in training": new & seen,
-             "template not seen": new & ~seen}
+    math, seen = template_seen(d, new.astype(int))
+    masks = {"new problems": new}
+    if (new & math).any():
+        masks |= {"template seen in training": new & seen,
+                  "template not seen": new & math & ~seen}
     primary, default = list(CONFIRM)[0], "semantic router (default)"
     ys, yb = d.labels[te, 0], d.labels[te, 1]
     point = apgr(gains[primary][te], ys, yb) - apgr(gains[default][te], ys, yb)

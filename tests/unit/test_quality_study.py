@@ -3,6 +3,8 @@ k-NN, which math rows have a template in training, and the confirmation's protoc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -72,3 +74,12 @@ def test_the_confirmation_trains_outside_the_new_problems_and_pairs_its_draws(
     assert split == 60
     diff = out["primary minus default, APGR"]
     assert diff["lo"] > 0 and diff["value"] > 0.5
+
+
+def test_a_confirmation_file_must_hold_only_new_problems(tmp_path) -> None:
+    study = script("quality_study")
+    with pytest.raises(SystemExit, match=r"--confirm .*none of --trace's \(it shares 100;"):
+        study.run_confirm([study.TRACES[0]], Path(study.TRACES[0]), tmp_path, 10)
+    with pytest.raises(SystemExit, match="--confirm: .*absent"):
+        study.run_confirm([study.TRACES[0]], tmp_path / "absent.jsonl.gz", tmp_path, 10)
+    assert not (tmp_path / "confirm.json").exists()
