@@ -76,9 +76,10 @@ from xgboost import XGBClassifier
 from kernels_bench.trace.suites import (code_problem, math_template, passes_examples,
                                         program_agrees)
 from router.predictors.encoder import MINILM, Encoder, StaticEncoder, resolve_encoder
-from router.predictors.evaluation import routing_gain_report
+from router.predictors.evaluation import problem_resamples, routing_gain_report
 from router.predictors.features import RequestFeatures
-from router.predictors.knn import KnnEstimator, KnnSettings, prompt_text
+from router.predictors.knn import (KnnEstimator, KnnSettings, neighbour_weights,
+                                  prompt_text)
 from router.predictors.metrics import apgr
 from router.predictors.records import Split, seeded_uniform
 from router.predictors.semantic import SemanticRouter, SemanticSettings
@@ -199,8 +200,9 @@ def ridge_gain(feature_names: Sequence[str], alpha: float) -> Fit:
 def knn(feature: str, k: int, temperature: float | None = None) -> Fit:
     """The gain of the k most similar training prompts of the same workflow: their mean,
     or with ``temperature`` T each weighted by exp((s - s_max) / T) (s: the cosine
-    similarity of the embeddings), so that the nearest counts most (on math, a problem of
-    the same template: docs/predictors.md, "Math's templates")."""
+    similarity of the embeddings; ``knn.neighbour_weights``), so that the nearest counts
+    most (on math, a problem of the same template: docs/predictors.md, "Math's
+    templates")."""
     def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
         e = d.features[feature]
         out = np.zeros(len(te))
@@ -209,8 +211,8 @@ def knn(feature: str, k: int, temperature: float | None = None) -> Fit:
             pool = pool if len(pool) else tr
             sim = e[pool] @ e[row]
             top = np.argsort(-sim)[:k]
-            w = (np.ones(len(top)) if temperature is None
-                 else np.exp((sim[top] - sim[top[0]]) / temperature))
+            w = (np.ones(len(top)) if temperature is None else
+                 neighbour_weights(sim[top][None], KnnSettings(temperature=temperature))[0])
             out[i] = w @ (d.labels[pool[top], 1] - d.labels[pool[top], 0]) / w.sum()
         return out
     return fit
@@ -512,20 +514,24 @@ def report(d: Data, gain: np.ndarray, boot: int, rows: np.ndarray | None = None)
                                0, boot)
 
 
-def template_seen(d: Data, fold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: whether it is a math row, and whether a row of another ``fold`` (an id per
-    row) is of a problem instantiating its template (``suites.math_template``)."""
-    tmpl = np.array([math_template(p) or "" for p in d.problems])
+def template_ids(d: Data) -> np.ndarray:
+    """Per row: the GSM-symbolic template of its problem (``suites.math_template``), ""
+    for a row that is not math."""
+    return np.array([math_template(p) or "" for p in d.problems])
+
+
+def template_seen(tmpl: np.ndarray, fold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``template_ids``: whether it is a math row, and whether a row of another
+    ``fold`` (an id per row) is of a problem instantiating its template."""
     math = tmpl != ""
     seen = np.array([m and bool(((tmpl == t) & (fold != f)).any())
                      for m, t, f in zip(math, tmpl, fold)])
     return math, seen
 
 
-def template_correlation(d: Data) -> dict[str, float | int | None]:
+def template_correlation(d: Data, tmpl: np.ndarray) -> dict[str, float | int | None]:
     """Correlation of the gain y_big - y_small between two math problems' rows of the same
-    workflow: of one template, and of two different ones."""
-    tmpl = np.array([math_template(p) or "" for p in d.problems])
+    workflow (``tmpl``: ``template_ids``): of one template, and of two different ones."""
     gain = d.labels[:, 1] - d.labels[:, 0]
     pairs: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
     rows = np.flatnonzero(tmpl != "")
@@ -545,11 +551,12 @@ def template_correlation(d: Data) -> dict[str, float | int | None]:
 def by_suite(d: Data, held: dict[str, np.ndarray], fold: np.ndarray, boot: int) -> dict:
     """Each candidate's held-out report on the math rows (all, of a template some training
     problem of the fold instantiates, of one none does) and on the code rows."""
-    math, seen = template_seen(d, fold)
+    tmpl = template_ids(d)
+    math, seen = template_seen(tmpl, fold)
     masks = {"math": math, "math, template seen in training": seen,
              "math, template not seen": math & ~seen, "code": ~math}
     return {"rows": {k: int(v.sum()) for k, v in masks.items()},
-            "gain correlation": template_correlation(d),
+            "gain correlation": template_correlation(d, tmpl),
             "candidates": {name: {k: report(d, g, boot, v) for k, v in masks.items()}
                            for name, g in held.items()}}
 
@@ -571,7 +578,7 @@ def confirm(d: Data, new: np.ndarray, boot: int) -> dict:
     gains = {name: np.zeros(len(d.problems)) for name in CONFIRM}
     for name, fit in CONFIRM.items():
         gains[name][te] = fit(d, tr, te)
-    math, seen = template_seen(d, new.astype(int))
+    math, seen = template_seen(template_ids(d), new.astype(int))
     masks = {"new problems": new}
     if (new & math).any():
         masks |= {"template seen in training": new & seen,
@@ -579,13 +586,9 @@ def confirm(d: Data, new: np.ndarray, boot: int) -> dict:
     primary, default = list(CONFIRM)[0], "semantic router (default)"
     ys, yb = d.labels[te, 0], d.labels[te, 1]
     point = apgr(gains[primary][te], ys, yb) - apgr(gains[default][te], ys, yb)
-    groups = [np.flatnonzero(d.problems[te] == p) for p in dict.fromkeys(d.problems[te])]
-    rng = np.random.default_rng(0)
-    draws = []
-    for _ in range(boot):
-        idx = np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])
-        draws.append(apgr(gains[primary][te][idx], ys[idx], yb[idx])
-                     - apgr(gains[default][te][idx], ys[idx], yb[idx]))
+    draws = [apgr(gains[primary][te][idx], ys[idx], yb[idx])
+             - apgr(gains[default][te][idx], ys[idx], yb[idx])
+             for idx in problem_resamples(d.problems[te], 0, boot)]
     lo, hi = np.percentile(draws, [2.5, 97.5])
     return {"rows": {k: int(v.sum()) for k, v in masks.items()},
             "training rows": len(tr), "training problems": len(set(d.problems[tr])),

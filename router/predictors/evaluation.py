@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -81,6 +81,17 @@ def routing_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[str]
             "oracle": float(y.max(axis=1).mean())}
 
 
+def problem_resamples(problems: Sequence[str], seed: int, boot: int
+                      ) -> Iterator[np.ndarray]:
+    """``boot`` bootstrap resamples of the rows (indices) that draw whole problems with
+    replacement, seeded: a percentile interval over them is clustered by problem."""
+    groups = np.asarray(problems)
+    rows_of = [np.flatnonzero(groups == p) for p in dict.fromkeys(groups)]
+    rng = np.random.default_rng(seed)
+    for _ in range(boot):
+        yield np.concatenate([rows_of[i] for i in rng.integers(0, len(rows_of), len(rows_of))])
+
+
 def routing_gain_report(scores: np.ndarray, labels: np.ndarray, models: Sequence[str],
                         problems: Sequence[str], seed: int, boot: int = 1000
                         ) -> dict[str, Any]:
@@ -101,8 +112,6 @@ def routing_gain_report(scores: np.ndarray, labels: np.ndarray, models: Sequence
     ys, yb = labels[both, small], labels[both, big]
     top = np.where(scores[both, big] >= scores[both, small], yb, ys)
     groups = np.asarray(problems)[both]
-    ids = {p: i for i, p in enumerate(dict.fromkeys(groups))}
-    rows_of = [np.flatnonzero(groups == p) for p in ids]
     tb = np.random.default_rng(seed).random(len(gain))
 
     def stats(idx: np.ndarray) -> np.ndarray:
@@ -115,10 +124,7 @@ def routing_gain_report(scores: np.ndarray, labels: np.ndarray, models: Sequence
                          top[idx].mean() - yb[idx].mean()])
 
     point = stats(np.arange(len(gain)))
-    rng = np.random.default_rng(seed)
-    draws = np.array([stats(np.concatenate([rows_of[i] for i in
-                                            rng.integers(0, len(rows_of), len(rows_of))]))
-                      for _ in range(boot)])
+    draws = np.array([stats(idx) for idx in problem_resamples(groups, seed, boot)])
     lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
     k = len(metrics.SHARES)
 
@@ -131,7 +137,7 @@ def routing_gain_report(scores: np.ndarray, labels: np.ndarray, models: Sequence
         per_share.append({"share": s, "predicted": p, "random": r, "oracle": o,
                           "gain_over_random": ci(j), "recovered": ci(k + j)})
     return {"small": models[small], "big": models[big], "prompts": int(both.sum()),
-            "problems": len(ids), "per_share": per_share, "apgr": ci(2 * k),
+            "problems": len(set(groups)), "per_share": per_share, "apgr": ci(2 * k),
             "top_confidence_minus_always_big": ci(2 * k + 1)}
 
 

@@ -41,11 +41,11 @@ def test_a_math_rows_template_is_seen_only_through_another_folds_problem() -> No
     assert math_template(ids[0]) == math_template(ids[1])
     assert len({math_template(i) for i in ids}) == 3
     d = rows([*ids, "HumanEval/0"], [[0, 1]] * 5)
-    math, seen = study.template_seen(d, np.array([0, 1, 1, 0, 0]))
+    math, seen = study.template_seen(study.template_ids(d), np.array([0, 1, 1, 0, 0]))
     assert math.tolist() == [True, True, True, True, False]
     # 1 and 13 share one across folds; 0 and 2 are the only problems of theirs
     assert seen.tolist() == [True, True, False, False, False]
-    math, seen = study.template_seen(d, np.array([0, 0, 1, 0, 1]))
+    math, seen = study.template_seen(study.template_ids(d), np.array([0, 0, 1, 0, 1]))
     assert seen.tolist() == [False, False, False, False, False]
 
 
