@@ -22,7 +22,7 @@ import hashlib
 import io
 import os
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
@@ -363,14 +363,24 @@ def write_records(dst: str | os.PathLike[str], header: Header, units: list[Unit]
 
 
 def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-            without: str | os.PathLike[str] | None = None) -> int:
+            without: str | os.PathLike[str] | None = None,
+            workflows: Sequence[str] | None = None) -> int:
     """Rewrite a trace as one gzip member (better compression), units sorted by key;
     return the number of units. ``without``: a trace whose problems are left out (what a
-    grown file adds to it). ``dst`` is written atomically."""
+    grown file adds to it). ``workflows``: keep only these (the header names only them; a
+    name the header lacks is a ``TraceFormatError``). ``dst`` is written atomically."""
     header, units = read_records(src)
     if without is not None:
         old = {u.problem_id for u in read_records(without)[1]}
         units = [u for u in units if u.problem_id not in old]
+    if workflows is not None:
+        unknown = sorted(set(workflows) - set(header.workflows))
+        if unknown:
+            raise TraceFormatError(f"{src}: no workflow {', '.join(unknown)} (it has "
+                             f"{', '.join(sorted(header.workflows))})")
+        header = msgspec.structs.replace(
+            header, workflows={w: r for w, r in header.workflows.items() if w in workflows})
+        units = [u for u in units if u.workflow in header.workflows]
     write_records(dst, header, sorted(units, key=lambda u: u.key))
     return len(units)
 

@@ -180,7 +180,8 @@ def validate(argv: list[str]) -> None:
 
 
 def compact(argv: list[str]) -> None:
-    """``trace compact SRC DST [--without FILE]``: one gzip member, units sorted by key."""
+    """``trace compact SRC DST [--without FILE] [--workflows W ...]``: one gzip member,
+    units sorted by key."""
     from router.trace_format import compact as do_compact
 
     ap = argparse.ArgumentParser(prog="python -m kernels_bench trace compact")
@@ -188,8 +189,10 @@ def compact(argv: list[str]) -> None:
     ap.add_argument("dst", type=Path)
     ap.add_argument("--without", type=Path,
                     help="a trace whose problems are left out (keeps what SRC adds to it)")
+    ap.add_argument("--workflows", nargs="+", metavar="W",
+                    help="keep only these workflows (e.g. solve)")
     args = ap.parse_args(argv)
-    print(f"{do_compact(args.src, args.dst, args.without)} units -> {args.dst}")
+    print(f"{do_compact(args.src, args.dst, args.without, args.workflows)} units -> {args.dst}")
 
 
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {

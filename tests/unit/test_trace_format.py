@@ -161,6 +161,23 @@ def test_compact_without_keeps_only_the_problems_a_grown_file_adds(tmp_path: Pat
     assert "trace compact:" in str(code.value) and "absent" in str(code.value)
 
 
+def test_compact_workflows_keeps_those_and_names_only_them(tmp_path: Path) -> None:
+    from kernels_bench.commands.trace import main
+
+    src = write(tmp_path / "a.jsonl.gz", [header(), unit(pid="p0", workflow="plan_solve"),
+                                          unit(pid="p0", workflow="solve"),
+                                          unit(pid="p1", workflow="solve")])
+    dst = tmp_path / "b.jsonl.gz"
+    assert compact(src, dst, workflows=["solve"]) == 2
+    t = load_trace(dst)
+    assert list(t.header.workflows) == ["solve"]
+    assert [(r.problem_id, r.workflow) for r in t.runs] == [("p0", "solve"), ("p1", "solve")]
+    with pytest.raises(SystemExit) as code:
+        main(["compact", str(src), str(dst), "--workflows", "solve", "nope"])
+    assert "no workflow nope" in str(code.value)
+    assert load_trace(dst).header.workflows.keys() == {"solve"}
+
+
 def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
     from kernels_bench.commands.trace import main
 
