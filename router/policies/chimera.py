@@ -24,7 +24,11 @@ separates them (``m_fast``, or the model expected to end it first, ``first_done`
 argmin_m L[m] + P-hat[m] x decode_ms_per_token[m]). The engine within the model is chosen by
 ``lmetric``; the request's priority is P-hat[m].
 ``quality = "knn"`` (ours; the paper's is the semantic router) takes q[m] from the KNN
-estimator's quality instead.
+estimator's quality instead. ``latency = "finish"`` (ours) walks on the program's expected
+finish time L[m] + P-hat[m] x decode_ms_per_token[m] instead of L[m]: on an idle cluster
+every L[m] is 0, the tie goes to the most confident model, and delta_s and tau act only
+under load; on finish times the faster model is m_fast when idle too, and delta_s becomes
+a threshold on the predicted gain q[m] - q[m_fast].
 Ties: m_fast prefers higher q, then the name; the walk prefers lower L, then the name.
 """
 
@@ -70,6 +74,12 @@ class ChimeraSettings:
     """Where q[m] comes from: the semantic router (the paper's), or the quality estimate of
     the KNN estimator (``router.predictors.knn``, RouteBalance section 4.2), which on math
     recognises a problem's template (docs/predictors.md, "Math's templates")."""
+    latency: Literal["congestion", "finish"] = "congestion"
+    """The latency Algorithm 1 compares: ``congestion``, the paper's L[m]
+    (``model_latency``); ``finish``, the program's expected finish time on m
+    (``finish_times``: L[m] plus its own predicted tokens at one decode step each), so
+    that delta_s separates the models on an idle cluster too (docs/predictors.md,
+    "Chimera's margin on finish times")."""
     static_prior: bool = False
     """Use the tables below instead of missing predictors / profiles."""
     confidence: dict[str, Fraction] = field(default_factory=dict)
@@ -217,18 +227,27 @@ class Chimera(Policy[ChimeraSettings]):
         s, tried = self.settings, req.workflow.tried_models
         if s.on_check == "first_done" and self._check_trusted(req):
             return first_done(lat, pred.remaining, self.decode_ms)
+        if s.latency == "finish":
+            lat = finish_times(lat, pred.remaining, self.decode_ms)
         if s.escalate and tried:
             lat = {m: v for m, v in lat.items() if m not in tried} or lat
         q = pred.q if pred.q is not None else dict.fromkeys(lat, 0.0)
         return select_model(q, lat, s.tau, s.delta_s)
 
 
+def finish_times(lat: Mapping[str, float], remaining: Mapping[str, float],
+                 decode_ms_per_token: Mapping[str, float]) -> dict[str, float]:
+    """The program's expected finish time on each model of ``lat``: L[m] + P-hat[m] x
+    decode_ms_per_token[m] (its congestion, then its own tokens one decode step each)."""
+    return {m: lat[m] + remaining[m] * decode_ms_per_token[m] for m in lat}
+
+
 def first_done(lat: Mapping[str, float], remaining: Mapping[str, float],
                decode_ms_per_token: Mapping[str, float]) -> str:
-    """The model of ``lat`` expected to end the program first: argmin_m L[m] + P-hat[m] x
-    decode_ms_per_token[m] (its congestion, then its own tokens one decode step each);
-    ties to the name."""
-    return min(lat, key=lambda m: (lat[m] + remaining[m] * decode_ms_per_token[m], m))
+    """The model of ``lat`` expected to end the program first (``finish_times``); ties to
+    the name."""
+    done = finish_times(lat, remaining, decode_ms_per_token)
+    return min(done, key=lambda m: (done[m], m))
 
 
 async def _none() -> list[Mapping[str, float]]:

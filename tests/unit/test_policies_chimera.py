@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.policies.chimera import first_done, model_latency, select_model
+from router.policies.chimera import finish_times, first_done, model_latency, select_model
 from router.predictors.base import ModelProfile, PredictorSet, QualityLength
 from tests.unit.test_policies_base import World, req
 
@@ -243,6 +243,24 @@ def test_on_check_first_done_routes_a_checked_first_attempt() -> None:
     # a retry: Algorithm 1 on q, as in the paper
     retry = req(tokens=PROMPT, program_id="p.1", checked=True, tried_models=["b"])
     assert w.decide(on, retry).info["q"] is not None
+
+
+def test_latency_finish_makes_delta_s_a_threshold_on_an_idle_cluster() -> None:
+    w = world()
+    assert finish_times({"a": 0.0, "b": 5.0}, {"a": 100.0, "b": 200.0},
+                        {"a": 10.0, "b": 40.0}) == {"a": 1000.0, "b": 8005.0}
+    r = req(tokens=PROMPT, program_id="p")
+    # idle, congestion (the paper's): L = 0 for both, the tie goes to b (q 0.9)
+    assert w.decide(w.build("chimera", STATIC), r).model == "b"
+    # finish times a 100 x 10 = 1000, b 200 x 40 = 8000 ms: a is m_fast; with tau 7 b is
+    # within the slack (8000 <= 8 x 1000) and 0.9 >= 0.5 + delta_s decides
+    wide = {**STATIC, "latency": "finish", "tau": 7.0}
+    assert w.decide(w.build("chimera", {**wide, "delta_s": 0.4}), r).model == "b"
+    assert w.decide(w.build("chimera", {**wide, "delta_s": 0.41}), r).model == "a"
+    # the paper's slack (tau 0.5) keeps the slow model out whatever its q
+    assert w.decide(w.build("chimera", {**STATIC, "latency": "finish"}), r).model == "a"
+    with pytest.raises(ValueError, match="latency"):
+        w.build("chimera", {**STATIC, "latency": "e2e"})
 
 
 def test_on_check_names_its_rules() -> None:
