@@ -377,7 +377,7 @@ def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         unknown = sorted(set(workflows) - set(header.workflows))
         if unknown:
             raise TraceFormatError(f"{src}: no workflow {', '.join(unknown)} (it has "
-                             f"{', '.join(sorted(header.workflows))})")
+                                   f"{', '.join(sorted(header.workflows))})")
         header = msgspec.structs.replace(
             header, workflows={w: r for w, r in header.workflows.items() if w in workflows})
         units = [u for u in units if u.workflow in header.workflows]
