@@ -362,27 +362,56 @@ def write_records(dst: str | os.PathLike[str], header: Header, units: list[Unit]
     tmp.replace(dst)
 
 
-def compact(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-            without: str | os.PathLike[str] | None = None,
+def compact(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+            dst: str | os.PathLike[str], without: str | os.PathLike[str] | None = None,
             workflows: Sequence[str] | None = None) -> int:
     """Rewrite a trace as one gzip member (better compression), units sorted by key;
-    return the number of units. ``without``: a trace whose problems are left out (what a
-    grown file adds to it). ``workflows``: keep only these (the header names only them; a
-    name the header lacks is a ``TraceFormatError``). ``dst`` is written atomically."""
-    header, units = read_records(src)
+    return the number of units. Several ``src`` are merged (``merge``). ``without``: a
+    trace whose problems are left out (what a grown file adds to it). ``workflows``: keep
+    only these (the header names only them; a name the header lacks is a
+    ``TraceFormatError``). ``dst`` is written atomically."""
+    srcs = [src] if isinstance(src, (str, os.PathLike)) else list(src)
+    names = [str(f) for f in srcs]
+    header, units = merge([read_records(f) for f in srcs], names)
     if without is not None:
         old = {u.problem_id for u in read_records(without)[1]}
         units = [u for u in units if u.problem_id not in old]
     if workflows is not None:
         unknown = sorted(set(workflows) - set(header.workflows))
         if unknown:
-            raise TraceFormatError(f"{src}: no workflow {', '.join(unknown)} (it has "
+            raise TraceFormatError(f"{', '.join(names)}: no workflow "
+                                   f"{', '.join(unknown)} (it has "
                                    f"{', '.join(sorted(header.workflows))})")
         header = msgspec.structs.replace(
             header, workflows={w: r for w, r in header.workflows.items() if w in workflows})
         units = [u for u in units if u.workflow in header.workflows]
     write_records(dst, header, sorted(units, key=lambda u: u.key))
     return len(units)
+
+
+def merge(traces: Sequence[tuple[Header, list[Unit]]],
+          names: Sequence[str]) -> tuple[Header, list[Unit]]:
+    """One trace of several made with the same settings (e.g. the shipped file and the
+    new problems cut from a grown copy): their headers must agree but for the workflows
+    (united; a workflow's roles must agree), and a unit key two of them hold must hold
+    the same unit. Anything else is a ``TraceFormatError`` naming the files."""
+    header, _ = traces[0]
+    flows = dict(header.workflows)
+    units: dict[str, Unit] = {}
+    for (h, us), name in zip(traces, names):
+        if msgspec.structs.replace(h, workflows={}) != \
+                msgspec.structs.replace(header, workflows={}):
+            raise TraceFormatError(f"{name}: its header (suite, settings, sources or "
+                                   f"command) differs from {names[0]}'s: not merged")
+        for w, roles in h.workflows.items():
+            if flows.setdefault(w, roles) != roles:
+                raise TraceFormatError(f"{name}: workflow {w!r} has roles {roles}, "
+                                       f"{flows[w]} elsewhere")
+        for u in us:
+            if units.setdefault(u.key, u) != u:
+                raise TraceFormatError(f"{name}: unit {u.key!r} differs from another "
+                                       f"file's")
+    return msgspec.structs.replace(header, workflows=flows), list(units.values())
 
 
 def _read_text(path: Path) -> bytes:

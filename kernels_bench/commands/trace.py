@@ -180,12 +180,13 @@ def validate(argv: list[str]) -> None:
 
 
 def compact(argv: list[str]) -> None:
-    """``trace compact SRC DST [--without FILE] [--workflows W ...]``: one gzip member,
-    units sorted by key."""
+    """``trace compact SRC [SRC ...] DST [--without FILE] [--workflows W ...]``: one gzip
+    member, units sorted by key; several SRC merged."""
     from router.trace_format import compact as do_compact
 
     ap = argparse.ArgumentParser(prog="python -m kernels_bench trace compact")
-    ap.add_argument("src", type=Path)
+    ap.add_argument("src", type=Path, nargs="+",
+                    help="trace(s); several made with the same settings are merged")
     ap.add_argument("dst", type=Path)
     ap.add_argument("--without", type=Path,
                     help="a trace whose problems are left out (keeps what SRC adds to it)")

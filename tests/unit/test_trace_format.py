@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from router.trace_format import (
@@ -176,6 +177,26 @@ def test_compact_workflows_keeps_those_and_names_only_them(tmp_path: Path) -> No
         main(["compact", str(src), str(dst), "--workflows", "solve", "nope"])
     assert "no workflow nope" in str(code.value)
     assert load_trace(dst).header.workflows.keys() == {"solve"}
+
+
+def test_compact_merges_traces_of_the_same_settings(tmp_path: Path) -> None:
+    from kernels_bench.commands.trace import main
+
+    a = write(tmp_path / "a.jsonl.gz", [header(), unit(pid="p0"), unit(pid="p1")])
+    b = write(tmp_path / "b.jsonl.gz", [header(), unit(pid="p1"), unit(pid="p2")])
+    dst = tmp_path / "ab.jsonl.gz"
+    main(["compact", str(a), str(b), str(dst)])
+    assert [r.problem_id for r in load_trace(dst).runs] == ["p0", "p1", "p2"]
+    other = write(tmp_path / "c.jsonl.gz", [header(), unit(pid="p1", correct=False)])
+    with pytest.raises(SystemExit) as code:
+        main(["compact", str(a), str(other), str(dst)])
+    assert "differs from another file's" in str(code.value)
+    seeded = msgspec.structs.replace(header(), settings={"seed": 1})
+    d = write(tmp_path / "d.jsonl.gz", [seeded, unit(pid="p3")])
+    with pytest.raises(SystemExit) as code:
+        main(["compact", str(a), str(d), str(dst)])
+    assert "header" in str(code.value) and "not merged" in str(code.value)
+    assert [r.problem_id for r in load_trace(dst).runs] == ["p0", "p1", "p2"]
 
 
 def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
