@@ -20,6 +20,11 @@ import msgspec
 from router.request import RequestError
 
 CONNECT_TIMEOUT_S = 5.0
+IDLE_KEEPALIVE_S = 4.0
+"""How long an idle pooled connection to an engine is kept: under vLLM's own 5 s
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``), so the router does not send a request on a
+connection the engine is closing at that instant (which would fail it as unanswered
+and re-route it)."""
 
 ErrorKind = Literal["connect", "timeout", "protocol", "status"]
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
@@ -95,7 +100,7 @@ class Upstream:
             total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=stream.first_byte_s)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
-                                           keepalive_timeout=30.0),
+                                           keepalive_timeout=IDLE_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
                                           sock_read=read_timeout_s),
             auto_decompress=False,  # bytes pass through as the engine sent them

@@ -127,6 +127,14 @@ def aging_collector(aging_engine):
     yield from _collect(aging_engine)
 
 
+def _client(url: str) -> httpx.AsyncClient:
+    """A client that drops a pooled connection after 2 s idle: vLLM's server closes one
+    after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and httpx's default (5 s) can reuse it in
+    that instant ("Server disconnected without sending a response", seen in CI on a
+    ``/pause`` sent after a long wait for telemetry)."""
+    return httpx.AsyncClient(base_url=url, limits=httpx.Limits(keepalive_expiry=2.0))
+
+
 async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int,
                     priority: int | None = None) -> dict:
     body = {"model": "tiny-a", "prompt": prompt, "max_tokens": max_tokens,
@@ -191,7 +199,7 @@ def test_service_order_follows_the_key(engine, collector):
     # unprioritized one last. They all wait from the same step, so aging promotes them
     # together and keeps their relative order.
     async def run():
-        async with httpx.AsyncClient(base_url=engine.url) as client:
+        async with _client(engine.url) as client:
             done: list[str] = []
 
             async def job(name, prio):
@@ -221,7 +229,7 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
     promotions = 3
 
     async def run():
-        async with httpx.AsyncClient(base_url=engine.url) as client:
+        async with _client(engine.url) as client:
             sem = asyncio.Semaphore(outstanding)
 
             async def short(i: int) -> None:
@@ -305,7 +313,7 @@ def test_telemetry_reports_batch_and_waiting(engine, collector):
         return held, await asyncio.gather(*rest), aborted, first
 
     async def run():
-        async with httpx.AsyncClient(base_url=engine.url) as client:
+        async with _client(engine.url) as client:
             for _ in range(3):
                 if (got := await attempt(client))[2]:
                     return got
@@ -352,7 +360,7 @@ def test_kv_events_carry_block_hashes_of_a_long_prompt(engine, collector):
 
 
 async def _run_one(url: str, prompt: str) -> None:
-    async with httpx.AsyncClient(base_url=url) as client:
+    async with _client(url) as client:
         await _complete(client, prompt, 2, 3)
 
 
