@@ -389,6 +389,19 @@ def compact(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     return len(units)
 
 
+def unite_workflows(headers: Sequence[Header], names: Sequence[str]
+                    ) -> dict[str, list[str]]:
+    """Every workflow of ``headers`` with its roles; ``TraceFormatError`` naming the file
+    (``names``, in order) when a workflow's roles differ between two of them."""
+    flows: dict[str, list[str]] = {}
+    for h, name in zip(headers, names):
+        for w, roles in h.workflows.items():
+            if flows.setdefault(w, roles) != roles:
+                raise TraceFormatError(f"{name}: workflow {w!r} has roles {roles}, "
+                                       f"{flows[w]} elsewhere")
+    return flows
+
+
 def merge(traces: Sequence[tuple[Header, list[Unit]]],
           names: Sequence[str]) -> tuple[Header, list[Unit]]:
     """One trace of several made with the same settings (e.g. the shipped file and the
@@ -396,17 +409,13 @@ def merge(traces: Sequence[tuple[Header, list[Unit]]],
     (united; a workflow's roles must agree), and a unit key two of them hold must hold
     the same unit. Anything else is a ``TraceFormatError`` naming the files."""
     header, _ = traces[0]
-    flows = dict(header.workflows)
+    flows = unite_workflows([h for h, _ in traces], names)
     units: dict[str, Unit] = {}
     for (h, us), name in zip(traces, names):
         if msgspec.structs.replace(h, workflows={}) != \
                 msgspec.structs.replace(header, workflows={}):
             raise TraceFormatError(f"{name}: its header (suite, settings, sources or "
                                    f"command) differs from {names[0]}'s: not merged")
-        for w, roles in h.workflows.items():
-            if flows.setdefault(w, roles) != roles:
-                raise TraceFormatError(f"{name}: workflow {w!r} has roles {roles}, "
-                                       f"{flows[w]} elsewhere")
         for u in us:
             if units.setdefault(u.key, u) != u:
                 raise TraceFormatError(f"{name}: unit {u.key!r} differs from another "

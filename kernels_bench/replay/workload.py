@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from router.predictors.records import Split, seeded_uniform
-from router.trace_format import Header, Trace, WorkflowRun
+from router.trace_format import Header, Trace, TraceFormatError, WorkflowRun, unite_workflows
 
 
 class WorkloadError(ValueError):
@@ -71,12 +71,13 @@ def merge_traces(traces: Sequence[Trace]) -> Trace:
     hold the same problem or name a workflow differently."""
     if len(traces) == 1:
         return traces[0]
-    workflows: dict[str, list[str]] = {}
+    try:
+        workflows = unite_workflows([t.header for t in traces],
+                                    [f"trace of suite {t.header.suite!r}" for t in traces])
+    except TraceFormatError as e:
+        raise WorkloadError(str(e)) from None
     problems: set[str] = set()
     for t in traces:
-        for wf, roles in t.header.workflows.items():
-            if workflows.setdefault(wf, roles) != roles:
-                raise WorkloadError(f"workflow {wf!r} has different stages in two traces")
         ids = {r.problem_id for r in t.runs}
         if ids & problems:
             raise WorkloadError(f"problem {sorted(ids & problems)[0]!r} is in two traces")

@@ -181,7 +181,7 @@ def test_traces_merge_into_one_workload(trace: Trace) -> None:
     with pytest.raises(WorkloadError, match="is in two traces"):
         merge_traces([trace, trace])
     bad = Trace(msgspec.structs.replace(other.header, workflows={"solve": ["x", "y"]}), renamed)
-    with pytest.raises(WorkloadError, match="'solve' has different stages"):
+    with pytest.raises(WorkloadError, match="suite 'code': workflow 'solve' has roles"):
         merge_traces([trace, bad])
 
 
