@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -203,8 +205,17 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"{ci(row['minus_mix_curve'], '+.1f')} | "
               f"{ci(row['score_minus_baseline'], '+.1f')} | {ci(row['e2e_s'], '.2f')} | "
               f"{ci(row['e2e_ratio'], '.2f')} | {ci(row['e2e_per_token_ratio'], '.2f')} |")
-    if a.json:
-        a.json.write_text(json.dumps(table, indent=1))
+    if a.json:  # standard JSON: null where a value is not defined (a mix's own gap)
+        a.json.write_text(json.dumps(_nulls(table), indent=1, allow_nan=False))
+
+
+def _nulls(o: Any) -> Any:
+    """``o`` with every NaN float replaced by None."""
+    if isinstance(o, dict):
+        return {k: _nulls(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_nulls(v) for v in o]
+    return None if isinstance(o, float) and math.isnan(o) else o
 
 
 if __name__ == "__main__":

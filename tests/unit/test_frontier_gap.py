@@ -37,6 +37,10 @@ def rows(big_calls: list[int], scores: list[float]) -> list[tuple[str, float, li
             for i, (b, s) in enumerate(zip(big_calls, scores))]
 
 
+def _no_nan(name: str) -> None:
+    raise AssertionError(f"{name} in the JSON table: not standard JSON")
+
+
 def test_pooled_runs_give_the_mean_share_and_the_gap_to_the_mix_curve(tmp_path: Path) -> None:
     # mixes at big shares 0.25 and 0.75 scoring 0.4 and 0.8; the policy at 0.5 scores
     # 0.7 in one run and 0.9 in the other: pooled 0.8, the curve there 0.6, gap +20 points
@@ -46,8 +50,9 @@ def test_pooled_runs_give_the_mean_share_and_the_gap_to_the_mix_curve(tmp_path: 
         "cascade:fcfs": rows([2, 0, 2, 0], [score] * 4)}) for k, score in ((0, 0.7), (1, 0.9))]
     out = tmp_path / "table.json"
     gap.main([*map(str, runs), "--pool", "--big", "big", "--boot", "50", "--json", str(out)])
-    table = {r["policy"]: r for r in json.loads(out.read_text())}
+    table = {r["policy"]: r for r in json.loads(out.read_text(), parse_constant=_no_nan)}
     assert {r["run"] for r in table.values()} == {"pooled"}
+    assert table[MIX_LO]["minus_mix_curve"] == {"value": None, "lo": None, "hi": None}
     row = table["cascade:fcfs"]
     assert row["workflows"] == 8 and row["big_share"]["value"] == pytest.approx(0.5)
     assert row["score"]["value"] == pytest.approx(80.0)
