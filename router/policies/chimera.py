@@ -28,16 +28,21 @@ estimator's quality instead. ``latency = "finish"`` (ours) walks on the program'
 finish time L[m] + P-hat[m] x decode_ms_per_token[m] instead of L[m]: on an idle cluster
 every L[m] is 0, the tie goes to the most confident model, and delta_s and tau act only
 under load; on finish times the faster model is m_fast when idle too, and delta_s becomes
-a threshold on the predicted gain q[m] - q[m_fast].
+a threshold on the predicted gain q[m] - q[m_fast]. ``target_share`` (ours) holds the share
+of programs sent past m_fast instead of a fixed margin: delta_s follows the quantile of
+recent predicted gains (``share_margin``).
 Ties: m_fast prefers higher q, then the name; the walk prefers lower L, then the name.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Annotated, Any, Literal, Mapping, Sequence
 
+import numpy as np
+from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from router.policies.base import (BuildPolicy, Policy, decision, models_of, of_model,
@@ -80,6 +85,16 @@ class ChimeraSettings:
     (``finish_times``: L[m] plus its own predicted tokens at one decode step each), so
     that delta_s separates the models on an idle cluster too (docs/predictors.md,
     "Chimera's margin on finish times")."""
+    target_share: Fraction | None = None
+    """Hold near this value the share of semantically routed first calls that Algorithm 1
+    may send past m_fast (ours; None: the fixed delta_s). On ``latency = "finish"`` at low
+    load m_fast is the faster model, so this is the slower (bigger) model's share, which
+    sets the E2E per token; a fixed delta_s lets it drift with the problems' predicted
+    gains (docs/predictors.md, "Holding the big model's share"). Per decision delta_s is
+    the (1 - target_share) quantile of the predicted gains of the last ``share_window``
+    such calls (``ShareMargin``), delta_s itself before the first."""
+    share_window: Annotated[int, Field(ge=1, le=100_000)] = 200
+    """How many recent predicted gains ``target_share``'s quantile is taken over."""
     static_prior: bool = False
     """Use the tables below instead of missing predictors / profiles."""
     confidence: dict[str, Fraction] = field(default_factory=dict)
@@ -111,15 +126,46 @@ def model_latency(inflight_tokens: float, decode_ms_per_token: float,
     return inflight_tokens * decode_ms_per_token / max_batch_size
 
 
+def fastest(q: Mapping[str, float], lat: Mapping[str, float]) -> str:
+    """m_fast = argmin_m L[m] over the models of ``lat`` (ties: higher q, then the name)."""
+    return min(lat, key=lambda m: (lat[m], -q[m], m))
+
+
 def select_model(q: Mapping[str, float], lat: Mapping[str, float], tau: float,
                  delta_s: float) -> str:
     """Algorithm 1 over the models of ``lat``: the confident model within the slack."""
-    m_fast = min(lat, key=lambda m: (lat[m], -q[m], m))
+    m_fast = fastest(q, lat)
     q_star, l_fast = q[m_fast], lat[m_fast]
     for m in sorted(lat, key=lambda m: (-q[m], lat[m], m)):
         if lat[m] <= (1 + tau) * l_fast and q[m] >= q_star + delta_s:
             return m
     return m_fast
+
+
+def predicted_gain(q: Mapping[str, float], lat: Mapping[str, float]) -> float | None:
+    """max over m != m_fast of q[m] - q[m_fast]: the margin Algorithm 1 compares with
+    delta_s (the slack aside); None with one model."""
+    m_fast = fastest(q, lat)
+    return max((q[m] - q[m_fast] for m in lat if m != m_fast), default=None)
+
+
+class ShareMargin:
+    """``target_share``'s delta_s: the (1 - share) quantile (linear interpolation) of the
+    last ``window`` predicted gains, so that about ``share`` of the calls' gains reach it
+    whatever the gains' distribution (for exchangeable gains the next one exceeds the
+    quantile of those before it with probability about ``share``); ``initial`` before any
+    gain is seen."""
+
+    def __init__(self, share: float, window: int, initial: float) -> None:
+        self.share, self.initial = share, initial
+        self.gains: deque[float] = deque(maxlen=window)
+
+    def next(self, gain: float) -> float:
+        """delta_s for a call of predicted gain ``gain`` (from the gains before it)."""
+        margin = (float(np.quantile(self.gains, 1 - self.share)) if self.gains
+                  else self.initial)
+        self.gains.append(gain)
+        return margin
 
 
 class Chimera(Policy[ChimeraSettings]):
@@ -166,6 +212,8 @@ class Chimera(Policy[ChimeraSettings]):
                 {"decode_ms_per_token": s.decode_ms_per_token,
                  "max_batch_size": s.max_batch_size}, lambda: None)
             self.decode_ms, self.max_batch = dict(s.decode_ms_per_token), dict(s.max_batch_size)
+        self.margin = (None if s.target_share is None else
+                       ShareMargin(s.target_share, s.share_window, s.delta_s))
         self.replicas = LMetric.built_by(build)
         self.concurrent = isinstance(self.q_source, Served) and \
             isinstance(self.len_source, Served)
@@ -231,8 +279,13 @@ class Chimera(Policy[ChimeraSettings]):
             lat = finish_times(lat, pred.remaining, self.decode_ms)
         if s.escalate and tried:
             lat = {m: v for m, v in lat.items() if m not in tried} or lat
-        q = pred.q if pred.q is not None else dict.fromkeys(lat, 0.0)
-        return select_model(q, lat, s.tau, s.delta_s)
+        if pred.q is None:
+            return select_model(dict.fromkeys(lat, 0.0), lat, s.tau, s.delta_s)
+        gain = predicted_gain(pred.q, lat)
+        delta_s = s.delta_s
+        if self.margin is not None and gain is not None and not tried:  # a first call
+            delta_s = self.margin.next(gain)
+        return select_model(pred.q, lat, s.tau, delta_s)
 
 
 def finish_times(lat: Mapping[str, float], remaining: Mapping[str, float],

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
+import numpy as np
 import pytest
 
-from router.policies.chimera import finish_times, first_done, model_latency, select_model
+from router.policies.chimera import (ShareMargin, finish_times, first_done, model_latency,
+                                     select_model)
 from router.predictors.base import ModelProfile, PredictorSet, QualityLength
 from tests.unit.test_policies_base import World, req
 
@@ -293,3 +296,79 @@ def test_quality_knn_reads_the_knn_estimators_quality_as_q() -> None:
                                         profiles=profiles))
     with pytest.raises(ValueError):
         w.build("chimera", {"quality": "capability"}, predictors=preds)
+
+
+def test_share_margin_is_the_quantile_of_the_gains_before_the_call() -> None:
+    m = ShareMargin(share=0.25, window=4, initial=0.3)
+    assert m.next(0.1) == 0.3                       # nothing seen yet: delta_s itself
+    assert m.next(0.5) == pytest.approx(0.1)        # one gain: its value
+    for g in (0.2, 0.3, 0.4):
+        m.next(g)
+    # the window holds the last 4 (0.5, 0.2, 0.3, 0.4): their 75% quantile
+    assert list(m.gains) == [0.5, 0.2, 0.3, 0.4]
+    assert m.next(0.0) == pytest.approx(float(np.quantile([0.5, 0.2, 0.3, 0.4], 0.75)))
+
+
+@pytest.mark.parametrize("share", [0.2, 0.35, 0.5])
+def test_share_margin_holds_the_share_where_a_fixed_margin_drifts(share: float) -> None:
+    """Gains from a distribution shifted from the one a fixed margin was set on: the
+    fixed margin's share moves with it, the held one stays near ``share``."""
+    rng = np.random.default_rng(7)
+    fixed = float(np.quantile(rng.normal(0.0, 0.2, 5000), 1 - share))  # set on "training"
+    new = rng.normal(0.1, 0.2, 4000)                                    # new problems
+    held = ShareMargin(share, window=200, initial=fixed)
+    reached = [g >= held.next(g) for g in new]
+    assert abs(np.mean(reached) - share) < 0.03
+    assert np.mean(new >= fixed) - share > 0.1
+
+
+class Gains:
+    """Confidences that differ per prompt (its first token): b's gain over a is
+    (token - 100) / 100 - 0.4, from -0.4 to +0.59 over tokens 100-199."""
+    models = frozenset({"a", "b"})
+
+    async def confidence(self, reqs: Any) -> Any:
+        return [{"a": 0.4, "b": (r.prompt_token_ids[0] - 100) / 100} for r in reqs]
+
+
+class Tokens:
+    """a ends a program first (100 x 10 ms against 200 x 40 ms): m_fast when idle."""
+    models = frozenset({"a", "b"})
+
+    async def remaining_tokens(self, reqs: Any) -> Any:
+        return [{"a": 100.0, "b": 200.0} for _ in reqs]
+
+
+def test_target_share_holds_the_share_past_m_fast_on_finish_times() -> None:
+    w = world()
+    preds = PredictorSet(semantic_router=Gains(), length=Tokens(),
+                         profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
+    base = {"latency": "finish", "tau": 1000.0, "delta_s": 0.0, "sticky": False}
+    rng = random.Random(3)
+    tokens = [rng.randrange(100, 200) for _ in range(400)]
+
+    def share(settings: dict[str, Any]) -> float:
+        p = w.build("chimera", {**base, **settings}, predictors=preds)
+        return float(np.mean([w.decide(p, req(tokens=[t, 1, 2])).model == "b"
+                              for t in tokens]))
+
+    assert share({}) > 0.5                          # delta_s 0: every positive gain
+    assert abs(share({"target_share": 0.3}) - 0.3) < 0.05
+    assert abs(share({"target_share": 0.1}) - 0.1) < 0.05
+
+
+def test_target_share_counts_first_calls_only() -> None:
+    w = world()
+    preds = PredictorSet(semantic_router=Gains(), length=Tokens(),
+                         profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
+    p = w.build("chimera", {"latency": "finish", "tau": 1000.0, "target_share": 0.5,
+                            "escalate": True}, predictors=preds)
+    w.decide(p, req(tokens=[150]))
+    w.decide(p, req(tokens=[160], program_id="job.1", attempt=1, tried_models=["a"]))
+    w.programs.routed("prog", "a", now=0)
+    w.decide(p, req(tokens=[170], program_id="prog", stage_index=1, num_stages=2))
+    assert list(p.margin.gains) == [pytest.approx(0.1)]   # the retry and the later stage: no
+    with pytest.raises(ValueError, match="target_share"):
+        w.build("chimera", {"target_share": 1.5})
+    with pytest.raises(ValueError, match="share_window"):
+        w.build("chimera", {"share_window": 0})
