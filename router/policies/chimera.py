@@ -30,7 +30,7 @@ every L[m] is 0, the tie goes to the most confident model, and delta_s and tau a
 under load; on finish times the faster model is m_fast when idle too, and delta_s becomes
 a threshold on the predicted gain q[m] - q[m_fast]. ``target_share`` (ours) holds the share
 of programs sent past m_fast instead of a fixed margin: delta_s follows the quantile of
-recent predicted gains (``share_margin``).
+recent predicted gains (``ShareMargin``).
 Ties: m_fast prefers higher q, then the name; the walk prefers lower L, then the name.
 """
 
@@ -281,10 +281,10 @@ class Chimera(Policy[ChimeraSettings]):
             lat = {m: v for m, v in lat.items() if m not in tried} or lat
         if pred.q is None:
             return select_model(dict.fromkeys(lat, 0.0), lat, s.tau, s.delta_s)
-        gain = predicted_gain(pred.q, lat)
         delta_s = s.delta_s
-        if self.margin is not None and gain is not None and not tried:  # a first call
-            delta_s = self.margin.next(gain)
+        if self.margin is not None and not tried:  # a first call
+            gain = predicted_gain(pred.q, lat)
+            delta_s = delta_s if gain is None else self.margin.next(gain)
         return select_model(pred.q, lat, s.tau, delta_s)
 
 
