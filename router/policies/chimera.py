@@ -150,11 +150,14 @@ def predicted_gain(q: Mapping[str, float], lat: Mapping[str, float]) -> float | 
 
 
 class ShareMargin:
-    """``target_share``'s delta_s: the (1 - share) quantile (linear interpolation) of the
-    last ``window`` predicted gains, so that about ``share`` of the calls' gains reach it
-    whatever the gains' distribution (for exchangeable gains the next one exceeds the
-    quantile of those before it with probability about ``share``); ``initial`` before any
-    gain is seen."""
+    """``target_share``'s delta_s: the (1 - share) quantile of the last ``window``
+    predicted gains, so that about ``share`` of the calls' gains reach it whatever the
+    gains' distribution. The quantile's positions are p(n + 1) (Weibull's,
+    ``np.quantile(method="weibull")``): for exchangeable gains the next one exceeds the
+    k-th smallest of n with probability (n + 1 - k) / (n + 1), so the share holds from a
+    few calls on, where the usual p(n - 1) positions send about 1 / (n + 1) too many
+    (measured in the tuning runs, docs/predictors.md). ``initial`` while the position
+    lies outside the n gains seen (the first calls: n < (1 - share) / share)."""
 
     def __init__(self, share: float, window: int, initial: float) -> None:
         self.share, self.initial = share, initial
@@ -162,8 +165,10 @@ class ShareMargin:
 
     def next(self, gain: float) -> float:
         """delta_s for a call of predicted gain ``gain`` (from the gains before it)."""
-        margin = (float(np.quantile(self.gains, 1 - self.share)) if self.gains
-                  else self.initial)
+        n = len(self.gains)
+        inside = 1 <= (1 - self.share) * (n + 1) <= n
+        margin = (float(np.quantile(self.gains, 1 - self.share, method="weibull"))
+                  if inside else self.initial)
         self.gains.append(gain)
         return margin
 

@@ -300,13 +300,27 @@ def test_quality_knn_reads_the_knn_estimators_quality_as_q() -> None:
 
 def test_share_margin_is_the_quantile_of_the_gains_before_the_call() -> None:
     m = ShareMargin(share=0.25, window=4, initial=0.3)
-    assert m.next(0.1) == 0.3                       # nothing seen yet: delta_s itself
-    assert m.next(0.5) == pytest.approx(0.1)        # one gain: its value
-    for g in (0.2, 0.3, 0.4):
-        m.next(g)
+    # positions 0.75 (n + 1) beyond the n gains seen (n < 3): delta_s itself
+    assert [m.next(g) for g in (0.1, 0.5, 0.2)] == [0.3, 0.3, 0.3]
+    assert m.next(0.3) == pytest.approx(0.5)        # n = 3: the 3rd smallest
+    m.next(0.4)
     # the window holds the last 4 (0.5, 0.2, 0.3, 0.4): their 75% quantile
     assert list(m.gains) == [0.5, 0.2, 0.3, 0.4]
-    assert m.next(0.0) == pytest.approx(float(np.quantile([0.5, 0.2, 0.3, 0.4], 0.75)))
+    # positions p(n + 1): 0.75 x 5 = 3.75, between the 3rd and 4th smallest
+    assert m.next(0.0) == pytest.approx(0.4 + 0.75 * (0.5 - 0.4))
+
+
+def test_share_margin_holds_the_share_from_a_few_calls_on() -> None:
+    """Runs of 20 calls (a twin fold): the share of calls whose gain reaches the margin
+    stays within 2 points of ``share`` on average (p(n - 1) positions: 6 over), the
+    first calls on an initial margin that would send 25%."""
+    rng = np.random.default_rng(11)
+    shares = []
+    for _ in range(500):
+        m = ShareMargin(0.25, window=200, initial=0.674)  # N(0, 1)'s 75% quantile
+        gains = rng.normal(0.0, 1.0, 20)
+        shares.append(np.mean([g >= m.next(g) for g in gains]))
+    assert abs(np.mean(shares) - 0.25) < 0.02
 
 
 @pytest.mark.parametrize("share", [0.2, 0.35, 0.5])
