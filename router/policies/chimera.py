@@ -85,7 +85,7 @@ class ChimeraSettings:
     (``finish_times``: L[m] plus its own predicted tokens at one decode step each), so
     that delta_s separates the models on an idle cluster too (docs/predictors.md,
     "Chimera's margin on finish times")."""
-    target_share: Fraction | None = None
+    target_share: Annotated[float, Field(gt=0, lt=1)] | None = None
     """Hold near this value the share of semantically routed first calls that Algorithm 1
     may send past m_fast (ours; None: the fixed delta_s). On ``latency = "finish"`` at low
     load m_fast is the faster model, so this is the slower (bigger) model's share, which
@@ -157,7 +157,8 @@ class ShareMargin:
     k-th smallest of n with probability (n + 1 - k) / (n + 1), so the share holds from a
     few calls on, where the usual p(n - 1) positions send about 1 / (n + 1) too many
     (measured in the tuning runs, docs/predictors.md). ``initial`` while the position
-    lies outside the n gains seen (the first calls: n < (1 - share) / share)."""
+    lies outside the n gains seen (the first calls: n < (1 - share) / share, or
+    share / (1 - share) for a share above a half)."""
 
     def __init__(self, share: float, window: int, initial: float) -> None:
         self.share, self.initial = share, initial

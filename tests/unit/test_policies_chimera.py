@@ -382,7 +382,8 @@ def test_target_share_counts_first_calls_only() -> None:
     w.programs.routed("prog", "a", now=0)
     w.decide(p, req(tokens=[170], program_id="prog", stage_index=1, num_stages=2))
     assert list(p.margin.gains) == [pytest.approx(0.1)]   # the retry and the later stage: no
-    with pytest.raises(ValueError, match="target_share"):
-        w.build("chimera", {"target_share": 1.5})
+    for share in (0.0, 1.0, 1.5):  # 0 and 1 would never leave delta_s
+        with pytest.raises(ValueError, match="target_share"):
+            w.build("chimera", {"target_share": share})
     with pytest.raises(ValueError, match="share_window"):
         w.build("chimera", {"share_window": 0})
