@@ -310,6 +310,26 @@ def test_share_margin_is_the_quantile_of_the_gains_before_the_call() -> None:
     assert m.next(0.0) == pytest.approx(0.4 + 0.75 * (0.5 - 0.4))
 
 
+def test_share_margin_is_numpys_weibull_quantile_of_the_window() -> None:
+    """Over a window that fills, evicts and holds ties, each margin is
+    ``np.quantile(window, 1 - share, method="weibull")`` wherever the position lies
+    inside it; a non-finite gain is not recorded."""
+    rng = np.random.default_rng(5)
+    for share in (0.1, 0.3, 0.5, 0.9):
+        m = ShareMargin(share, window=17, initial=-9.0)
+        for g in rng.choice(np.round(rng.normal(size=12), 1), 300):  # ties
+            before = list(m.gains)
+            n = len(before)
+            want = (float(np.quantile(before, 1 - share, method="weibull"))
+                    if 1 <= (1 - share) * (n + 1) <= n else -9.0)
+            assert m.next(float(g)) == pytest.approx(want)
+            assert m.ranked == sorted(m.gains)
+    kept = list(m.gains)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        m.next(bad)
+    assert list(m.gains) == kept and m.ranked == sorted(kept)
+
+
 def test_share_margin_holds_the_share_from_a_few_calls_on() -> None:
     """Runs of 20 calls (a twin fold): the share of calls whose gain reaches the margin
     stays within 2 points of ``share`` on average (p(n - 1) positions: 6 over), the
@@ -353,10 +373,14 @@ class Tokens:
         return [{"a": 100.0, "b": 200.0} for _ in reqs]
 
 
+def gain_predictors() -> PredictorSet:
+    return PredictorSet(semantic_router=Gains(), length=Tokens(),
+                        profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
+
+
 def test_target_share_holds_the_share_past_m_fast_on_finish_times() -> None:
     w = world()
-    preds = PredictorSet(semantic_router=Gains(), length=Tokens(),
-                         profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
+    preds = gain_predictors()
     base = {"latency": "finish", "tau": 1000.0, "delta_s": 0.0, "sticky": False}
     rng = random.Random(3)
     tokens = [rng.randrange(100, 200) for _ in range(400)]
@@ -373,8 +397,7 @@ def test_target_share_holds_the_share_past_m_fast_on_finish_times() -> None:
 
 def test_target_share_counts_first_calls_only() -> None:
     w = world()
-    preds = PredictorSet(semantic_router=Gains(), length=Tokens(),
-                         profiles={"a": ModelProfile(10, 8), "b": ModelProfile(40, 8)})
+    preds = gain_predictors()
     p = w.build("chimera", {"latency": "finish", "tau": 1000.0, "target_share": 0.5,
                             "escalate": True}, predictors=preds)
     w.decide(p, req(tokens=[150]))
