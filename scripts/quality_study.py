@@ -37,6 +37,10 @@ calls on the 1.5B, APGR, bootstrap over problems).
 - **Noise ceiling** (``ceiling``): where ``--sampled`` traces hold two sampled runs of
   each model, their P(correct) as the prediction of the greedy outcome: about what knowing
   each row's true gain would score on the labels the candidates are judged on.
+- **Template ceiling** (``template_ceiling``): on math, each row's gain predicted by the
+  mean gain of the other problems of its GSM-symbolic template: what recognising the
+  template, with m other problems of it known, is worth; and the share of rows where only
+  the small model is right.
 - **Learning curve**: the candidates trained on 25%, 50%, 75% and 100% of each fold's
   training problems (seeded subsets, ``--repeats`` draws below 100%), judged on the same
   held-out problems.
@@ -131,10 +135,15 @@ def difficulty(text: str) -> list[float]:
             text.count(".") + text.count("?"), text.count("\n"), len(set(text.split()))]
 
 
-def load(traces: Sequence[str], progress: bool) -> Data:
+def load(traces: Sequence[str], progress: bool, workflow: str | None = None) -> Data:
+    """The rows of ``traces`` (only ``workflow``'s where given), embedded."""
     records = serve_as(load_records(traces), parse_model_map([MODEL_MAP]))
     table = prompt_table(records, [SMALL, BIG], True)
     keep = ~np.isnan(table.label).any(axis=1)
+    if workflow is not None:
+        keep &= np.array([f.workflow == workflow for f in table.features])
+        if not keep.any():
+            raise SystemExit(f"--workflow {workflow}: no row of the traces has it")
     feats = [f for f, k in zip(table.features, keep) if k]
     texts = [f.user_text for f in feats]
     workflows = np.array([f.workflow for f in feats])
@@ -561,6 +570,71 @@ def by_suite(d: Data, held: dict[str, np.ndarray], fold: np.ndarray, boot: int) 
                            for name, g in held.items()}}
 
 
+CEILING_INSTANCES = (1, 2, 3, 4, 6, 8)
+"""How many other problems of a template ``template_ceiling`` averages, at most."""
+
+
+def template_mean_gain(d: Data, m: int | None, rng: np.random.Generator) -> np.ndarray:
+    """Per row: the mean gain y_big - y_small of the other math problems of its template
+    and workflow, at most ``m`` of them (drawn by ``rng``; all where None); where it has
+    none, that of the other math rows of its workflow. 0 for a row that is not math."""
+    tmpl = template_ids(d)
+    gain = d.labels[:, 1] - d.labels[:, 0]
+    out = np.zeros(len(gain))
+    for i in np.flatnonzero(tmpl != ""):
+        near = np.flatnonzero((tmpl == tmpl[i]) & (d.workflows == d.workflows[i]))
+        near = near[near != i]
+        if m is not None and len(near) > m:
+            near = rng.choice(near, m, replace=False)
+        if not len(near):
+            near = np.flatnonzero((tmpl != "") & (d.workflows == d.workflows[i]))
+            near = near[near != i]
+        out[i] = gain[near].mean() if len(near) else 0.0
+    return out
+
+
+def nearest_same_template(d: Data, feature: str) -> float | None:
+    """The share of math rows, among those whose template has another problem under their
+    workflow, whose most similar other row of that workflow (cosine of ``feature``) is
+    of the same template: how well the embedding recognises the template."""
+    tmpl, e = template_ids(d), d.features[feature]
+    hits = []
+    for i in np.flatnonzero(tmpl != ""):
+        pool = np.flatnonzero((tmpl != "") & (d.workflows == d.workflows[i]))
+        pool = pool[pool != i]
+        if (tmpl[pool] == tmpl[i]).any():
+            hits.append(tmpl[pool[np.argmax(e[pool] @ e[i])]] == tmpl[i])
+    return float(np.mean(hits)) if hits else None
+
+
+def template_ceiling(d: Data, boot: int, draws: int = 30) -> dict:
+    """What knowing each math problem's template is worth (the k-NN's nearest training
+    problem is of the same template on 99-100% of rows: docs/predictors.md): the routing
+    report of ``template_mean_gain`` over all other problems of each row's template, and
+    its mean APGR at most m of them (``CEILING_INSTANCES``, ``draws`` seeded draws each).
+    Also the share of math rows where only the small model is right, which bounds what
+    any top-confidence choice can gain over always the big one."""
+    rows = np.flatnonzero(template_ids(d) != "")
+    if len(rows) < 2:
+        return {}
+    rng = np.random.default_rng(0)
+    counts = {(t, w): 0 for t, w in zip(template_ids(d)[rows], d.workflows[rows])}
+    for key in zip(template_ids(d)[rows], d.workflows[rows]):
+        counts[key] += 1
+    others = np.array([counts[k] - 1 for k in zip(template_ids(d)[rows], d.workflows[rows])])
+    curve = [{"at most": m, "others used": float(np.minimum(others, m).mean()),
+              "apgr": float(np.mean([apgr(template_mean_gain(d, m, rng)[rows],
+                                          d.labels[rows, 0], d.labels[rows, 1])
+                                     for _ in range(draws)]))}
+             for m in CEILING_INSTANCES]
+    return {"rows": len(rows), "templates": len({t for t, _ in counts}),
+            "only small right": float((d.labels[rows, 0] > d.labels[rows, 1]).mean()),
+            "nearest of the same template": {f: nearest_same_template(d, f)
+                                             for f in ("minilm", "static") if f in d.features},
+            "by instances": curve,
+            "all others": report(d, template_mean_gain(d, None, rng), boot, rows)}
+
+
 CONFIRM: dict[str, Fit] = {
     "k-NN weighted by similarity, MiniLM, T=0.02 (primary)": knn("minilm", 10, 0.02),
     "k-NN weighted by similarity, static MiniLM, T=0.01": knn("static", 10, 0.01),
@@ -648,6 +722,10 @@ def main() -> None:
     p.add_argument("--signals-only", action="store_true",
                    help="recompute only the workflow signals and the ceiling into --out's "
                         "study.json")
+    p.add_argument("--workflow", metavar="NAME",
+                   help="only this workflow's rows (as on traces that hold one workflow per "
+                        "problem); the workflow signals, which compare workflows, and the "
+                        "noise ceiling are then not computed")
     p.add_argument("--confirm", type=Path, metavar="FILE",
                    help="only the confirmation of docs/predictors/quality/confirm-plan.md: "
                         "train on --trace, report on FILE's problems (none of --trace's) "
@@ -672,7 +750,7 @@ def main() -> None:
         plot_signals(result["workflow_signals"], args.out / "signals.png")
         print_summary(result)
         return
-    d = load(args.trace, progress=True)
+    d = load(args.trace, progress=True, workflow=args.workflow)
     n = len(d.labels)
     fold = np.array([fold_of(pr, 0, FOLDS) for pr in d.problems])
     result: dict = {"rows": n, "problems": len(set(d.problems)),
@@ -712,6 +790,7 @@ def main() -> None:
     for name in candidates:
         result["candidates"][name] = report(d, held[name], args.boot)
     result["selected"] = report(d, chosen, args.boot)
+    result["template ceiling"] = template_ceiling(d, args.boot)
     for name in [m for m in CURVE if m in candidates]:
         setting = dict(CANDIDATES[name])
         label = max(set(p["validation"][name]["setting"] for p in picks),
@@ -729,13 +808,15 @@ def main() -> None:
                 print(f"curve {name} [{label}] {f:.2f} #{r}: APGR "
                       f"{rep['apgr']['value']:.3f}", flush=True)
         result["curve"][name] = {"setting": label, "points": curve}
-    result["workflow_signals"] = workflow_signals(args.trace, args.boot, confidence=confidence,
-                                                  programs=programs)
-    result["ceiling"] = ceiling(args.sampled, args.boot)
+    if args.workflow is None:
+        result["workflow_signals"] = workflow_signals(args.trace, args.boot,
+                                                      confidence=confidence, programs=programs)
+        result["ceiling"] = ceiling(args.sampled, args.boot)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "study.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "learning-curve.png")
-    plot_signals(result["workflow_signals"], args.out / "signals.png")
+    if args.workflow is None:
+        plot_signals(result["workflow_signals"], args.out / "signals.png")
     print_summary(result)
 
 
@@ -771,10 +852,13 @@ def print_summary(result: dict) -> None:
         return f"{v['value']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}]"
     print(f"\n{'candidate':52s} {'APGR':>26s} {'top - always big':>26s}")
     rows = [*result["candidates"].items(), ("selected per fold", result["selected"]),
-            *((f"{suite}: {k}", v) for suite, signals in result["workflow_signals"].items()
+            *((f"{suite}: {k}", v)
+              for suite, signals in result.get("workflow_signals", {}).items()
               for k, v in signals.items() if isinstance(v, dict)),
             *((f"{suite}: ceiling, {c['rows']} rows", c["samples predict the greedy outcome"])
-              for suite, c in result.get("ceiling", {}).items())]
+              for suite, c in result.get("ceiling", {}).items()),
+            *((f"math: template ceiling, {c['rows']} rows", c["all others"])
+              for c in [result.get("template ceiling")] if c)]
     for name, rep in rows:
         print(f"{name:52s} {ci(rep['apgr']):>26s} "
               f"{ci(rep['top_confidence_minus_always_big']):>26s}")

@@ -83,3 +83,26 @@ def test_a_confirmation_file_must_hold_only_new_problems(tmp_path) -> None:
     with pytest.raises(SystemExit, match="--confirm: .*absent"):
         study.run_confirm([study.TRACES[0]], tmp_path / "absent.jsonl.gz", tmp_path, 10)
     assert not (tmp_path / "confirm.json").exists()
+
+
+def test_the_template_ceiling_predicts_a_row_by_the_other_problems_of_its_template() -> None:
+    study = script("quality_study")
+    ids = [f"gsm_symbolic/0/{i}" for i in (1, 13, 0, 2)]  # 1 and 13 share a template
+    d = rows([*ids, "gsm_symbolic/0/1", "HumanEval/0"],
+             [[0, 1], [1, 1], [1, 0], [0, 0], [0, 0], [1, 0]],
+             workflows=["solve"] * 4 + ["plan"] * 2)
+    rng = np.random.default_rng(0)
+    gain = study.template_mean_gain(d, None, rng)
+    # 1 and 13: each other's gain; 0 and 2 alone in theirs: the other solve math rows';
+    # problem 1 under "plan": no other plan math row; the code row: none
+    assert gain.tolist() == pytest.approx([0.0, 1.0, 1 / 3, 0.0, 0.0, 0.0])
+    assert study.template_mean_gain(d, 0, rng)[:4].tolist() == pytest.approx(
+        [-1 / 3, 0.0, 1 / 3, 0.0])  # m = 0: as if the template had no other problem
+    ceiling = study.template_ceiling(d, boot=20, draws=2)
+    assert (ceiling["rows"], ceiling["templates"]) == (5, 3)
+    assert ceiling["only small right"] == pytest.approx(1 / 5)
+    assert [c["others used"] for c in ceiling["by instances"]][:2] == pytest.approx([0.4, 0.4])
+    # only 1 and 13 have another problem of their template; 13's nearest is 1, 1's is 2
+    d.features["minilm"][:4] = np.pad([[1, 0.1, 0], [1, -0.1, 0], [1, 0.3, 0], [0, 0, 1]],
+                                      ((0, 0), (0, 3)))
+    assert study.nearest_same_template(d, "minilm") == pytest.approx(0.5)
