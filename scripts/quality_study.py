@@ -66,6 +66,7 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -614,20 +615,20 @@ def template_ceiling(d: Data, boot: int, draws: int = 30) -> dict:
     its mean APGR at most m of them (``CEILING_INSTANCES``, ``draws`` seeded draws each).
     Also the share of math rows where only the small model is right, which bounds what
     any top-confidence choice can gain over always the big one."""
-    rows = np.flatnonzero(template_ids(d) != "")
+    tmpl = template_ids(d)
+    rows = np.flatnonzero(tmpl != "")
     if len(rows) < 2:
         return {}
     rng = np.random.default_rng(0)
-    counts = {(t, w): 0 for t, w in zip(template_ids(d)[rows], d.workflows[rows])}
-    for key in zip(template_ids(d)[rows], d.workflows[rows]):
-        counts[key] += 1
-    others = np.array([counts[k] - 1 for k in zip(template_ids(d)[rows], d.workflows[rows])])
+    keys = list(zip(tmpl[rows], d.workflows[rows]))
+    counts = Counter(keys)
+    others = np.array([counts[k] - 1 for k in keys])
     curve = [{"at most": m, "others used": float(np.minimum(others, m).mean()),
               "apgr": float(np.mean([apgr(template_mean_gain(d, m, rng)[rows],
                                           d.labels[rows, 0], d.labels[rows, 1])
                                      for _ in range(draws)]))}
              for m in CEILING_INSTANCES]
-    return {"rows": len(rows), "templates": len({t for t, _ in counts}),
+    return {"rows": len(rows), "templates": len({t for t, _ in keys}),
             "only small right": float((d.labels[rows, 0] > d.labels[rows, 1]).mean()),
             "nearest of the same template": {f: nearest_same_template(d, f)
                                              for f in ("minilm", "static") if f in d.features},
@@ -738,6 +739,8 @@ def main() -> None:
                                ("model", "rows", "problems"))
     programs = optional_file("--programs", args.programs, "program_check",
                              ("model", "problems"))
+    if args.signals_only and args.workflow:
+        raise SystemExit("--signals-only compares workflows: not with --workflow")
     if args.signals_only:
         path = args.out / "study.json"
         if not path.exists():
