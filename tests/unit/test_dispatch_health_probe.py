@@ -7,6 +7,8 @@ import asyncio
 import http.server
 import threading
 
+import pytest
+
 from router.dispatch.core import RouterCore
 from router.dispatch.health_probe import HealthProber, backoff
 from tests.remote_cluster import remote_cluster
@@ -85,17 +87,23 @@ def test_a_flapping_engine_is_probed_ever_more_rarely() -> None:
 
     async def run() -> list[bool]:
         core = make_core(url)
-        core.membership.prober.backoff_s, core.membership.prober.backoff_max_s = 0.2, 10.0
+        core.membership.prober.backoff_s, core.membership.prober.backoff_max_s = 0.5, 10.0
         await core.start()
         try:
             Health.status = 200  # answers /health, but its calls fail
             seen = []
-            for _ in range(3):  # trips 1..3: probed after 0.2, 0.4, 0.8 s
+            for trip in range(3):  # trips 1..3: probed after 0.5, 1, 2 s
                 core.membership.mark_engine("e0", False, "broken call", probe=True)
                 due = core.membership.prober.pending["e0"]
+                assert due == pytest.approx(core.membership.prober.clock() + 0.5 * 2 ** trip,
+                                            abs=0.05)
                 await asyncio.sleep(0.1)
                 seen.append(core.membership.engines()[0].up)  # before its backoff: still down
-                await asyncio.sleep(due - core.membership.prober.clock() + 0.3)
+                await asyncio.sleep(due - core.membership.prober.clock())
+                deadline = core.membership.prober.clock() + 5.0  # a loaded machine: poll
+                while (not core.membership.engines()[0].up
+                       and core.membership.prober.clock() < deadline):
+                    await asyncio.sleep(0.05)
                 seen.append(core.membership.engines()[0].up)  # probed: half-open
             return seen
         finally:
