@@ -158,9 +158,9 @@ class ShareMargin:
     exchangeable gains the next one exceeds the k-th smallest of n with probability
     (n + 1 - k) / (n + 1), so the share holds from a few calls on, where the usual
     p(n - 1) positions send about 1 / (n + 1) too many (measured in the tuning runs,
-    docs/predictors.md). ``initial`` while the position
-    lies outside the n gains seen (the first calls: n < (1 - share) / share, or
-    share / (1 - share) for a share above a half)."""
+    docs/predictors.md). ``initial`` while the position lies outside the n gains seen
+    (the first calls: n < (1 - share) / share, or share / (1 - share) for a share above a
+    half)."""
 
     def __init__(self, share: float, window: int, initial: float) -> None:
         self.share, self.initial = share, initial
