@@ -252,15 +252,14 @@ def semantic(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
     return np.array([r[BIG] - r[SMALL] for r in q])
 
 
-def router_knn(temperature: float) -> Fit:
+def router_knn(settings: KnnSettings) -> Fit:
     """The router's own KNN estimator (``KnnEstimator``, RouteBalance's: the static table,
-    system + user text, the prompts of the same stage role, k = 10), with inverse-distance
-    weights (``temperature`` 0, the paper's) or exp((s - s_max) / T)."""
+    system + user text, the prompts of the same stage role), with ``settings``' k and
+    weights: inverse distance (the paper's), exp((s - s_max) / T), or a band."""
     def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
         est = KnnEstimator(static_encoder(), d.features["prompt"][tr],
                            [d.table_rows[i].stage for i in tr], d.labels[tr],
-                           np.zeros_like(d.labels[tr]), [SMALL, BIG],
-                           KnnSettings(temperature=temperature))
+                           np.zeros_like(d.labels[tr]), [SMALL, BIG], settings)
         q = est.predict([d.table_rows[i] for i in te])
         return np.array([r[BIG].quality - r[SMALL].quality for r in q])
     return fit
@@ -268,6 +267,9 @@ def router_knn(temperature: float) -> Fit:
 
 TEMPERATURES = (0.01, 0.02, 0.05, 0.1)
 """The similarity-weighted k-NN's grid of T (k = 10)."""
+
+BANDS = (0.005, 0.01, 0.02, 0.03, 0.05)
+"""The banded KNN's grid of b (``KnnSettings.band``)."""
 
 CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
     "prior per (model, workflow)": [("-", prior)],
@@ -284,7 +286,10 @@ CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
     "k-NN weighted by similarity, static MiniLM, same workflow": [
         (f"T={t}", knn("static", 10, t)) for t in TEMPERATURES],
     "the router's KNN (RouteBalance: static table, system + user text, same stage role)": [
-        (f"T={t}" if t else "inverse distance", router_knn(t)) for t in (0.0, *TEMPERATURES)],
+        (f"T={t}" if t else "inverse distance", router_knn(KnnSettings(temperature=t)))
+        for t in (0.0, *TEMPERATURES)],
+    "the router's KNN, a band (equal weights within b of the nearest)": [
+        (f"k={k}, b={b}", router_knn(KnnSettings(k=k, band=b))) for k in (10, 20) for b in BANDS],
     "boosted trees, MiniLM PCA + workflow + difficulty": [(f"depth={k}", boosted(k))
                                                           for k in (2, 4)],
     "logistic, difficulty + workflow": [(f"C={c}", logistic(("difficulty", "workflow"), c))

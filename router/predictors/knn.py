@@ -4,8 +4,8 @@ request from its k nearest training prompts, in one batched lookup.
 Prompts (system + user text of each (problem, workflow, stage)) are embedded with a
 sentence encoder (MiniLM distilled to a static table by default), L2-normalised, in FAISS
 inner-product indexes. For neighbours i with cosine similarity s_i and weight
-w_i = 1 / (1 - s_i + eps) (or, with a ``temperature`` T > 0, exp((s_i - s_max) / T)), a
-model's estimate is the w-weighted mean of its known labels among them (its training mean
+w_i = 1 / (1 - s_i + eps) (or, with a ``temperature`` T > 0, exp((s_i - s_max) / T); or,
+with a ``band`` b > 0, 1 for s_i >= s_max - b and 0 beyond), a model's estimate is the w-weighted mean of its known labels among them (its training mean
 when none of the k neighbours has one).
 
 Workflow stages: a request searches only the training prompts of its own stage role
@@ -49,12 +49,19 @@ class KnnSettings:
     """0: RouteBalance's inverse-distance weights. T > 0 (ours): w_i = exp((s_i - s_max) / T)
     (``neighbour_weights``), so the nearest prompt dominates: on math, a problem of the same
     template (docs/predictors.md, "Math's templates")."""
+    band: float = 0.0
+    """0: off. b > 0 (ours): w_i = 1 for the neighbours with s_i >= s_max - b, 0 for the
+    rest (``neighbour_weights``): those about as similar as the nearest count equally, so on
+    math the problems of one template are pooled as the template ceiling pools them
+    (docs/predictors.md, "How far math can be predicted"). Not with a temperature."""
 
     def __post_init__(self) -> None:
-        if not (self.k >= 1 and self.eps > 0 and 0 <= self.temperature < float("inf")):
-            raise ValueError(f"KnnSettings: k >= 1, eps > 0 and a finite temperature >= 0 "
-                             f"(got k={self.k}, eps={self.eps}, "
-                             f"temperature={self.temperature})")
+        finite = 0 <= self.temperature < float("inf") and 0 <= self.band < float("inf")
+        if not (self.k >= 1 and self.eps > 0 and finite
+                and not (self.temperature > 0 and self.band > 0)):
+            raise ValueError(f"KnnSettings: k >= 1, eps > 0, a finite temperature >= 0 and "
+                             f"band >= 0, not both above 0 (got k={self.k}, eps={self.eps}, "
+                             f"temperature={self.temperature}, band={self.band})")
 
 
 FEATURE_KEYS = ("encoder", "max_length")
@@ -72,7 +79,9 @@ def inverse_distance_weights(similarity: np.ndarray, eps: float) -> np.ndarray:
 def neighbour_weights(similarity: np.ndarray, settings: KnnSettings) -> np.ndarray:
     """(queries, k) weights of neighbours sorted by decreasing ``similarity``:
     ``inverse_distance_weights``, or exp((s_i - s_max) / T) with ``settings.temperature``
-    T > 0."""
+    T > 0, or 1 within ``settings.band`` b > 0 of the nearest (s_i >= s_max - b), else 0."""
+    if settings.band > 0:
+        return (similarity >= similarity[:, :1] - settings.band).astype(np.float64)
     if settings.temperature == 0:
         return inverse_distance_weights(similarity, settings.eps)
     return np.exp((similarity - similarity[:, :1]) / settings.temperature)

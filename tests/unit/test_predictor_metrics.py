@@ -64,6 +64,19 @@ def test_knn_temperature_weights_the_nearest_most_and_is_bounded() -> None:
             KnnSettings(**bad)
 
 
+def test_knn_band_pools_the_neighbours_near_the_nearest_equally() -> None:
+    """Two queries: the band is measured from each one's own nearest neighbour."""
+    sim = np.array([[0.97, 0.95, 0.93, 0.6], [0.80, 0.79, 0.70, 0.5]])
+    w = neighbour_weights(sim, KnnSettings(band=0.05))
+    assert w.tolist() == [[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]
+    got = weighted_means(np.array([[[1.0], [0.0], [1.0], [0.0]]]), w[:1], np.array([0.5]))
+    assert got[0, 0] == pytest.approx(2 / 3)  # the three in the band, equally
+    for bad in ({"band": -0.1}, {"band": float("nan")}, {"band": float("inf")},
+                {"band": 0.05, "temperature": 0.01}):
+        with pytest.raises(ValueError, match="KnnSettings"):
+            KnnSettings(**bad)
+
+
 def test_knn_means_over_labels_split_at_load_are_the_same() -> None:
     """The estimator splits its label tables once (values, known mask) and gathers both:
     bit for bit the means of the gathered NaN table, on random tables with gaps."""
