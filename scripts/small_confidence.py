@@ -16,7 +16,9 @@ everything before it is what the live call would have returned with ``logprobs``
 run was greedy: every token was the model's top choice), up to re-tokenization of the
 recorded text and batch numerics. Per problem also the problem text alone (the user
 prompt, no template): its mean token log-probability, a difficulty proxy read before any
-run.
+run. A request that fails (an HTTP error, a dropped connection, an answer not of the
+expected shape) fails its row alone: the others are kept and saved, and the script ends
+with the count of failed rows and the first error; running it again retries only those.
 
 Stored per row (``rows["<problem>|<workflow>"]``, ``token_stats``): the number of output
 tokens, their mean log-probability, minimum, 5/10/25/50% quantiles and the mean over the
@@ -36,7 +38,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import numpy as np
@@ -102,6 +104,14 @@ def score_row(client: httpx.Client, url: str, model: str, run: WorkflowRun,
     if isinstance(lps, str):
         return {"skipped": lps}
     return {"role": stage.role, "finish_reason": stage.finish_reason, **token_stats(lps)}
+
+
+def attempt(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | Exception:
+    """``call()``, or the error of its request: one failed row does not lose the rest."""
+    try:
+        return call()
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+        return e
 
 
 def score_problem(client: httpx.Client, url: str, model: str, text: str) -> dict[str, Any]:
@@ -177,18 +187,30 @@ def main() -> None:
             ThreadPoolExecutor(2) as pool:
         res.setdefault("engine_started_after_s", round(time.monotonic() - t0, 1))
         problems = list(texts.items())
+        failed: list[str] = []
         for (pid, _), out in zip(problems, tqdm(pool.map(
-                lambda pt: score_problem(client, eng.base_url, model, pt[1]), problems),
-                total=len(problems), desc="problem texts", unit="problem")):
-            res["problems"][pid] = out
+                lambda pt: attempt(lambda: score_problem(client, eng.base_url, model, pt[1])),
+                problems), total=len(problems), desc="problem texts", unit="problem")):
+            if isinstance(out, Exception):
+                failed.append(f"problem {pid}: {type(out).__name__}: {out}")
+            else:
+                res["problems"][pid] = out
         save()
-        bar = tqdm(pool.map(lambda r: score_row(client, eng.base_url, model, r, max_len),
-                            todo), total=len(todo), desc="final stages", unit="row")
+        bar = tqdm(pool.map(lambda r: attempt(
+            lambda: score_row(client, eng.base_url, model, r, max_len)), todo),
+            total=len(todo), desc="final stages", unit="row")
         for n, (run, out) in enumerate(zip(todo, bar), 1):
-            res["rows"][f"{run.problem_id}|{run.workflow}"] = out
+            if isinstance(out, Exception):
+                failed.append(f"{run.problem_id}|{run.workflow}: {type(out).__name__}: {out}")
+            else:
+                res["rows"][f"{run.problem_id}|{run.workflow}"] = out
             if n % SAVE_EVERY == 0:
                 save()
         save()
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(problems) + len(todo)} requests failed "
+                         f"(first: {failed[0]}); the others are saved in {a.out}: run the "
+                         "same command again to retry the failed ones")
     print(report(res))
 
 
