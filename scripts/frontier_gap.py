@@ -2,7 +2,7 @@
 distance to the random router's curve (issue 30, item 5).
 
     python scripts/frontier_gap.py RUN [RUN ...] [--big tiny-b] [--baseline RUN:POLICY]
-                                   [--pool] [--boot 2000] [--json FILE]
+                                   [--pool] [--boot 2000] [--json FILE] [--plot FILE]
 
 Every RUN is a replay's output folder (``workflows.jsonl``, ``requests.jsonl``) of the same
 workflows: the same trace, ``--seed``, ``--workflows`` and ``--artifacts``, so the same job
@@ -23,6 +23,11 @@ every run and fold, drawn together: the comparisons are paired). Repeats are poo
 ``--pool`` pools the RUNs too, as repeats of one run (e.g. the same command at several
 ``--seed``: other arrivals and sample draws of the same problems), named ``pooled``. A
 comparison is a finding when its interval excludes no difference.
+
+``--plot FILE`` draws the table (one row of panels per rate): score against big share,
+the random mixes joined as their curve; and score minus the baseline against E2E per
+token over the baseline's, with issue 30's serving target (at least +5 points at no more
+than 1.0x) shaded. Bars: the 95% intervals.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from typing import Any
 import numpy as np
 
 MIX = "random_mix"
+TARGET_POINTS, TARGET_RATIO = 5.0, 1.0
+"""Issue 30's serving target, shaded in ``--plot``: at least this many points over the
+baseline at no more than this E2E per token over the baseline's."""
 
 
 @dataclass
@@ -136,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="pool the RUNs as repeats of one run, named 'pooled'")
     p.add_argument("--boot", type=int, default=2000)
     p.add_argument("--json", type=Path, help="also write the table here")
+    p.add_argument("--plot", type=Path, help="also draw the table here (PNG)")
     a = p.parse_args(argv)
     missing = [str(r / f) for r in a.runs for f in ("workflows.jsonl", "requests.jsonl")
                if not (r / f).is_file()]
@@ -207,6 +216,61 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"{ci(row['e2e_ratio'], '.2f')} | {ci(row['e2e_per_token_ratio'], '.2f')} |")
     if a.json:  # standard JSON: null where a value is not defined (a mix's own gap)
         a.json.write_text(json.dumps(_nulls(table), indent=1, allow_nan=False))
+    if a.plot:
+        plot(table, base_policy if len(runs) == 1 else f"{base_run}: {base_policy}", a.plot)
+
+
+def plot(table: list[dict], baseline: str, path: Path) -> None:
+    """``--plot``: per rate, score against big share (the mixes joined as their curve)
+    and score minus the baseline against E2E per token over the baseline's."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sorted({row["rate"] for row in table})
+    fig, axes = plt.subplots(len(rates), 2, figsize=(12, 4.8 * len(rates)), squeeze=False)
+    runs = len({row["run"] for row in table})
+    for (share_ax, target_ax), rate in zip(axes, rates):
+        rows = [row for row in table if row["rate"] == rate]
+        for run in dict.fromkeys(row["run"] for row in rows):
+            mixes = sorted((row for row in rows if row["run"] == run
+                            and row["policy"].startswith(MIX)),
+                           key=lambda row: row["big_share"]["value"])
+            share_ax.plot([m["big_share"]["value"] for m in mixes],
+                          [m["score"]["value"] for m in mixes], "k--", marker="s", ms=4,
+                          label="random mix" + (f" ({run})" if runs > 1 else ""))
+        for row in (row for row in rows if not row["policy"].startswith(MIX)):
+            label = row["policy"] if runs == 1 else f"{row['run']}: {row['policy']}"
+            dot = _dot(share_ax, row["big_share"], row["score"], label)
+            _dot(target_ax, row["e2e_per_token_ratio"], row["score_minus_baseline"], None,
+                 dot.lines[0].get_color())
+        share_ax.set(xlabel="share of calls on the big model", ylabel="score (points)",
+                     title=f"{rate:g} workflows/s: score against the big model's share")
+        share_ax.legend(fontsize=6, loc="upper left")
+        x_lo, x_hi = target_ax.get_xlim()
+        y_lo, y_hi = target_ax.get_ylim()
+        target_ax.fill_between([min(x_lo, TARGET_RATIO - 0.01), TARGET_RATIO],
+                               TARGET_POINTS, max(y_hi, TARGET_POINTS + 1), color="tab:green",
+                               alpha=0.15, label="the serving target")
+        target_ax.axhline(0, color="grey", lw=0.8)
+        target_ax.axvline(1, color="grey", lw=0.8)
+        target_ax.set(xlabel=f"E2E per output token / {baseline}'s",
+                      ylabel=f"score minus {baseline} (points)",
+                      title="against the baseline (95% intervals)")
+        target_ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _dot(ax: Any, x: dict, y: dict, label: str | None, color: str | None = None) -> Any:
+    """One point with its intervals on both axes (none where an end is undefined)."""
+    def err(v: dict) -> Any:
+        if np.isnan(v["lo"]):
+            return None
+        return [[v["value"] - v["lo"]], [v["hi"] - v["value"]]]
+    return ax.errorbar([x["value"]], [y["value"]], xerr=err(x), yerr=err(y), fmt="o",
+                       ms=5, capsize=3, label=label, color=color)
 
 
 def _nulls(o: Any) -> Any:

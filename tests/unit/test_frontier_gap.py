@@ -48,8 +48,10 @@ def test_pooled_runs_give_the_mean_share_and_the_gap_to_the_mix_curve(tmp_path: 
         MIX_LO: rows([1, 0, 0, 1], [0.4] * 4), MIX_HI: rows([2, 1, 2, 1], [0.8] * 4),
         "vllm:fcfs": rows([1, 1, 1, 1], [0.5] * 4),
         "cascade:fcfs": rows([2, 0, 2, 0], [score] * 4)}) for k, score in ((0, 0.7), (1, 0.9))]
-    out = tmp_path / "table.json"
-    gap.main([*map(str, runs), "--pool", "--big", "big", "--boot", "50", "--json", str(out)])
+    out, png = tmp_path / "table.json", tmp_path / "frontier.png"
+    gap.main([*map(str, runs), "--pool", "--big", "big", "--boot", "50", "--json", str(out),
+              "--plot", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = {r["policy"]: r for r in json.loads(out.read_text(), parse_constant=_no_nan)}
     assert {r["run"] for r in table.values()} == {"pooled"}
     assert table[MIX_LO]["minus_mix_curve"] == {"value": None, "lo": None, "hi": None}
