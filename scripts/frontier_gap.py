@@ -247,8 +247,7 @@ def plot(table: list[dict], baseline: str, path: Path) -> None:
         share_ax.set(xlabel="share of calls on the big model", ylabel="score (points)",
                      title=f"{rate:g} workflows/s: score against the big model's share")
         share_ax.legend(fontsize=6, loc="upper left")
-        x_lo, x_hi = target_ax.get_xlim()
-        y_lo, y_hi = target_ax.get_ylim()
+        x_lo, y_hi = target_ax.get_xlim()[0], target_ax.get_ylim()[1]
         target_ax.fill_between([min(x_lo, TARGET_RATIO - 0.01), TARGET_RATIO],
                                TARGET_POINTS, max(y_hi, TARGET_POINTS + 1), color="tab:green",
                                alpha=0.15, label="the serving target")

@@ -5,8 +5,9 @@ Prompts (system + user text of each (problem, workflow, stage)) are embedded wit
 sentence encoder (MiniLM distilled to a static table by default), L2-normalised, in FAISS
 inner-product indexes. For neighbours i with cosine similarity s_i and weight
 w_i = 1 / (1 - s_i + eps) (or, with a ``temperature`` T > 0, exp((s_i - s_max) / T); or,
-with a ``band`` b > 0, 1 for s_i >= s_max - b and 0 beyond), a model's estimate is the w-weighted mean of its known labels among them (its training mean
-when none of the k neighbours has one).
+with a ``band`` b > 0, 1 for s_i >= s_max - b and 0 beyond), a model's estimate is the
+w-weighted mean of its known labels among them (its training mean when none of the k
+neighbours has one).
 
 Workflow stages: a request searches only the training prompts of its own stage role
 (one index per role; requests of an unknown role search all), since a workflow's roles
@@ -183,7 +184,8 @@ class KnnEstimator:
             kind=self.KIND, models=self.model_list,
             feature_settings={k: s[k] for k in FEATURE_KEYS},
             train_settings={k: v for k, v in s.items() if k not in FEATURE_KEYS},
-            data=data, libraries=library_versions(["faiss-cpu", "torch", "transformers", "model2vec"])))
+            data=data,
+            libraries=library_versions(["faiss-cpu", "torch", "transformers", "model2vec"])))
 
     @classmethod
     def load(cls, folder: str | Path, expected: Mapping[str, Any] | None = None

@@ -5,6 +5,7 @@ run and lose the rows scored before it."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
@@ -55,7 +56,10 @@ def test_a_failed_or_malformed_answer_fails_its_row_alone(server: str) -> None:
         def row(path: str) -> dict | Exception:
             return conf.attempt(lambda: conf.score_problem(client, server + path, "m", "x"))
         bad, shape, ok = row("/bad"), row("/shape"), row("/ok")
-        closed = conf.attempt(lambda: conf.score_problem(client, "http://127.0.0.1:9", "m", "x"))
+        with socket.socket() as sock:  # a loopback port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            closed_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        closed = conf.attempt(lambda: conf.score_problem(client, closed_url, "m", "x"))
     assert isinstance(bad, httpx.HTTPStatusError) and "500" in str(bad)
     assert isinstance(shape, KeyError)
     assert isinstance(closed, httpx.ConnectError)
