@@ -151,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if missing or a.boot < 1:
         p.error(f"not a replay's output: {missing[0]} is missing" if missing
                 else "--boot must be at least 1")
+    for flag, out in (("--json", a.json), ("--plot", a.plot)):
+        if out is not None and not out.parent.is_dir():
+            p.error(f"{flag} {out}: no folder {out.parent} to write it in")
     runs = {r.name: load(r, a.big) for r in a.runs}
     if a.pool:
         runs = {"pooled": pooled(list(runs.values()))}

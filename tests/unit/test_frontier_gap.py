@@ -73,3 +73,12 @@ def test_a_folder_that_is_no_replay_output_is_one_line(tmp_path: Path,
     with pytest.raises(SystemExit):
         gap.main([str(tmp_path)])
     assert "not a replay's output" in capsys.readouterr().err
+
+
+def test_an_output_in_a_missing_folder_is_one_line_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = write_run(tmp_path / "run", {"vllm:fcfs": rows([1, 1], [0.5, 0.5])})
+    for flag in ("--json", "--plot"):
+        with pytest.raises(SystemExit):
+            gap.main([str(run), "--big", "big", flag, str(tmp_path / "absent" / "out")])
+        assert f"{flag} {tmp_path / 'absent' / 'out'}: no folder" in capsys.readouterr().err
