@@ -33,7 +33,7 @@ from launcher.planner import make_plan
 from launcher.settings import LaunchConfig, parse_launch_config
 from launcher.supervisor import State, Supervisor
 from router.config.addresses import http_url
-from router.config.cluster import read_cluster_file
+from router.config.cluster import ConfigError, read_cluster_file
 from router.config.engines import EngineConfig, LocalEngine, RemoteEngine
 
 UNCHUNKED = "--no-enable-chunked-prefill"
@@ -82,14 +82,19 @@ def unchunked(cfg: LaunchConfig, name: str) -> LaunchConfig:
 def single_engine_config(cluster: Path, engine: str) -> LaunchConfig:
     """Cluster file ``cluster`` with only engine ``engine`` (its table and ``[launcher]`` as
     written; the router's policies dropped): the other engines' models need not be on this
-    machine, as ``trace build --models`` needs them (scripts that measure one engine)."""
+    machine, as ``trace build --models`` needs them (scripts that measure one engine).
+    A file that does not validate (the engine's model not on this machine, say) is one line
+    of error."""
     raw = read_cluster_file(cluster)
     engines = [e for e in raw.get("engines", []) if e.get("name") == engine]
     if not engines:
         raise SystemExit(f"--engine: no engine named {engine!r} in {cluster}")
     raw = {**raw, "engines": engines,
            "router": {k: v for k, v in raw.get("router", {}).items() if k != "policies"}}
-    return parse_launch_config(raw, str(cluster), cluster.resolve().parent)
+    try:
+        return parse_launch_config(raw, str(cluster), cluster.resolve().parent)
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
 
 
 @contextlib.contextmanager

@@ -42,6 +42,11 @@ def test_programs_are_judged_against_the_reference_and_each_models_answer(
 
 
 def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
+    # a cluster file of its own: the engine's model folder must exist, not its weights
+    (tmp_path / "weights").mkdir()
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(f'[router]\npolicy = "round_robin"\n[[engines]]\n'
+                       f'name = "qwen2.5-coder-0.5b-instruct"\nmodel = "{tmp_path / "weights"}"\n')
     bad = tmp_path / "bad.json"
     mine = {"model": "qwen2.5-coder-0.5b-instruct", "system": script("program_check").SYSTEM,
             "user": script("program_check").USER, "max_tokens": 512}
@@ -49,6 +54,18 @@ def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
                     json.dumps({**mine, "problems": {"p0": {"output_text": 3}}})):
         bad.write_text(content)
         r = subprocess.run([sys.executable, str(SCRIPTS / "program_check.py"), "--out",
-                            str(bad), "--report"], capture_output=True, text=True, timeout=300)
+                            str(bad), "--report", "--cluster", str(cluster)],
+                           capture_output=True, text=True, timeout=300)
         assert r.returncode != 0 and "Traceback" not in r.stderr
         assert str(bad) in r.stderr and "use another --out" in r.stderr
+
+
+def test_a_model_not_on_this_machine_is_one_line(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('[router]\npolicy = "round_robin"\n[[engines]]\n'
+                       f'name = "e"\nmodel = "{tmp_path / "absent"}"\n')
+    r = subprocess.run([sys.executable, str(SCRIPTS / "program_check.py"), "--cluster",
+                        str(cluster), "--engine", "e", "--out", str(tmp_path / "o.json"),
+                        "--report"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "does not exist" in r.stderr and str(tmp_path / "absent") in r.stderr
