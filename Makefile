@@ -54,20 +54,27 @@ artifacts: setup
 	$(PY) -m kernels_bench artifacts --folds 5 --profile examples/replay.toml
 
 # The serving replay on this machine: two built-in engines of different speed
-# (examples/replay.toml), the shipped math and code traces mixed, Poisson arrivals at 3
-# workflows/s, cross-fitted: each fold's runs replay 40 workflows of the problems its
-# predictors held out (200 per policy and repeat); Chimera on its trained predictors with
-# STJF engines, the same routing on FCFS engines, the oracle (true lengths), against
-# vLLM's balancer with FCFS engines, interleaved repeats with 95% intervals
-# (docs/replay.md), then docs/results.md from it (with the intervals again without the
-# problems the tau/delta_s sweep replayed); REPLAY_POLICIES='... chimera-static:stjf' adds
-# the static-prior ablation. docs/results.md was made with REPLAY_POLICIES='chimera:stjf
-# chimera:fcfs vllm:fcfs oracle routebalance:fcfs laar:fcfs' (39 minutes instead of 29). The
-# fast engine replays Qwen2.5-Coder-0.5B's runs and the slow one the 1.5B's (more accurate),
-# so policies trade latency against score as on a real heterogeneous cluster.
-REPLAY_TRACE ?= data/traces/math.jsonl.gz data/traces/code.jsonl.gz
+# (examples/replay.toml), the math problems 300-799 and the code trace mixed (no setting of
+# the policies below was chosen on them), Poisson arrivals at 3 workflows/s, cross-fitted:
+# each fold's runs replay 40 workflows of the problems its predictors held out (200 per
+# policy and repeat); Chimera as first shipped (semantic router, congestion latency) and
+# the two share-holding rules chosen on math 0-299 (docs/predictors.md "Holding the big
+# model's share": the KNN's, the primary, and the semantic router's), STJF engines, against
+# vLLM's balancer with FCFS engines and the random router at three shares of programs on
+# the 1.5B (the curve a learned router must lie above), interleaved repeats with 95%
+# intervals (docs/replay.md), then docs/results.md from it (with the intervals again
+# without the problems the tau/delta_s sweep replayed). About 50 minutes on 2 cores.
+# REPLAY_POLICIES='... oracle chimera:fcfs chimera-static:stjf' adds oracle lengths, FCFS
+# engines and the static-prior ablation. The fast engine replays Qwen2.5-Coder-0.5B's runs
+# and the slow one the 1.5B's (more accurate), so policies trade latency against score as
+# on a real heterogeneous cluster.
+REPLAY_TRACE ?= $(foreach i,3 4 5 6 7,data/traces/math-new$(i).jsonl.gz) data/traces/code.jsonl.gz
 REPLAY_MODEL_MAP ?= tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct
-REPLAY_POLICIES ?= chimera:stjf chimera:fcfs vllm:fcfs oracle
+REPLAY_POLICIES ?= chimera:stjf \
+	'chimera:stjf@quality="knn",latency="finish",delta_s=0.3,target_share=0.3' \
+	'chimera:stjf@quality="semantic_router",latency="finish",delta_s=0.5,target_share=0.35' \
+	vllm:fcfs 'random_mix:fcfs@share=0.1,big_model="tiny-b"' \
+	'random_mix:fcfs@share=0.3,big_model="tiny-b"' 'random_mix:fcfs@share=0.5,big_model="tiny-b"'
 REPLAY_REPEATS ?= 2
 
 replay: artifacts

@@ -42,7 +42,11 @@ from router.predictors.sources import parse_model_map
 from router.train import data_info, load_rows, train_artifact
 
 PREDICTORS = ("semantic_router", "length", "knn", "capability")
-DATA = ("data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz")
+DATA = ("data/traces/math.jsonl.gz", "data/traces/math-new.jsonl.gz",
+        *(f"data/traces/math-new{i}.jsonl.gz" for i in range(2, 8)), "data/traces/code.jsonl.gz")
+"""Every shipped greedy trace of the two Qwen models: math problems 0-799 and the code
+problems (until 2026-11-29 only ``math.jsonl.gz`` and ``code.jsonl.gz``: pass those two as
+``--data`` to remake the artifacts of results made before)."""
 MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
 """The replay cluster's engines (examples/replay.toml) and the trace models they replay."""
 OUT = Path("artifacts")
