@@ -63,7 +63,7 @@ artifacts: setup
 # vLLM's balancer with FCFS engines and the random router at three shares of programs on
 # the 1.5B (the curve a learned router must lie above), interleaved repeats with 95%
 # intervals (docs/replay.md), then docs/results.md from it (with the intervals again
-# without the problems the tau/delta_s sweep replayed). About 50 minutes on 2 cores.
+# without the problems the tau/delta_s sweep replayed). About 40 minutes on 2 cores.
 # REPLAY_POLICIES='... oracle chimera:fcfs chimera-static:stjf' adds oracle lengths, FCFS
 # engines and the static-prior ablation. The fast engine replays Qwen2.5-Coder-0.5B's runs
 # and the slow one the 1.5B's (more accurate), so policies trade latency against score as
