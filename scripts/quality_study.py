@@ -265,6 +265,19 @@ def router_knn(settings: KnnSettings) -> Fit:
     return fit
 
 
+def blend(w: float) -> Fit:
+    """The router's KNN (inverse distance, the default) and the semantic router, their
+    predicted gains averaged with weight ``w`` on the KNN's."""
+    knn_gain = router_knn(KnnSettings())
+
+    def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+        return w * knn_gain(d, tr, te) + (1 - w) * semantic(d, tr, te)
+    return fit
+
+
+BLEND_WEIGHTS = (0.25, 0.5, 0.75)
+"""The blend's grid of the KNN's weight."""
+
 TEMPERATURES = (0.01, 0.02, 0.05, 0.1)
 """The similarity-weighted k-NN's grid of T (k = 10)."""
 
@@ -290,6 +303,8 @@ CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
         for t in (0.0, *TEMPERATURES)],
     "the router's KNN, a band (equal weights within b of the nearest)": [
         (f"k={k}, b={b}", router_knn(KnnSettings(k=k, band=b))) for k in (10, 20) for b in BANDS],
+    "the router's KNN and the semantic router, their gains blended": [
+        (f"w={w}", blend(w)) for w in BLEND_WEIGHTS],
     "boosted trees, MiniLM PCA + workflow + difficulty": [(f"depth={k}", boosted(k))
                                                           for k in (2, 4)],
     "logistic, difficulty + workflow": [(f"C={c}", logistic(("difficulty", "workflow"), c))
