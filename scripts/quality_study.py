@@ -265,18 +265,16 @@ def router_knn(settings: KnnSettings) -> Fit:
     return fit
 
 
-def blend(w: float) -> Fit:
-    """The router's KNN (inverse distance, the default) and the semantic router, their
-    predicted gains averaged with weight ``w`` on the KNN's."""
-    knn_gain = router_knn(KnnSettings())
-
+def blend(w: float, first: Fit, second: Fit) -> Fit:
+    """Two candidates' predicted gains averaged, weight ``w`` on ``first``'s."""
     def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
-        return w * knn_gain(d, tr, te) + (1 - w) * semantic(d, tr, te)
+        return w * first(d, tr, te) + (1 - w) * second(d, tr, te)
     return fit
 
 
 BLEND_WEIGHTS = (0.25, 0.5, 0.75)
-"""The blend's grid of the KNN's weight."""
+"""The blend's grid of the weight on the router's KNN (inverse distance, its default)
+against the semantic router."""
 
 TEMPERATURES = (0.01, 0.02, 0.05, 0.1)
 """The similarity-weighted k-NN's grid of T (k = 10)."""
@@ -304,7 +302,7 @@ CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
     "the router's KNN, a band (equal weights within b of the nearest)": [
         (f"k={k}, b={b}", router_knn(KnnSettings(k=k, band=b))) for k in (10, 20) for b in BANDS],
     "the router's KNN and the semantic router, their gains blended": [
-        (f"w={w}", blend(w)) for w in BLEND_WEIGHTS],
+        (f"w={w}", blend(w, router_knn(KnnSettings()), semantic)) for w in BLEND_WEIGHTS],
     "boosted trees, MiniLM PCA + workflow + difficulty": [(f"depth={k}", boosted(k))
                                                           for k in (2, 4)],
     "logistic, difficulty + workflow": [(f"C={c}", logistic(("difficulty", "workflow"), c))
