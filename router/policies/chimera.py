@@ -94,8 +94,8 @@ class ChimeraSettings:
     gains (docs/predictors.md, "Holding the big model's share"). Per decision delta_s is
     the (1 - target_share) quantile of the predicted gains of the last ``share_window``
     such calls (``ShareMargin``), delta_s itself before the first. The slack tau still
-    gates each call, so it holds at most about that share: on the CPU pair, whose slow engine is
-    6.5x slower per token, 0.30 held 0.09 (docs/results.md)."""
+    gates each call, so it holds at most about that share: on the CPU pair, whose slow
+    engine is 6.5x slower per token, 0.30 held 0.09 (docs/results.md)."""
     share_window: Annotated[int, Field(ge=1, le=100_000)] = 200
     """How many recent predicted gains ``target_share``'s quantile is taken over."""
     static_prior: bool = False

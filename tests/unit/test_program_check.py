@@ -41,12 +41,18 @@ def test_programs_are_judged_against_the_reference_and_each_models_answer(
     assert "large: 8 rows; its answer agrees with the program in 4 (right 1.000)" in text
 
 
+def cluster_file(folder: Path, engine: str, model: Path) -> Path:
+    """A cluster file of one engine serving ``model`` (validated: the folder must exist)."""
+    path = folder / "cluster.toml"
+    path.write_text(f'[router]\npolicy = "round_robin"\n[[engines]]\n'
+                    f'name = "{engine}"\nmodel = "{model}"\n')
+    return path
+
+
 def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
     # a cluster file of its own: the engine's model folder must exist, not its weights
     (tmp_path / "weights").mkdir()
-    cluster = tmp_path / "cluster.toml"
-    cluster.write_text(f'[router]\npolicy = "round_robin"\n[[engines]]\n'
-                       f'name = "qwen2.5-coder-0.5b-instruct"\nmodel = "{tmp_path / "weights"}"\n')
+    cluster = cluster_file(tmp_path, "qwen2.5-coder-0.5b-instruct", tmp_path / "weights")
     bad = tmp_path / "bad.json"
     mine = {"model": "qwen2.5-coder-0.5b-instruct", "system": script("program_check").SYSTEM,
             "user": script("program_check").USER, "max_tokens": 512}
@@ -61,9 +67,7 @@ def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_model_not_on_this_machine_is_one_line(tmp_path: Path) -> None:
-    cluster = tmp_path / "cluster.toml"
-    cluster.write_text('[router]\npolicy = "round_robin"\n[[engines]]\n'
-                       f'name = "e"\nmodel = "{tmp_path / "absent"}"\n')
+    cluster = cluster_file(tmp_path, "e", tmp_path / "absent")
     r = subprocess.run([sys.executable, str(SCRIPTS / "program_check.py"), "--cluster",
                         str(cluster), "--engine", "e", "--out", str(tmp_path / "o.json"),
                         "--report"], capture_output=True, text=True, timeout=300)

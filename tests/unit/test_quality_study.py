@@ -35,7 +35,6 @@ def test_the_weighted_knn_trusts_the_nearest_prompt_of_the_same_workflow() -> No
     assert study.knn("minilm", 1)(d, tr, te) == pytest.approx([1.0])
 
 
-
 def test_a_blend_weighs_its_two_candidates_gains() -> None:
     study = script("quality_study")
     d = rows(["a", "b", "c", "q"], [[0, 1], [1, 0], [0, 1], [0, 0]],
@@ -45,6 +44,7 @@ def test_a_blend_weighs_its_two_candidates_gains() -> None:
     assert near(d, tr, te) == pytest.approx([1.0]) and base(d, tr, te) == pytest.approx([1 / 3])
     assert study.blend(0.25, near, base)(d, tr, te) == pytest.approx([0.25 + 0.75 / 3])
     assert study.blend(1.0, near, base)(d, tr, te) == pytest.approx([1.0])
+
 
 def test_a_math_rows_template_is_seen_only_through_another_folds_problem() -> None:
     study = script("quality_study")
