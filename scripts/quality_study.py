@@ -61,6 +61,7 @@ the oracle's gain recovered at each share) in ``--out`` (docs/predictors/quality
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -85,6 +86,7 @@ from router.predictors.evaluation import problem_resamples, routing_gain_report
 from router.predictors.features import RequestFeatures
 from router.predictors.knn import (KnnEstimator, KnnSettings, neighbour_weights,
                                   prompt_text)
+from router.predictors.lexical import LEXICAL, LexicalEncoder
 from router.predictors.metrics import apgr
 from router.predictors.records import Split, seeded_uniform
 from router.predictors.semantic import SemanticRouter, SemanticSettings
@@ -265,6 +267,20 @@ def router_knn(settings: KnnSettings) -> Fit:
     return fit
 
 
+def lexical_knn(settings: KnnSettings) -> Fit:
+    """The router's KNN on the lexical encoder (``knn.encoder = "lexical"``: hashed word
+    n-grams, numbers masked), its inverse document frequencies fitted on the training
+    rows' prompts."""
+    def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
+        texts = [prompt_text(d.table_rows[i]) for i in tr]
+        enc = LexicalEncoder.fit(texts)
+        est = KnnEstimator(enc, enc.embed(texts), [d.table_rows[i].stage for i in tr],
+                           d.labels[tr], np.zeros_like(d.labels[tr]), [SMALL, BIG], settings)
+        q = est.predict([d.table_rows[i] for i in te])
+        return np.array([r[BIG].quality - r[SMALL].quality for r in q])
+    return fit
+
+
 def blend(w: float, first: Fit, second: Fit) -> Fit:
     """Two candidates' predicted gains averaged, weight ``w`` on ``first``'s."""
     def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
@@ -281,6 +297,9 @@ TEMPERATURES = (0.01, 0.02, 0.05, 0.1)
 
 BANDS = (0.005, 0.01, 0.02, 0.03, 0.05)
 """The banded KNN's grid of b (``KnnSettings.band``)."""
+
+LEXICAL_KNN = KnnSettings(encoder=LEXICAL, k=20)
+"""The lexical KNN's settings but its weights (latency-plan.md, "A lexical KNN")."""
 
 CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
     "prior per (model, workflow)": [("-", prior)],
@@ -301,6 +320,12 @@ CANDIDATES: dict[str, list[tuple[str, Fit]]] = {
         for t in (0.0, *TEMPERATURES)],
     "the router's KNN, a band (equal weights within b of the nearest)": [
         (f"k={k}, b={b}", router_knn(KnnSettings(k=k, band=b))) for k in (10, 20) for b in BANDS],
+    "the router's KNN, lexical (hashed word n-grams, numbers masked), k=20": [
+        ("inverse distance", lexical_knn(LEXICAL_KNN)),
+        *((f"T={t}", lexical_knn(dataclasses.replace(LEXICAL_KNN, temperature=t)))
+          for t in (0.05, 0.1, 0.2)),
+        *((f"b={b}", lexical_knn(dataclasses.replace(LEXICAL_KNN, band=b)))
+          for b in (0.2, 0.3))],
     "the router's KNN and the semantic router, their gains blended": [
         (f"w={w}", blend(w, router_knn(KnnSettings()), semantic)) for w in BLEND_WEIGHTS],
     "boosted trees, MiniLM PCA + workflow + difficulty": [(f"depth={k}", boosted(k))

