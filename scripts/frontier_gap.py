@@ -2,7 +2,8 @@
 distance to the random router's curve (issue 30, item 5).
 
     python scripts/frontier_gap.py RUN [RUN ...] [--big tiny-b] [--baseline RUN:POLICY]
-                                   [--pool] [--boot 2000] [--json FILE] [--plot FILE]
+                                   [--pool | --pool-seeds] [--boot 2000] [--json FILE]
+                                   [--plot FILE]
 
 Every RUN is a replay's output folder (``workflows.jsonl``, ``requests.jsonl``) of the same
 workflows: the same trace, ``--seed``, ``--workflows`` and ``--artifacts``, so the same job
@@ -21,8 +22,11 @@ ids in each fold replay the same runs. For every (RUN, policy) at each rate:
 Intervals: 95% percentile bootstrap over problems (every workflow of a drawn problem, in
 every run and fold, drawn together: the comparisons are paired). Repeats are pooled;
 ``--pool`` pools the RUNs too, as repeats of one run (e.g. the same command at several
-``--seed``: other arrivals and sample draws of the same problems), named ``pooled``. A
-comparison is a finding when its interval excludes no difference.
+``--seed``: other arrivals and sample draws of the same problems), named ``pooled``;
+``--pool-seeds`` pools only the RUNs whose folder names differ in a trailing ``-seedN``,
+each group named by what precedes it, so that one policy pooled over its seeds can be the
+``--baseline`` of another group's (two artifact sets on the same problems). A comparison
+is a finding when its interval excludes no difference.
 
 ``--plot FILE`` draws the table (one row of panels per rate): score against big share,
 the random mixes joined as their curve; and score minus the baseline against E2E per
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +49,8 @@ from typing import Any
 import numpy as np
 
 MIX = "random_mix"
+SEED = re.compile(r"-seed\d+$")
+"""A run folder's seed suffix (``--pool-seeds``)."""
 TARGET_POINTS, TARGET_RATIO = 5.0, 1.0
 """Issue 30's serving target, shaded in ``--plot``: at least this many points over the
 baseline at no more than this E2E per token over the baseline's."""
@@ -96,14 +103,15 @@ def load(run: Path, big: str) -> dict[tuple[str, float], Series]:
     return out
 
 
-def pooled(runs: Sequence[dict[tuple[str, float], Series]]) -> dict[tuple[str, float], Series]:
+def pooled(runs: Sequence[dict[tuple[str, float], Series]], name: str = "pooled"
+           ) -> dict[tuple[str, float], Series]:
     """The runs' series as one run's: per (policy, rate) the rows of every run that has it,
-    the i-th run's repeats numbered after the earlier runs' (labels ``pooled: policy``)."""
+    the i-th run's repeats numbered after the earlier runs' (labels ``NAME: policy``)."""
     parts: dict[tuple[str, float], list[tuple[int, Series]]] = defaultdict(list)
     for i, run in enumerate(runs):
         for key, s in run.items():
             parts[key].append((i, s))
-    return {key: Series(f"pooled: {key[0]}",
+    return {key: Series(f"{name}: {key[0]}",
                         [(fold, job, i * 1_000_000 + rep) for i, s in ss
                          for fold, job, rep in s.keys],
                         *(np.concatenate([getattr(s, f) for _, s in ss]) for f in ARRAYS))
@@ -140,8 +148,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--big", default="tiny-b", help="the big model's served name")
     p.add_argument("--baseline", help="RUN:POLICY (default: vllm:fcfs of the first RUN)")
-    p.add_argument("--pool", action="store_true",
-                   help="pool the RUNs as repeats of one run, named 'pooled'")
+    pool = p.add_mutually_exclusive_group()
+    pool.add_argument("--pool", action="store_true",
+                      help="pool the RUNs as repeats of one run, named 'pooled'")
+    pool.add_argument("--pool-seeds", action="store_true",
+                      help="pool the RUNs named alike but for a trailing -seedN, each group "
+                           "named without it")
     p.add_argument("--boot", type=int, default=2000)
     p.add_argument("--json", type=Path, help="also write the table here")
     p.add_argument("--plot", type=Path, help="also draw the table here (PNG)")
@@ -157,6 +169,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = {r.name: load(r, a.big) for r in a.runs}
     if a.pool:
         runs = {"pooled": pooled(list(runs.values()))}
+    elif a.pool_seeds:
+        groups: dict[str, list[dict[tuple[str, float], Series]]] = defaultdict(list)
+        for name, run in runs.items():
+            groups[SEED.sub("", name)].append(run)
+        runs = {name: pooled(group, name) for name, group in groups.items()}
     base_run, base_policy = (a.baseline.split(":", 1) if a.baseline
                              else (next(iter(runs)), "vllm:fcfs"))
     if not any(pol == base_policy for pol, _ in runs.get(base_run, {})):

@@ -68,6 +68,26 @@ def test_pooled_runs_give_the_mean_share_and_the_gap_to_the_mix_curve(tmp_path: 
     assert per_run["seed0", "cascade:fcfs"]["score_minus_baseline"]["value"] == pytest.approx(20.0)
 
 
+def test_runs_pooled_per_seed_group_compare_one_groups_policy_with_anothers(
+        tmp_path: Path) -> None:
+    # the same policy label in two artifact sets (a, b), two seeds each: pooled per set,
+    # b's policy against a's (0.6 and 0.7 in a, 0.8 and 0.9 in b: +20 points)
+    runs = [write_run(tmp_path / f"{group}-seed{k}", {
+        "vllm:fcfs": rows([1, 1, 1, 1], [0.5] * 4), "chimera:stjf": rows([2, 0, 2, 0], [sc] * 4)})
+        for group, scores in (("a", (0.6, 0.7)), ("b", (0.8, 0.9))) for k, sc in enumerate(scores)]
+    out = tmp_path / "table.json"
+    gap.main([*map(str, runs), "--pool-seeds", "--baseline", "a:chimera:stjf", "--big", "big",
+              "--boot", "50", "--json", str(out)])
+    table = {(r["run"], r["policy"]): r for r in json.loads(out.read_text())}
+    assert set(table) == {(g, pol) for g in "ab" for pol in ("vllm:fcfs", "chimera:stjf")}
+    row = table["b", "chimera:stjf"]
+    assert row["workflows"] == 8 and row["score"]["value"] == pytest.approx(85.0)
+    assert row["score_minus_baseline"]["value"] == pytest.approx(20.0)
+    assert table["a", "chimera:stjf"]["score_minus_baseline"]["value"] == pytest.approx(0.0)
+    with pytest.raises(SystemExit):
+        gap.main([*map(str, runs), "--pool", "--pool-seeds"])
+
+
 def test_a_folder_that_is_no_replay_output_is_one_line(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
