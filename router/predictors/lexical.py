@@ -75,8 +75,10 @@ class LexicalEncoder:
         ``batch_size`` of rows at a time."""
         out = np.zeros((len(texts), DIMS), np.float32)
         for i in range(0, len(texts), batch_size):
-            x = self.counts(texts[i:i + batch_size]).multiply(self.idf[None]).toarray()
-            out[i:i + len(x)] = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-9)
+            x = self.counts(texts[i:i + batch_size])
+            x.data *= self.idf[x.indices]  # in place: a broadcast multiply costs 5x the rest
+            d = x.toarray()
+            out[i:i + len(d)] = d / np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-9)
         return out
 
     @classmethod
