@@ -47,7 +47,8 @@ def is_lexical(folder: str | os.PathLike[str]) -> bool:
 
 
 class LexicalEncoder:
-    """Same ``embed`` / ``dim`` / ``save`` as the sentence encoders (``router.predictors.encoder``)."""
+    """Same ``embed`` / ``dim`` / ``save`` as the sentence encoders
+    (``router.predictors.encoder``)."""
 
     def __init__(self, idf: np.ndarray, max_length: int = 256) -> None:
         if idf.shape != (DIMS,) or not np.isfinite(idf).all():
