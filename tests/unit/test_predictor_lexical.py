@@ -1,7 +1,8 @@
 """The lexical encoder (``knn.encoder = "lexical"``): prompts of one template with other
 names' numbers meet, other wording does not; fitted, saved and read back exactly; a file of
 another version or a broken one is a one-line ValueError; the KNN trains, routes and
-reloads on it (the SYNTHETIC fixture)."""
+reloads on it (the SYNTHETIC fixture), and a router whose cluster file names it routes
+on it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router.app import load_configured_predictors
+from router.config.cluster import load_cluster_config
+from router.dispatch.core import RouterCore
 from router.predictors.encoder import load_encoder
 from router.predictors.evaluation import confidence_report
+from router.predictors.features import from_record
 from router.predictors.knn import KnnEstimator, KnnSettings
 from router.predictors.lexical import DIMS, FILE, LexicalEncoder, masked
+from router.predictors.loader import close_predictors
 from router.predictors.table import prompt_table
 from tests.fixtures.predictors import request, split
 
@@ -91,3 +97,33 @@ def test_the_knn_trains_routes_and_reloads_on_it(tmp_path: Path) -> None:
     for a, b in zip(asyncio.run(again.estimate(reqs)), asyncio.run(est.estimate(reqs))):
         for m in MODELS:
             assert a[m].quality == pytest.approx(b[m].quality, abs=1e-6)
+
+
+def test_a_cluster_file_naming_a_lexical_knn_routes_on_it(tmp_path: Path) -> None:
+    """The router's own loading path (``load_configured_predictors``): RouteBalance's
+    estimates through the router equal the artifact's, loaded here."""
+    train, test = split(problems=8)
+    est = KnnEstimator.train(prompt_table(train, MODELS, False),
+                             KnnSettings(encoder="lexical", k=5), progress=False)
+    est.save(tmp_path / "art" / "knn", {"seed": 0})
+    lines = ['[router]\npolicy = "routebalance"\n', "[router.predictors]", 'knn = "art/knn"\n',
+             "[router.policies.routebalance]", "static_prior = true",
+             "decode_ms_per_token = { " + ", ".join(f'"{m}" = 5.0' for m in MODELS) + " }",
+             "cost_per_token = { " + ", ".join(f'"{m}" = 0.0' for m in MODELS) + " }\n"]
+    for i, m in enumerate(MODELS):
+        lines += ["[[engines]]", f'name = "{m}"', 'model = "builtin:tiny-a"',
+                  f'served_model_name = "{m}"', f"port = {18700 + i}",
+                  f'telemetry_endpoint = "ipc://{tmp_path}/{m}.telemetry"',
+                  f'kv_events_endpoint = "ipc://{tmp_path}/{m}.kv"\n']
+    (tmp_path / "cluster.toml").write_text("\n".join(lines))
+    cfg = load_cluster_config(tmp_path / "cluster.toml")
+    pset = load_configured_predictors(cfg)
+    assert pset is not None
+    try:
+        policy = RouterCore(cfg, pset).build_policy()
+        reqs = [request(r, str(i)) for i, r in enumerate(test[:8])]
+        got = asyncio.run(policy.predict(reqs))
+        assert list(got) == KnnEstimator.load(tmp_path / "art" / "knn").predict(
+            [from_record(r) for r in test[:8]])
+    finally:
+        close_predictors(pset)
