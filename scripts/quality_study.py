@@ -86,7 +86,7 @@ from router.predictors.evaluation import problem_resamples, routing_gain_report
 from router.predictors.features import RequestFeatures
 from router.predictors.knn import (KnnEstimator, KnnSettings, neighbour_weights,
                                   prompt_text)
-from router.predictors.lexical import LEXICAL, LexicalEncoder
+from router.predictors.lexical import LEXICAL
 from router.predictors.metrics import apgr
 from router.predictors.records import Split, seeded_uniform
 from router.predictors.semantic import SemanticRouter, SemanticSettings
@@ -244,12 +244,22 @@ def boosted(depth: int) -> Fit:
     return fit
 
 
+def training_table(d: Data, tr: np.ndarray) -> PromptTable:
+    """The rows ``tr`` as a predictor's training table (output lengths unknown: zeros)."""
+    return PromptTable([d.table_rows[i] for i in tr], list(d.problems[tr]), [SMALL, BIG],
+                       d.correct[tr], np.zeros_like(d.labels[tr]), d.labels[tr])
+
+
+def knn_gain(est: KnnEstimator, d: Data, te: np.ndarray) -> np.ndarray:
+    """``est``'s predicted gain q_big - q_small on the rows ``te``."""
+    q = est.predict([d.table_rows[i] for i in te])
+    return np.array([r[BIG].quality - r[SMALL].quality for r in q])
+
+
 def semantic(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
     """Today's default: the static MiniLM table fine-tuned under a linear head, on the
     problem text alone (``SemanticRouter``)."""
-    table = PromptTable([d.table_rows[i] for i in tr], list(d.problems[tr]), [SMALL, BIG],
-                        d.correct[tr], np.zeros_like(d.labels[tr]), d.labels[tr])
-    router = SemanticRouter.train(table, SemanticSettings(), progress=False)
+    router = SemanticRouter.train(training_table(d, tr), SemanticSettings(), progress=False)
     q = router.predict([d.table_rows[i] for i in te])
     return np.array([r[BIG] - r[SMALL] for r in q])
 
@@ -262,22 +272,17 @@ def router_knn(settings: KnnSettings) -> Fit:
         est = KnnEstimator(static_encoder(), d.features["prompt"][tr],
                            [d.table_rows[i].stage for i in tr], d.labels[tr],
                            np.zeros_like(d.labels[tr]), [SMALL, BIG], settings)
-        q = est.predict([d.table_rows[i] for i in te])
-        return np.array([r[BIG].quality - r[SMALL].quality for r in q])
+        return knn_gain(est, d, te)
     return fit
 
 
 def lexical_knn(settings: KnnSettings) -> Fit:
     """The router's KNN on the lexical encoder (``knn.encoder = "lexical"``: hashed word
-    n-grams, numbers masked), its inverse document frequencies fitted on the training
-    rows' prompts."""
+    n-grams, numbers masked), trained as the router's (``KnnEstimator.train``: the inverse
+    document frequencies fitted on the training rows' prompts)."""
     def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
-        texts = [prompt_text(d.table_rows[i]) for i in tr]
-        enc = LexicalEncoder.fit(texts)
-        est = KnnEstimator(enc, enc.embed(texts), [d.table_rows[i].stage for i in tr],
-                           d.labels[tr], np.zeros_like(d.labels[tr]), [SMALL, BIG], settings)
-        q = est.predict([d.table_rows[i] for i in te])
-        return np.array([r[BIG].quality - r[SMALL].quality for r in q])
+        return knn_gain(KnnEstimator.train(training_table(d, tr), settings, progress=False),
+                        d, te)
     return fit
 
 
