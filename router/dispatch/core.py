@@ -38,7 +38,7 @@ class RouterCore:
     def build_policy(self) -> Policy[Any]:
         """Build the configured policy (ValueError: bad settings, missing predictor); it
         hears of engines added and removed."""
-        self.membership.policy = policy = self.routing.build_policy()
+        self.membership.changes.policy = policy = self.routing.build_policy()
         return policy
 
     async def start(self) -> None:

@@ -213,14 +213,14 @@ def test_only_an_engine_placed_on_a_ray_node_may_move_to_another_host() -> None:
     core = core_for("round_robin")
     core.membership.nodes["e1"] = "10.0.0.5 (abcdef12)"
     with pytest.raises(ValueError, match="only its port may change"):
-        core.membership.move_engine("e0", "http://10.0.0.9:8000")
-    core.membership.move_engine("e0", "http://e0:8001")
-    core.membership.move_engine("e1", "http://10.0.0.9:8000")
+        core.membership.changes.move("e0", "http://10.0.0.9:8000")
+    core.membership.changes.move("e0", "http://e0:8001")
+    core.membership.changes.move("e1", "http://10.0.0.9:8000")
     assert core.state.table["e1"].url == "http://10.0.0.9:8000"
     for bad in ("http://10.0.0.9:8000/v1", "ftp://10.0.0.9:8000", "http://:8000"):
         with pytest.raises(ValueError, match="http://HOST:PORT"):
-            core.membership.move_engine("e1", bad)
+            core.membership.changes.move("e1", bad)
     for url, node in (("http://" + "h" * 1100 + ":1", None), ("http://h:1", "n" * 1025)):
         with pytest.raises(ValueError, match="too long"):  # more than a peer could take
-            core.membership.move_engine("e1", url, node)
+            core.membership.changes.move("e1", url, node)
     assert core.state.table["e1"].url == "http://10.0.0.9:8000"

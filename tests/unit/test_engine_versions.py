@@ -1,7 +1,7 @@
 """The order of admin changes across router workers (``router.state.engine_versions``):
 the rule itself, and a property test that any order of delivery of one set of versioned
 engine events leaves every worker's tables the same, through the real decode and apply
-path (``Peers.feed`` -> ``Membership._apply_engine``) of real ``RouterCore`` objects."""
+path (``Peers.feed`` -> ``PeerSync.apply``) of real ``RouterCore`` objects."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def test_any_order_of_delivery_ends_in_the_same_tables(data: st.DataObject,
         assert peers.malformed == 0
         tables.append(_table(core))
         m = core.membership
-        assert set(m.instances) == {i.name for i in m.config.instances()}
+        assert set(m.instances) == {i.name for i in m.changes.config.instances()}
     assert tables[1] == tables[0] and tables[2] == tables[0], events
     # and the last writer's: each name as its newest add or remove left it
     for name in NAMES:
