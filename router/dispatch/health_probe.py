@@ -9,6 +9,11 @@ a request is ``min(backoff_s * 2**(k - 1), backoff_max_s)`` (``backoff``); a com
 request closes the breaker (k back to 0), so an engine that answers ``/health`` but fails
 its calls is retried ever more rarely instead of flapping every second. Marks from an
 operator or the launcher (``probe=False``) are left to them.
+
+The probes share one aiohttp session of their own (the router's one HTTP client library):
+``HEALTH_PROBE_TIMEOUT_S`` to connect and between reads, no proxy from the environment,
+and idle connections kept under vLLM's keep-alive, as the engine pool's
+(``router.upstream``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import logging
 import time
 from collections.abc import Callable
 
-import httpx
+import aiohttp
+
+from router.upstream import IDLE_KEEPALIVE_S
 
 log = logging.getLogger("hetserve.router")
 
@@ -71,7 +78,11 @@ class HealthProber:
             self._task = None
 
     async def _run(self) -> None:
-        async with httpx.AsyncClient(timeout=HEALTH_PROBE_TIMEOUT_S) as client:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=HEALTH_PROBE_TIMEOUT_S,
+                                        sock_read=HEALTH_PROBE_TIMEOUT_S)
+        async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(keepalive_timeout=IDLE_KEEPALIVE_S),
+                timeout=timeout, trust_env=False) as client:
             while True:
                 await asyncio.sleep(self.interval_s)
                 now = self.clock()
@@ -83,8 +94,10 @@ class HealthProber:
                             self.mark_up(name)
 
 
-async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
+async def _healthy(client: aiohttp.ClientSession, url: str) -> bool:
+    """``GET url`` answered 200 (redirects not followed); False on any transport error."""
     try:
-        return (await client.get(url)).status_code == 200
-    except httpx.HTTPError:
+        async with client.get(url, allow_redirects=False) as resp:
+            return resp.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         return False
