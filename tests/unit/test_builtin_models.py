@@ -6,7 +6,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -51,12 +50,16 @@ def test_resolve_builds_into_cache_then_reuses_it(
     def no_rebuild(*_: object) -> None:
         raise AssertionError("rebuilt a cached model")
 
+    def files() -> dict[Path, tuple[int, int]]:
+        return {p: (p.stat().st_mtime_ns, p.stat().st_size)
+                for p in cache_root.rglob("*") if p.is_file()}
+
     monkeypatch.setattr(bm, "_build_model", no_rebuild)
     monkeypatch.setattr(bm, "_build_tokenizer", no_rebuild)
-    start = time.perf_counter()
+    before = files()
     again = {name: Path(bm.resolve_model(bm.PREFIX + name)) for name in bm.BUILTIN_MODELS}
     assert again == built
-    assert time.perf_counter() - start < 1.0
+    assert files() == before, "the cache was written to on a reuse"
 
 
 def test_unknown_builtin_name_lists_available_names() -> None:
