@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import http.server
 import threading
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -15,52 +17,84 @@ from tests.remote_cluster import remote_cluster
 
 
 class Health(http.server.BaseHTTPRequestHandler):
-    status = 503
+    """``GET /<engine>/health`` answers ``status[engine]`` (503 until set) and records when
+    (``time.monotonic``, the prober's clock) in ``probes[engine]``."""
+
+    status: dict[str, int]
+    probes: dict[str, list[float]]
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self.send_response(Health.status if self.path == "/health" else 404)
+        engine, _, rest = self.path.strip("/").partition("/")
+        if rest != "health":
+            self.send_response(404)
+        else:
+            self.probes.setdefault(engine, []).append(time.monotonic())
+            self.send_response(self.status.get(engine, 503))
         self.end_headers()
 
     def log_message(self, *args: object) -> None:
         pass
 
 
-def make_core(url: str) -> RouterCore:
-    core = RouterCore(remote_cluster("round_robin", {"e0": "a"}, url=url,
-                                     heartbeat_timeout_s=2.0))
+@pytest.fixture
+def health() -> Iterator[tuple[str, type[Health]]]:
+    """A /health server on loopback: its base URL and its handler class (fresh state)."""
+    handler = type("Health", (Health,), {"status": {}, "probes": {}})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+
+
+def make_core(url: str, engines: tuple[str, ...] = ("e0",)) -> RouterCore:
+    core = RouterCore(remote_cluster("round_robin", {e: "a" for e in engines},
+                                     url=url + "/{name}", heartbeat_timeout_s=2.0))
     core.membership.prober.interval_s = core.membership.prober.backoff_s = 0.05
     return core
 
 
-def test_failed_call_mark_is_lifted_by_the_health_probe() -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+async def _until(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Until ``check`` holds; fails past ``timeout_s`` saying ``what`` did not happen."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        await asyncio.sleep(0.01)
 
-    async def run() -> tuple[bool, bool, bool, bool]:
-        core = make_core(url)
+
+def test_failed_call_mark_is_lifted_by_the_health_probe(
+        health: tuple[str, type[Health]]) -> None:
+    url, server = health
+
+    async def run() -> None:
+        core = make_core(url, ("e0", "e1"))
+        m = core.membership
         await core.start()
+
+        def up(name: str) -> bool:
+            return next(e.up for e in m.engines() if e.name == name)
+
         try:
-            Health.status = 503
-            core.membership.mark_engine("e0", False, "connect refused", probe=True)
-            await asyncio.sleep(0.3)
-            down_while_unhealthy = not core.membership.engines()[0].up
-            Health.status = 200
-            await asyncio.sleep(0.5)
-            up_after = core.membership.engines()[0].up
-            core.membership.mark_engine("e0", False, "launcher: process exited")  # not probed
-            await asyncio.sleep(0.3)
-            launcher_mark_kept = not core.membership.engines()[0].up
-            core.membership.mark_engine("e0", True, "launcher: restarted")
-            return (down_while_unhealthy, up_after, launcher_mark_kept,
-                    core.membership.engines()[0].up)
+            m.mark_engine("e0", False, "connect refused", probe=True)
+            await _until(lambda: len(server.probes.get("e0", [])) >= 2, "two probes")
+            assert not up("e0"), "marked up while /health answered 503"
+            server.status["e0"] = 200
+            await _until(lambda: up("e0"), "marked up once /health answered 200")
+            m.mark_engine("e0", False, "launcher: process exited")  # not probed
+            probes = len(server.probes["e0"])
+            # A probe round after the launcher's mark: e1's breaker, lifted by a probe.
+            server.status["e1"] = 200
+            m.mark_engine("e1", False, "connect refused", probe=True)
+            await _until(lambda: up("e1"), "e1 marked up by its probe")
+            assert not up("e0") and "e0" not in m.prober.pending
+            assert len(server.probes["e0"]) == probes, "the launcher's mark was probed"
+            m.mark_engine("e0", True, "launcher: restarted")
+            assert up("e0")
         finally:
             await core.stop()
 
-    try:
-        assert asyncio.run(run()) == (True, True, True, True)
-    finally:
-        server.shutdown()
+    asyncio.run(run())
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
@@ -80,36 +114,30 @@ def test_breaker_backs_off_until_a_request_completes() -> None:
     assert prober.pending["e0"] == now[0] + 1.0
 
 
-def test_a_flapping_engine_is_probed_ever_more_rarely() -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+def test_a_flapping_engine_is_probed_ever_more_rarely(
+        health: tuple[str, type[Health]]) -> None:
+    """Trips 1..3 are probed no sooner than 0.5, 1 and 2 s after their mark (the server
+    records when each probe came), and the probe brings the engine back."""
+    url, server = health
+    server.status["e0"] = 200  # answers /health, but its calls fail
 
-    async def run() -> list[bool]:
+    async def run() -> None:
         core = make_core(url)
-        core.membership.prober.backoff_s, core.membership.prober.backoff_max_s = 0.5, 10.0
+        m = core.membership
+        m.prober.backoff_s, m.prober.backoff_max_s = 0.5, 10.0
         await core.start()
         try:
-            Health.status = 200  # answers /health, but its calls fail
-            seen = []
-            for trip in range(3):  # trips 1..3: probed after 0.5, 1, 2 s
-                core.membership.mark_engine("e0", False, "broken call", probe=True)
-                due = core.membership.prober.pending["e0"]
-                assert due == pytest.approx(core.membership.prober.clock() + 0.5 * 2 ** trip,
-                                            abs=0.05)
-                await asyncio.sleep(0.1)
-                seen.append(core.membership.engines()[0].up)  # before its backoff: still down
-                await asyncio.sleep(due - core.membership.prober.clock())
-                deadline = core.membership.prober.clock() + 5.0  # a loaded machine: poll
-                while (not core.membership.engines()[0].up
-                       and core.membership.prober.clock() < deadline):
-                    await asyncio.sleep(0.05)
-                seen.append(core.membership.engines()[0].up)  # probed: half-open
-            return seen
+            for trip in range(3):
+                wait = 0.5 * 2 ** trip
+                before = m.prober.clock()
+                m.mark_engine("e0", False, "broken call", probe=True)
+                due = m.prober.pending["e0"]
+                assert before + wait <= due <= m.prober.clock() + wait
+                probes = len(server.probes.get("e0", []))
+                await _until(lambda: m.engines()[0].up, f"trip {trip + 1} probed up")
+                came = server.probes["e0"][probes:]
+                assert came and min(came) >= due, (trip, due, came)
         finally:
             await core.stop()
 
-    try:
-        assert asyncio.run(run()) == [False, True] * 3
-    finally:
-        server.shutdown()
+    asyncio.run(run())
