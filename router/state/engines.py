@@ -30,7 +30,12 @@ class EngineState:
     name: str
     model: str
     url: str
+    """Where it is now: its instance's URL, or where a move sent it."""
     max_model_len: int | None
+    instance: Any
+    """What it was started as (``router.config.engines.EngineInstance``: its kind,
+    endpoints, API key, Ray node at the start): the table is the router's one list of
+    engines, and ``Membership.instances`` reads it."""
     kv: KVPrefixIndex = field(default_factory=KVPrefixIndex)
     snapshot: SchedulerSnapshot | None = None
     last_seen: float | None = None
@@ -95,7 +100,7 @@ class EngineTable:
             raise ValueError(f"two instances are named '{inst.name}'")
         self.served.add(inst.served_model_name)
         e = self.engines[inst.name] = EngineState(
-            inst.name, inst.served_model_name, inst.url, inst.max_model_len,
+            inst.name, inst.served_model_name, inst.url, inst.max_model_len, inst,
             scraped=getattr(inst, "kind", "hetserve") == "vllm")
         return e
 

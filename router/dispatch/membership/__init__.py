@@ -64,7 +64,7 @@ class Membership:
         self.changes = EngineChanges(config, state, self.prober, self.subscriptions)
         self.sync = PeerSync(r, worker, state, self.changes, self.subscriptions, clock)
         # What the front, /metrics and the benchmarks read, named as they read it:
-        self.instances: dict[str, EngineInstance] = self.changes.instances
+        self.instances = self.changes.instances
         self.nodes: dict[str, str | None] = self.changes.nodes
         subs = self.subscriptions
         self.snapshots, self.kv_events, self.scraper = subs.snapshots, subs.kv_events, subs.scraper

@@ -11,6 +11,7 @@ caller's concern (``Membership``, ``PeerSync``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,9 +23,31 @@ from router.dispatch.membership.subscriptions import Subscriptions, Unused
 from router.dispatch.peers import MAX_URL_CHARS
 from router.policies.base import Policy
 from router.state.cluster import ClusterState
+from router.state.engines import EngineTable
 from router.state.stats import StreamCounters
 
 log = logging.getLogger("hetserve.router")
+
+
+class Instances(Mapping[str, EngineInstance]):
+    """The engine instances routed to, read from the engine table (the one list of
+    engines): name -> what it was started as (``EngineState.instance``), in name order."""
+
+    def __init__(self, table: EngineTable) -> None:
+        self._table = table
+
+    def __getitem__(self, name: str) -> EngineInstance:
+        instance: EngineInstance = self._table.engines[name].instance
+        return instance
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table.engines
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table.engines)
+
+    def __len__(self) -> int:
+        return len(self._table.engines)
 
 
 class EngineChanges:
@@ -35,7 +58,7 @@ class EngineChanges:
         self.config, self.state = config, state
         self.prober, self.subscriptions = prober, subscriptions
         instances = config.instances()
-        self.instances: dict[str, EngineInstance] = {i.name: i for i in instances}
+        self.instances = Instances(state.table)
         """The engine instances routed to (``config.instances()``, plus added ones)."""
         self._first: dict[str, str] = {}
         """Each served model's first engine in the file: the one an engine added to a
@@ -105,7 +128,6 @@ class EngineChanges:
         engines = state.table.models.get(model)
         like = engines[0].name if engines else self._first[model]
         state.table.add(inst)
-        self.instances[inst.name] = inst
         state.stats.engines.setdefault(inst.name, StreamCounters())
         self.nodes[inst.name] = inst.node
         self.prober.urls[inst.name] = inst.url
@@ -141,7 +163,7 @@ class EngineChanges:
         if drained and inflight:
             raise ValueError(f"'{instance}' still has {inflight} request(s) in flight")
         self.config = without_engine(self.config, instance, last=not drained)
-        inst = self.instances.pop(instance)
+        inst = e.instance
         state.table.remove(instance)
         self.nodes.pop(instance, None)
         self.prober.urls.pop(instance, None)
