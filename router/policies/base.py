@@ -4,15 +4,18 @@ A policy receives a request, its candidate engines (up, serving the requested mo
 with room for the request) and a read-only ``StateView``, and returns a ``Decision``.
 It never writes router state: dispatch (``router.dispatch``) records every decision. A
 policy may keep private decision history (a round-robin pointer, a seeded RNG, LMETRIC's
-hotspot counters), which only its own decisions update.
+hotspot counters), which only its own decisions update. A ``PickerPolicy`` leaves the
+engine to an engine picker (``router.policies.pickers``), its own instance.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Generic, Iterable, Mapping, Sequence, TypeVar
+from typing import (Any, Callable, ClassVar, Generic, Iterable, Mapping, Protocol,
+                    Sequence, TypeVar)
 
+from router.policies.pickers.base import Picker
 from router.predictors.base import PredictorSet
 from router.state.view import Candidates, EngineView, StateView
 from router.types import BatchWindow, ClusterInfo, Decision, RoutingRequest
@@ -48,9 +51,17 @@ def of_model(cands: Sequence[EngineView], model: str) -> Sequence[EngineView]:
 
 
 S = TypeVar("S")
-BuildPolicy = Callable[[str], "Policy[Any]"]
-"""Builds a policy by name from its own settings table, on the same cluster and
-predictors (``registry.build_policy`` makes one)."""
+
+
+class BuildPolicy(Protocol):
+    """What a policy builds its parts with, from the same settings tables, cluster and
+    predictors (``registry.build_policy`` makes one)."""
+
+    def __call__(self, policy: str) -> Policy[Any]:
+        """Another policy by name, from its own settings table."""
+
+    def picker(self, name: str) -> Picker:
+        """A new engine picker by name (``PICKERS``); ValueError if it cannot start."""
 
 
 class Policy(ABC, Generic[S]):
@@ -62,18 +73,22 @@ class Policy(ABC, Generic[S]):
     """The ``[router.predictors]`` artifacts the policy routes on when given (else its
     static priors, when its settings select them); ``predictors_for`` narrows it by the
     settings."""
-    uses_prompt: ClassVar[bool] = True
+    uses_prompt: bool = True
     """Whether the policy reads the request's prompt (``prompt_text``, ``system_text``,
     ``user_text``, ``prompt_token_ids``, ``num_prompt_tokens``), directly or through its
-    predictors, the ``StateView`` (prefix matches) or a policy it builds. False lets the
-    router skip tokenizing when a bound shows the prompt fits (``router.admission``); set it
-    only where tests/unit/test_policies_prompt.py shows no such read."""
+    predictors, the ``StateView`` (prefix matches) or a policy it builds; a built
+    ``PickerPolicy`` adds its picker's. False lets the router skip tokenizing when a bound
+    shows the prompt fits (``router.admission``); set it only where
+    tests/unit/test_policies_prompt.py shows no such read."""
     inputs: ClassVar[frozenset[str]] = frozenset()
     """The engine state the policy reads (``EngineView`` fields and properties,
     ``StateView`` methods: ``router.policies.inputs.Input``, which says where each comes
-    from on a stock vLLM engine), directly, through its helpers or through the policy it
-    always builds (LMETRIC, the replica chooser); a policy its settings name (VineLM's
-    fallback) reads its own. tests/unit/test_policy_inputs.py checks it against the source."""
+    from on a stock vLLM engine), directly or through its helpers; its engine picker and a
+    policy its settings name (VineLM's fallback) read their own
+    (``router.policies.inputs.policy_inputs``). tests/unit/test_policy_inputs.py checks it
+    against the source."""
+    default_picker: ClassVar[str | None] = None
+    """A ``PickerPolicy``'s engine picker when its settings name none."""
     window: BatchWindow | None = None
     """Set by batched policies: they implement ``decide_batch`` and a collector feeds
     them batches closed by this window."""
@@ -85,9 +100,9 @@ class Policy(ABC, Generic[S]):
 
     def __init__(self, settings: S, cluster: ClusterInfo, predictors: PredictorSet,
                  build: BuildPolicy) -> None:
-        """``build``: another policy by name, for a part of this one's job (a replica
-        chooser, a fallback). Raises ValueError when a predictor or profile the policy
-        needs is missing."""
+        """``build``: another policy or an engine picker by name, for a part of this one's
+        job (a fallback). Raises ValueError when a predictor or profile the policy needs is
+        missing."""
         self.settings = settings
         self.sources: dict[str, str] = {}
         """Input -> where it comes from (``predictor`` or ``static_prior``)."""
@@ -114,6 +129,20 @@ class Policy(ABC, Generic[S]):
                      preds: Sequence[Any]) -> Sequence[Decision | ValueError]:
         """Decide a batch at once; a request that cannot be placed gets its error."""
         raise NotImplementedError(f"policy '{self.name}' does not batch")
+
+
+class PickerPolicy(Policy[S]):
+    """A policy whose engine is chosen by its engine picker: over every candidate
+    (``lmetric``, ``vllm``), or among the candidates of the model it chose (its settings'
+    ``picker``, a ``PickerName`` defaulting to ``default_picker``)."""
+
+    default_picker: ClassVar[str]
+
+    def __init__(self, settings: S, cluster: ClusterInfo, predictors: PredictorSet,
+                 build: BuildPolicy) -> None:
+        super().__init__(settings, cluster, predictors, build)
+        self.picker = build.picker(getattr(settings, "picker", self.default_picker))
+        self.uses_prompt = type(self).uses_prompt or self.picker.uses_prompt
 
 
 T = TypeVar("T")

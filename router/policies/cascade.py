@@ -8,7 +8,8 @@ can run (a coding agent runs the examples its prompt states; ``--retry-on exampl
 the replay), and the retry carries, per stage, the models already tried for it
 (``workflow.tried_models``). A call goes to the first model of ``models`` not among them
 (the last model once every rung was tried), within that model to the least-loaded
-engine; when no engine of it can take the call, the least-loaded other engine does. A
+engine; when no engine of it can take the call, the least-loaded other engine does
+(the ``picker`` setting's engine picker chooses, default ``least_loaded``). A
 program whose agent says it has no check (``workflow.checked = false``: a prompt that
 states no examples) goes to the last rung at once: nothing would catch a wrong cheap
 answer (FrugalGPT's cascade stops only where its scorer accepts). It reads no prompt and
@@ -22,8 +23,8 @@ from typing import Annotated, Any, Sequence
 from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import Policy, decision
-from router.policies.vllm_balancer import least_loaded
+from router.policies.base import PickerPolicy, decision
+from router.policies.pickers import PickerName
 from router.settings import STRICT
 from router.state.view import EngineView, StateView
 from router.types import ClusterInfo, Decision, RoutingRequest
@@ -35,12 +36,15 @@ class CascadeSettings:
                       Field(max_length=64)] = Field(default_factory=list)
     """The ladder, cheapest first: served model names (no default: the policy refuses to
     start without two or more)."""
+    picker: PickerName = "least_loaded"
+    """The engine picker that chooses among the chosen model's engines
+    (``router.policies.pickers``; docs/policies.md)."""
 
 
-class Cascade(Policy[CascadeSettings]):
+class Cascade(PickerPolicy[CascadeSettings]):
     name = "cascade"
     Settings = CascadeSettings
-    inputs = frozenset({"waiting", "batch_size"})
+    default_picker = "least_loaded"
     uses_prompt = False
 
     def __init__(self, settings: CascadeSettings, cluster: ClusterInfo, *args: Any) -> None:
@@ -67,4 +71,5 @@ class Cascade(Policy[CascadeSettings]):
                pred: Any) -> Decision:
         model = self.rung(req)
         mine = [e for e in cands if e.model == model] or list(cands)
-        return decision(req, least_loaded(mine), self.name)
+        pick = self.picker.pick(req, mine, view)
+        return decision(req, pick.engine, self.name, info=pick.info)

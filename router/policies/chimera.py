@@ -22,7 +22,8 @@ semantic router: with a retry behind the check, the program ends correct with ab
 same probability whichever model answers first (independent attempts), so latency alone
 separates them (``m_fast``, or the model expected to end it first, ``first_done``:
 argmin_m L[m] + P-hat[m] x decode_ms_per_token[m]). The engine within the model is chosen by
-``lmetric``; the request's priority is P-hat[m].
+the ``picker`` setting's engine picker (default ``lmetric``); the request's priority is
+P-hat[m].
 ``quality = "knn"`` (ours; the paper's is the semantic router) takes q[m] from the KNN
 estimator's quality instead. ``latency = "finish"`` (ours) walks on the program's expected
 finish time L[m] + P-hat[m] x decode_ms_per_token[m] instead of L[m]: on an idle cluster
@@ -46,9 +47,9 @@ from typing import Annotated, Any, Literal, Mapping, Sequence
 from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import (BuildPolicy, Policy, decision, models_of, of_model,
+from router.policies.base import (BuildPolicy, PickerPolicy, decision, models_of, of_model,
                                   priority_for, resolve)
-from router.policies.lmetric import LMetric
+from router.policies.pickers import PickerName
 from router.predictors.base import (KnnConfidence, StaticConfidence,
                                    StaticRemainingTokens)
 from router.predictors.service import Served
@@ -106,6 +107,9 @@ class ChimeraSettings:
     """Static P-hat[m] = mean output tokens x remaining stages."""
     decode_ms_per_token: dict[str, Positive] = field(default_factory=dict)
     max_batch_size: dict[str, PositiveInt] = field(default_factory=dict)
+    picker: PickerName = "lmetric"
+    """The engine picker that chooses among the chosen model's engines
+    (``router.policies.pickers``; docs/policies.md)."""
 
 
 QUALITY_HINT = {
@@ -190,11 +194,12 @@ class ShareMargin:
         return margin
 
 
-class Chimera(Policy[ChimeraSettings]):
+class Chimera(PickerPolicy[ChimeraSettings]):
     name = "chimera"
     predictors_used = ("semantic_router", "length")
     Settings = ChimeraSettings
-    inputs = LMetric.inputs | {"model_inflight_tokens", "program_model"}
+    inputs = frozenset({"model_inflight_tokens", "program_model"})
+    default_picker = "lmetric"
 
     @classmethod
     def predictors_for(cls, settings: Mapping[str, Any]) -> tuple[str, ...]:
@@ -236,7 +241,6 @@ class Chimera(Policy[ChimeraSettings]):
             self.decode_ms, self.max_batch = dict(s.decode_ms_per_token), dict(s.max_batch_size)
         self.margin = (None if s.target_share is None else
                        ShareMargin(s.target_share, s.share_window, s.delta_s))
-        self.replicas = LMetric.built_by(build)
         self.concurrent = isinstance(self.q_source, Served) and \
             isinstance(self.len_source, Served)
         """Both predictors behind the worker pool: their batches are awaited together (an
@@ -281,12 +285,12 @@ class Chimera(Policy[ChimeraSettings]):
             model, sticky = assigned, True
         else:
             model, sticky = self._select(req, pred, lat), False
-        engine, hot = self.replicas.choose(req, of_model(cands, model), view)
+        pick = self.picker.pick(req, of_model(cands, model), view)
         remaining = pred.remaining[model]
-        return decision(req, engine, self.name, priority=priority_for(remaining),
+        return decision(req, pick.engine, self.name, priority=priority_for(remaining),
                         predicted_remaining_tokens=remaining,
                         info={"q": None if pred.q is None else pred.q[model],
-                              "L_ms": lat[model], "sticky": sticky, "hotspot": hot})
+                              "L_ms": lat[model], "sticky": sticky, **pick.info})
 
     def _select(self, req: RoutingRequest, pred: ChimeraPrediction,
                 lat: Mapping[str, float]) -> str:

@@ -5,8 +5,8 @@ every input is measured there (or is the router's own). A stock vLLM engine
 (``kind = "vllm"``) is scraped from its Prometheus ``/metrics``, which exports request
 counts and KV usage but no token sums: those are estimated from the router's in-flight
 ledger, which counts only the router's own requests. Each policy declares what it reads
-(``Policy.inputs``; tests/unit/test_policy_inputs.py checks the declarations against the
-policies' source).
+(``Policy.inputs``), and so does each engine picker (``Picker.inputs``);
+tests/unit/test_policy_inputs.py checks the declarations against their source.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Literal, Mapping, get_args
 
 from router.policies.base import Policy
+from router.policies.pickers import PICKERS
 
 Input = Literal[
     # EngineView fields and properties
@@ -54,18 +55,26 @@ COLUMNS: dict[Source, str] = {"measured": "measured", "kv events": "from KV even
 """Table columns; the router's own inputs are left out (the same on both kinds)."""
 
 
-def stock_inputs(policy: type[Policy[Any]]) -> dict[str, list[str]]:
-    """The policy's declared inputs by source on stock vLLM (every source, sorted)."""
-    return {s: sorted(i for i in policy.inputs if ON_STOCK_VLLM[i] == s) for s in SOURCES}
+def policy_inputs(policy: type[Policy[Any]],
+                  table: Mapping[str, Any] | None = None) -> frozenset[str]:
+    """What ``policy`` reads under its settings ``table`` (default: its defaults): its own
+    inputs and its engine picker's."""
+    picker = (table or {}).get("picker", policy.default_picker)
+    return policy.inputs | (PICKERS[picker].inputs if picker else frozenset())
 
 
-def inputs_table(policies: Mapping[str, type[Policy[Any]]]) -> str:
-    """A markdown table: per policy (by name), its inputs measured, from KV events and
-    estimated on a stock vLLM engine."""
-    lines = ["| policy | " + " | ".join(COLUMNS.values()) + " |",
+def stock_inputs(inputs: frozenset[str]) -> dict[str, list[str]]:
+    """``inputs`` by source on stock vLLM (every source, sorted)."""
+    return {s: sorted(i for i in inputs if ON_STOCK_VLLM[i] == s) for s in SOURCES}
+
+
+def inputs_table(reads: Mapping[str, frozenset[str]], part: str = "policy") -> str:
+    """A markdown table: per ``part`` (policy or picker, by name), its inputs measured,
+    from KV events and estimated on a stock vLLM engine."""
+    lines = [f"| {part} | " + " | ".join(COLUMNS.values()) + " |",
              "|---" * (len(COLUMNS) + 1) + "|"]
-    for name in sorted(policies):
-        by_source = stock_inputs(policies[name])
+    for name in sorted(reads):
+        by_source = stock_inputs(reads[name])
         cells = [", ".join(f"`{i}`" for i in by_source[s]) or "-" for s in COLUMNS]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ with Q(m, x) the capability model's probability that m answers x correctly (1/Q 
 expected number of attempts), c(m) the model's time per token (decode_ms_per_token),
 T(x) the request's prompt tokens and R(m) the model's mean response tokens.
 A model with Q' = 0 costs infinity. Ties: lower L, then the name. The engine within
-the model is chosen by ``lmetric``.
+the model is chosen by the ``picker`` setting's engine picker (default ``lmetric``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any, Mapping, Sequence
 
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import BuildPolicy, Policy, decision, models_of, of_model, resolve
-from router.policies.lmetric import LMetric
+from router.policies.base import (BuildPolicy, PickerPolicy, decision, models_of, of_model,
+                                  resolve)
+from router.policies.pickers import PickerName
 from router.predictors.base import StaticCapability
 from router.settings import STRICT, Fraction, NonNegative, Positive
 from router.state.view import EngineView, StateView
@@ -40,6 +41,9 @@ class LaarSettings:
     """Static c(m)."""
     mean_output_tokens: dict[str, Positive] = field(default_factory=dict)
     """Static R(m)."""
+    picker: PickerName = "lmetric"
+    """The engine picker that chooses among the chosen model's engines
+    (``router.policies.pickers``; docs/policies.md)."""
 
 
 def laar_latency(c_m: float, t_x: float, r_m: float, alpha: float) -> float:
@@ -57,11 +61,11 @@ def laar_cost(latency: float, quality: float) -> float:
     return latency / quality if quality > 0 else math.inf
 
 
-class Laar(Policy[LaarSettings]):
+class Laar(PickerPolicy[LaarSettings]):
     name = "laar"
     predictors_used = ("capability",)
     Settings = LaarSettings
-    inputs = LMetric.inputs
+    default_picker = "lmetric"
 
     def __init__(self, settings: LaarSettings, cluster: Any, predictors: Any,
                  build: BuildPolicy) -> None:
@@ -89,7 +93,6 @@ class Laar(Policy[LaarSettings]):
                 {"decode_ms_per_token": s.decode_ms_per_token,
                  "mean_output_tokens": s.mean_output_tokens}, lambda: None)
             self.c, self.r = dict(s.decode_ms_per_token), dict(s.mean_output_tokens)
-        self.replicas = LMetric.built_by(build)
 
     async def predict(self, reqs: Sequence[RoutingRequest]) -> list[Mapping[str, float]]:
         return await self.q_source.capability(reqs)
@@ -103,7 +106,7 @@ class Laar(Policy[LaarSettings]):
             lat[m] = laar_latency(self.c[m], req.num_prompt_tokens, self.r[m], s.alpha)
             cost[m] = laar_cost(lat[m], retry_quality(pred[m], tried.count(m), s.retry_penalty))
         model = min(cost, key=lambda m: (cost[m], lat[m], m))
-        engine, hot = self.replicas.choose(req, of_model(cands, model), view)
-        return decision(req, engine, self.name,
+        pick = self.picker.pick(req, of_model(cands, model), view)
+        return decision(req, pick.engine, self.name,
                         info={"Q": pred[model], "L_ms": lat[model], "cost": cost[model],
-                              "hotspot": hot})
+                              **pick.info})

@@ -4,7 +4,8 @@ within its model to the least-loaded engine (issue 30's routing baseline).
 The choice is a seeded hash of the program id (of the request id for a call without one;
 ``records.seeded_uniform`` below ``share``),
 so every stage of a program lands on the same model with no state kept; when no engine
-of that model can take the call, the least-loaded other engine does. At a share s it
+of that model can take the call, the least-loaded other engine does (the ``picker``
+setting's engine picker chooses, default ``least_loaded``, among every candidate then). At a share s it
 is the random router at s: a learned router's frontier point (score, share of calls on
 the big model) is judged against the curve this policy draws over s.
 """
@@ -16,8 +17,8 @@ from typing import Annotated, Any, Sequence
 from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import Policy, decision
-from router.policies.vllm_balancer import least_loaded
+from router.policies.base import PickerPolicy, decision
+from router.policies.pickers import PickerName
 from router.predictors.records import seeded_uniform
 from router.settings import STRICT, Count
 from router.state.view import EngineView, StateView
@@ -33,12 +34,15 @@ class RandomMixSettings:
     """Probability that a program goes to ``big_model``."""
     seed: Count = 0
     """Seed of the hash: runs are reproducible."""
+    picker: PickerName = "least_loaded"
+    """The engine picker that chooses among the chosen model's engines
+    (``router.policies.pickers``; docs/policies.md)."""
 
 
-class RandomMix(Policy[RandomMixSettings]):
+class RandomMix(PickerPolicy[RandomMixSettings]):
     name = "random_mix"
     Settings = RandomMixSettings
-    inputs = frozenset({"waiting", "batch_size"})
+    default_picker = "least_loaded"
     uses_prompt = False
 
     def __init__(self, settings: RandomMixSettings, cluster: ClusterInfo, *args: Any) -> None:
@@ -54,4 +58,5 @@ class RandomMix(Policy[RandomMixSettings]):
         key = req.workflow.program_id or req.request_id
         big = seeded_uniform(key, s.seed) < s.share
         mine = [e for e in cands if (e.model == s.big_model) == big] or list(cands)
-        return decision(req, least_loaded(mine), self.name)
+        pick = self.picker.pick(req, mine, view)
+        return decision(req, pick.engine, self.name, info=pick.info)

@@ -1,4 +1,5 @@
-"""Policies by name, settings validation (the config loader calls it) and construction."""
+"""Policies by name, settings validation (the config loader calls it) and construction
+(with the engine pickers they name, ``router.policies.pickers``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from router.policies.cascade import Cascade
 from router.policies.chimera import Chimera
 from router.policies.dynamo import Dynamo
 from router.policies.laar import Laar
+from router.policies.inputs import INPUTS
 from router.policies.linear import Linear
 from router.policies.lmetric import LMetric
+from router.policies.pickers import PICKERS, Picker
 from router.policies.prefix_filter import PrefixFilter
 from router.policies.random_baseline import RandomPolicy
 from router.policies.random_mix import RandomMix
@@ -44,8 +47,32 @@ def build_policy(name: str, all_settings: Mapping[str, Mapping[str, Any]],
     for table_name, table in all_settings.items():
         validate_settings(table_name, table)
 
-    def build(policy: str) -> Policy[Any]:
-        settings = validate_settings(policy, all_settings.get(policy, {}))
-        return POLICIES[policy](settings, cluster, predictors, build)
-
+    build = _Build(all_settings, cluster, predictors)
     return build(name)
+
+
+def build_picker(name: str, all_settings: Mapping[str, Mapping[str, Any]]) -> Picker:
+    """A new engine picker ``name`` (a ``PICKERS`` name: settings validation checked it);
+    ValueError if it declares an input the router does not have."""
+    cls = PICKERS[name]
+    unknown = sorted(cls.inputs - INPUTS)
+    if unknown:
+        raise ValueError(f"engine picker {name!r} reads {', '.join(unknown)}, which the "
+                         f"router does not have; inputs: {', '.join(sorted(INPUTS))}")
+    return cls.built(all_settings)
+
+
+class _Build:
+    """The ``BuildPolicy`` a policy gets: its parts from the same tables, cluster and
+    predictors."""
+
+    def __init__(self, all_settings: Mapping[str, Mapping[str, Any]], cluster: ClusterInfo,
+                 predictors: PredictorSet) -> None:
+        self.all_settings, self.cluster, self.predictors = all_settings, cluster, predictors
+
+    def __call__(self, policy: str) -> Policy[Any]:
+        settings = validate_settings(policy, self.all_settings.get(policy, {}))
+        return POLICIES[policy](settings, self.cluster, self.predictors, self)
+
+    def picker(self, name: str) -> Picker:
+        return build_picker(name, self.all_settings)

@@ -12,7 +12,8 @@ candidate engines of
 
 (the engine's queued decode work at its full-batch decode rate; Chimera's L[m] per
 engine), is added to the remaining latency of every path that uses the model. The
-replica within the model is chosen by ``lmetric``. Requests without an objective go to
+engine within the model is chosen by the ``picker`` setting's engine picker (default
+``lmetric``). Requests without an objective go to
 the ``fallback`` policy (default ``chimera``: one model per program).
 """
 
@@ -23,8 +24,8 @@ from typing import Any, Sequence
 
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import BuildPolicy, Policy, decision, of_model
-from router.policies.lmetric import LMetric
+from router.policies.base import BuildPolicy, PickerPolicy, decision, of_model
+from router.policies.pickers import PickerName
 from router.settings import (STRICT, Count, Fraction, NonNegative, Positive, PositiveInt,
                              SettingsError, check)
 from router.state.view import EngineView, StateView
@@ -77,6 +78,9 @@ class VineLMSettings:
     reroot: bool = True
     """Re-root the trie at the realised prefix and elapsed time at every call (VineLM
     section 4); false, the ablation: a program follows the plan of its first call."""
+    picker: PickerName = "lmetric"
+    """The engine picker that chooses among the chosen model's engines
+    (``router.policies.pickers``; docs/policies.md)."""
 
     def __post_init__(self) -> None:
         try:
@@ -112,10 +116,11 @@ def engine_delay_s(decode_tokens: float, decode_ms_per_token: float,
     return decode_tokens * decode_ms_per_token / max_batch_size / 1000.0
 
 
-class VineLM(Policy[VineLMSettings]):
+class VineLM(PickerPolicy[VineLMSettings]):
     name = "vinelm"
     Settings = VineLMSettings
-    inputs = LMetric.inputs | {"decode_tokens"}
+    inputs = frozenset({"decode_tokens"})
+    default_picker = "lmetric"
 
     def __init__(self, settings: VineLMSettings, cluster: Any, predictors: Any,
                  build: BuildPolicy) -> None:
@@ -167,7 +172,6 @@ class VineLM(Policy[VineLMSettings]):
         if self.fallback.window is not None:
             raise ValueError(f"router.policies.vinelm.fallback: {s.fallback!r} batches "
                              "requests; choose a per-request policy")
-        self.replicas = LMetric.built_by(build)
 
     def _controlled(self, req: RoutingRequest) -> bool:
         return req.workflow.objective is not None
@@ -209,9 +213,9 @@ class VineLM(Policy[VineLMSettings]):
         self.controller.chosen(w.program_id, w.workflow, depth, model, req.arrival_time, plan)
         if w.is_final:
             self.controller.finished(w.program_id)
-        engine, hot = self.replicas.choose(req, of_model(cands, model), view)
-        return decision(req, engine, self.name, info={
+        pick = self.picker.pick(req, of_model(cands, model), view)
+        return decision(req, pick.engine, self.name, info={
             "depth": depth, "plan": list(plan.path), "feasible": plan.feasible,
             "expected_accuracy": plan.accuracy, "expected_cost": plan.cost,
             "expected_latency_s": plan.latency_s, "delay_s": delays.get(model, 0.0),
-            "hotspot": hot})
+            **pick.info})

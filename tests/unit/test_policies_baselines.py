@@ -10,7 +10,7 @@ import pytest
 from router.policies.dynamo import dynamo_cost
 from router.policies.linear import linear_score
 from router.policies.prefix_filter import imbalanced
-from router.policies.vllm_balancer import vllm_score
+from router.policies.pickers.least_loaded import vllm_score
 from router.state.inflight import InflightRecord
 from tests.unit.test_policies_base import World, req
 

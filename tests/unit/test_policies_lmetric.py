@@ -4,7 +4,7 @@ Prompt: 12 tokens, blocks of 4; a caching engine serves 8 of them (P - C = 4).""
 
 from __future__ import annotations
 
-from router.policies.lmetric import hotspot_phase1, lmetric_score, new_prefill_tokens
+from router.policies.pickers.lmetric import hotspot_phase1, lmetric_score, new_prefill_tokens
 from tests.unit.test_policies_base import World, req
 
 PROMPT = list(range(100, 112))

@@ -1,10 +1,13 @@
-"""``Policy.inputs``: each policy declares exactly the engine state its source reads, and
-docs/router.md shows the table those declarations make.
+"""``Policy.inputs`` and ``Picker.inputs``: each policy and each engine picker declares
+exactly the engine state its source reads, docs/router.md shows the table the policies'
+declarations make (with their default pickers) and docs/policies.md the pickers'.
 
-The check is static (``ast``): from the policy class, every definition it names is
-followed through ``router/policies`` and ``router/vinelm`` (module-level functions,
+The check is static (``ast``): from the policy or picker class, every definition it names
+is followed through ``router/policies`` and ``router/vinelm`` (module-level functions,
 classes and constants, ``from`` imports; a policy built by a constant name,
-``build("lmetric")``, is followed to its class), and every attribute named like an input
+``build("lmetric")``, is followed to its class; a policy's engine picker, built by
+``build.picker``, is not followed: it is checked as a part of its own, and not followed
+into ``router/policies/pickers`` from a policy), and every attribute named like an input
 on an object other than ``self`` (``e.requests``, ``view.cached_tokens(...)``) is a read.
 It over-approximates (every method of a named class counts, a same-named attribute of
 another object counts: RouteBalance's dead-reckoned ``local[e].batch_size``, which it
@@ -26,12 +29,16 @@ from typing import Callable
 import pytest
 
 from router.policies import POLICIES
-from router.policies.inputs import INPUTS, ON_STOCK_VLLM, inputs_table, stock_inputs
+from router.policies.inputs import (INPUTS, ON_STOCK_VLLM, inputs_table, policy_inputs,
+                                    stock_inputs)
+from router.policies.pickers import PICKERS
 from router.state.view import EngineView, StateView
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("router.policies", "router.vinelm")
 """Where a policy's helpers live: the scan follows names into these packages only."""
+PICKER_PACKAGE = "router.policies.pickers"
+"""Where the engine pickers live: followed from a picker only."""
 NOT_INPUTS = frozenset({"name", "model", "url", "up", "down_reason"})
 """``EngineView`` fields that are no engine state: identity, and health (every candidate
 is up)."""
@@ -50,6 +57,7 @@ OPAQUE: dict[tuple[str, str, str], str] = {
 """Sites the scan cannot follow (module, top-level definition, code) -> why no engine
 state is read there."""
 SECTION = "## What each policy reads, and what it estimates on stock vLLM"
+PICKERS_SECTION = "## Engine pickers"
 
 
 def module_source(module: str) -> str:
@@ -58,8 +66,13 @@ def module_source(module: str) -> str:
     return Path(spec.origin).read_text(encoding="utf-8")
 
 
-def _ours(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in PACKAGES)
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _ours(module: str, pickers: bool) -> bool:
+    return any(_within(module, p) for p in PACKAGES) and (
+        pickers or not _within(module, PICKER_PACKAGE))
 
 
 @dataclass
@@ -72,8 +85,10 @@ class Scan:
     """Engine inputs read by a definition and every definition it names, transitively."""
 
     def __init__(self, source: Callable[[str], str] = module_source,
-                 policies: dict[str, tuple[str, str]] | None = None) -> None:
-        self.source = source
+                 policies: dict[str, tuple[str, str]] | None = None,
+                 pickers: bool = False) -> None:
+        """``pickers``: follow names into ``router.policies.pickers`` (scanning a picker)."""
+        self.source, self.pickers = source, pickers
         self.policies = policies if policies is not None else {
             n: (p.__module__, p.__name__) for n, p in POLICIES.items()}
         self._modules: dict[str, tuple[dict[str, ast.AST], dict[str, tuple[str, str]]]] = {}
@@ -91,12 +106,13 @@ class Scan:
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     defs.update((t.id, node) for t in targets if isinstance(t, ast.Name))
             for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module and _ours(node.module):
+                if isinstance(node, ast.ImportFrom) and node.module and \
+                        _ours(node.module, self.pickers):
                     assert not node.level, f"{name}: relative import"
                     imports.update((a.asname or a.name, (node.module, a.name))
                                    for a in node.names)
                 elif isinstance(node, ast.Import):
-                    assert not any(_ours(a.name) for a in node.names), \
+                    assert not any(_ours(a.name, True) for a in node.names), \
                         f"{name}: `import` of a policy module; the scan follows `from` imports"
             self._modules[name] = defs, imports
         return self._modules[name]
@@ -144,11 +160,17 @@ class Scan:
 
 
 SCAN = Scan()
+PICKER_SCAN = Scan(pickers=True)
 
 
 def scan(name: str) -> Reads:
     policy = POLICIES[name]
     return SCAN(policy.__module__, policy.__name__)
+
+
+def scan_picker(name: str) -> Reads:
+    picker = PICKERS[name]
+    return PICKER_SCAN(picker.__module__, picker.__name__)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -163,8 +185,26 @@ def test_the_declaration_is_what_the_source_reads(name: str) -> None:
         f"declared but not read {sorted(declared - reads.inputs)}")
 
 
+@pytest.mark.parametrize("name", sorted(PICKERS))
+def test_a_pickers_declaration_is_what_its_source_reads(name: str) -> None:
+    reads = scan_picker(name)
+    assert not reads.opaque, f"picker {name}: the scan cannot follow {sorted(reads.opaque)}"
+    declared = PICKERS[name].inputs
+    assert declared == reads.inputs, (
+        f"{name}.inputs: undeclared reads {sorted(reads.inputs - declared)}, "
+        f"declared but not read {sorted(declared - reads.inputs)}")
+
+
 def test_every_opaque_site_is_still_there() -> None:
     assert set().union(*(scan(n).opaque for n in POLICIES)) == set(OPAQUE)
+
+
+def test_a_policy_reads_what_its_picker_reads() -> None:
+    chimera = POLICIES["chimera"]
+    assert policy_inputs(chimera) == chimera.inputs | PICKERS["lmetric"].inputs
+    assert policy_inputs(chimera, {"picker": "least_kv"}) == {
+        "model_inflight_tokens", "program_model", "kv_usage", "inflight_requests"}
+    assert policy_inputs(POLICIES["dynamo"]) == POLICIES["dynamo"].inputs
 
 
 def test_the_scan_follows_helpers_and_sub_policies() -> None:
@@ -185,9 +225,25 @@ def test_the_scan_follows_helpers_and_sub_policies() -> None:
     assert reads.opaque == {("router.policies.q", "Q", "build(e.model)")}
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
-def test_every_declared_input_has_a_source_on_stock_vllm(name: str) -> None:
-    assert POLICIES[name].inputs <= set(ON_STOCK_VLLM)
+def test_the_scan_leaves_pickers_to_their_own_check() -> None:
+    modules = {
+        "router.policies.p": "from router.policies.pickers.k import K\n"
+                             "class P:\n"
+                             "    Settings = K\n"
+                             "    def decide(self, e, build):\n"
+                             "        return build.picker('k'), e.batch_size\n",
+        "router.policies.pickers.k": "class K:\n    def pick(self, e):\n"
+                                     "        return e.kv_usage\n",
+    }
+    assert Scan(modules.__getitem__, {})("router.policies.p", "P").inputs == {"batch_size"}
+    assert Scan(modules.__getitem__, {}, pickers=True)(
+        "router.policies.p", "P").inputs == {"batch_size", "kv_usage"}
+
+
+@pytest.mark.parametrize("inputs", [*(p.inputs for p in POLICIES.values()),
+                                    *(p.inputs for p in PICKERS.values())])
+def test_every_declared_input_has_a_source_on_stock_vllm(inputs: frozenset[str]) -> None:
+    assert inputs <= set(ON_STOCK_VLLM)
 
 
 def test_the_inputs_are_the_views_engine_state() -> None:
@@ -198,26 +254,46 @@ def test_the_inputs_are_the_views_engine_state() -> None:
 
 
 def test_stock_inputs_group_by_source() -> None:
-    assert stock_inputs(POLICIES["routebalance"]) == {
+    assert stock_inputs(POLICIES["routebalance"].inputs) == {
         "measured": ["batch_size", "kv_usage"], "kv events": [],
         "estimated": ["decode_tokens"], "router": ["unreported_requests"]}
 
 
+def policies_inputs() -> dict[str, frozenset[str]]:
+    return {n: policy_inputs(p) for n, p in POLICIES.items()}
+
+
+def pickers_inputs() -> dict[str, frozenset[str]]:
+    return {n: p.inputs for n, p in PICKERS.items()}
+
+
 def test_the_table_has_a_row_per_policy() -> None:
-    lines = inputs_table(POLICIES).splitlines()
+    lines = inputs_table(policies_inputs()).splitlines()
     assert lines[0] == "| policy | measured | from KV events | estimated on stock vLLM |"
     assert [ln.split(" | ")[0] for ln in lines[2:]] == [f"| `{n}`" for n in sorted(POLICIES)]
     assert all(ln.count("|") == 5 for ln in lines)
     assert "| `round_robin` | - | - | - |" in lines
 
 
-def test_the_doc_shows_the_table() -> None:
-    text = (ROOT / "docs" / "router.md").read_text(encoding="utf-8")
-    assert SECTION in text
-    lines = text.split(SECTION, 1)[1].splitlines()
+def doc_table(doc: str, section: str) -> str:
+    """The first table after ``section`` in ``doc``."""
+    text = (ROOT / "docs" / doc).read_text(encoding="utf-8")
+    assert section in text, f"docs/{doc} lost its section {section!r}"
+    lines = text.split(section, 1)[1].splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")),
                len(lines))
-    table = "\n".join(lines[start:end]) + "\n"
-    assert table == inputs_table(POLICIES), \
-        "docs/router.md is stale: paste router.policies.inputs.inputs_table(POLICIES)"
+    return "\n".join(lines[start:end]) + "\n"
+
+
+def test_the_doc_shows_the_table() -> None:
+    assert doc_table("router.md", SECTION) == inputs_table(policies_inputs()), \
+        "docs/router.md is stale: paste tests.unit.test_policy_inputs's " \
+        "inputs_table(policies_inputs())"
+
+
+def test_the_policies_doc_shows_the_pickers_table() -> None:
+    assert doc_table("policies.md", PICKERS_SECTION) == inputs_table(pickers_inputs(),
+                                                                     "picker"), \
+        "docs/policies.md is stale: paste tests.unit.test_policy_inputs's " \
+        "inputs_table(pickers_inputs(), \"picker\")"
