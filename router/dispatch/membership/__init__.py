@@ -42,7 +42,7 @@ from router.state.view import EngineView, engine_view
 log = logging.getLogger("hetserve.router")
 SWEEPS_PER_TIMEOUT = 10
 """How often per ``heartbeat_timeout_s`` a worker applies the timeouts without being asked
-(``_sweep``): while the event loop runs, a silent engine goes down at most a tenth of a
+(``Membership._sweep``): while the event loop runs, a silent engine goes down at most a tenth of a
 timeout late."""
 
 
@@ -90,8 +90,15 @@ class Membership:
             await self.stop()
             raise
         await self.prober.start()
-        self._sweeper = asyncio.create_task(_sweep(self.state, self.clock),
-                                            name="hetserve liveness sweep")
+        self._sweeper = asyncio.create_task(self._sweep(), name="hetserve liveness sweep")
+
+    async def _sweep(self) -> None:
+        """Apply the heartbeat timeouts every tenth of one, so that a silent engine goes
+        down on time also while no decision or ``engines()`` call of this worker applies
+        them (a worker whose clients all wait on that engine)."""
+        while True:
+            await asyncio.sleep(self.state.table.heartbeat_timeout_s / SWEEPS_PER_TIMEOUT)
+            self.state.mark_silent(self.clock())
 
     async def stop(self) -> None:
         if self._sweeper is not None:
@@ -156,12 +163,3 @@ class Membership:
         version = self.sync.removed(instance)
         await self.subscriptions.unsubscribe(unused, self.changes.endpoints)
         return version
-
-
-async def _sweep(state: ClusterState, clock: Callable[[], float]) -> None:
-    """Apply the heartbeat timeouts every tenth of one, so that a silent engine goes down
-    on time also while no decision or ``engines()`` call of this worker applies them (a
-    worker whose clients all wait on that engine)."""
-    while True:
-        await asyncio.sleep(state.table.heartbeat_timeout_s / SWEEPS_PER_TIMEOUT)
-        state.mark_silent(clock())
