@@ -303,7 +303,7 @@ def encode_snapshot(snapshot: SchedulerSnapshot) -> bytes:
 
 class SnapshotSink(Protocol):
     """Where an instrumented scheduler sends its snapshots: ``TelemetryPublisher`` in an
-    engine, a virtual-clock sink in the twin (``kernels_bench.twin``)."""
+    engine, a virtual-clock sink in the twin (``kernels_bench.lab.twin``)."""
 
     def now(self) -> float:
         """The snapshot timestamp (``SchedulerSnapshot.ts``)."""

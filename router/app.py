@@ -86,7 +86,7 @@ class Front:
     def prepare(self) -> None:
         """What routing needs, blocking and with no socket: the tokenizers loaded and the
         policy built (ValueError: bad settings). ``startup`` runs it, then starts the
-        core's streams; the twin (``kernels_bench.twin``) runs only this."""
+        core's streams; the twin (``kernels_bench.lab.twin``) runs only this."""
         self.tokenizers.load()
         if not self.tokenizers.same_tokenizer(list(self.models)):
             log.warning("served models use different tokenizers: 'auto' requests are "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels_bench.trace.workflows import stage_messages
+from kernels_bench.lab.trace.workflows import stage_messages
 from router.trace_format import (FORMAT, VERSION, Header, Stage, Trace, TraceWriter,
                                         Unit, load_trace, sample_seed, unit_key)
 

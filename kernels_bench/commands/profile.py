@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 from kernels_bench.predictors import profile
-from kernels_bench.predictors.artifacts import run_profile
-from kernels_bench.predictors.profile import ERRORS, ProfileOptions
+from kernels_bench.predictors.profile import ERRORS, ProfileOptions, run_profile
 
 
 def main(argv: list[str] | None = None) -> None:

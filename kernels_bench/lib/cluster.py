@@ -1,7 +1,8 @@
-"""The cluster under a replay, brought up and down through the launcher's Python API.
+"""A benchmark's cluster, brought up and down through the launcher's Python API: the engine
+profile's (``python -m kernels_bench profile``) and the lab's replays.
 
-A policy run needs a cluster config variant: the router's policy (and settings), and the
-engines' scheduler. ``ReplayCluster.prepare`` starts the engines of a variant (planned by
+A replay's policy run needs a cluster config variant: the router's policy (and settings), and the
+engines' scheduler. ``BenchCluster.prepare`` starts the engines of a variant (planned by
 ``launcher.planner.make_plan``, run by a ``launcher.supervisor.Supervisor``), keeping the
 running ones when the variant's engines are the same as the last one's; the router is
 started afresh for every run (its own supervisor and resolved config file), so each run
@@ -22,7 +23,6 @@ from typing import Any
 import httpx
 import psutil
 
-from kernels_bench.replay.spec import STOCK_PREFIX
 from launcher.devices import detect_devices
 from launcher.plan import Plan
 from launcher.planner import make_plan
@@ -33,6 +33,8 @@ from router.config.engines import HETSERVE_ONLY_KEYS, EngineConfig, EngineInstan
 from scheduler_patches.program_admission import admission_settings
 from scheduler_patches.protected import retention_settings
 
+STOCK_PREFIX = "vllm-"
+"""``SCHED`` of a stock vLLM engine: ``vllm-fcfs``, ``vllm-priority``."""
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 """Lets the replay reset an engine's prefix cache between runs (loopback endpoints)."""
 _TICK_S = 0.5
@@ -74,7 +76,7 @@ def engine_variant(cfg: ClusterConfig, sched: str | None,
     return out
 
 
-class ReplayCluster:
+class BenchCluster:
     """Engines kept across runs, a fresh router per run."""
 
     def __init__(self, base: LaunchConfig, run_root: Path, log: Callable[[str], None]) -> None:

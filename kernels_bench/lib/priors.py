@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from kernels_bench.replay.workload import forced_tokens
 from router.trace_format import WorkflowRun
 
 FILLS = {
@@ -26,6 +25,11 @@ FILLS = {
     "laar": {"capability": "accuracy", "mean_output_tokens": "mean_output_tokens"},
 }
 """Policy -> settings table -> trace statistic that fills it."""
+
+
+def forced_tokens(run: WorkflowRun, model: str, stage: int) -> int:
+    """Output tokens stage ``stage`` generates when ``model`` (a trace model) serves it."""
+    return max(1, run.models[model].stages[stage].output_tokens)
 
 
 def trace_priors(runs: Sequence[WorkflowRun], model_map: Mapping[str, str]

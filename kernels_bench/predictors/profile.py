@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import json
+import os
 import platform
 import threading
 import time
@@ -45,14 +47,15 @@ import zmq
 from tqdm import tqdm
 
 from engine_ext.telemetry import SchedulerSnapshot, snapshot_decoder, subscriber_binds
-from kernels_bench.replay.cluster import ClusterError, ReplayCluster
-from kernels_bench.replay.engine_metrics import block_size, cache_config
-from kernels_bench.replay.priors import trace_priors
-from kernels_bench.replay.spec import SpecError, parse_model_map, resolve_model_map
+from kernels_bench.lib.cluster import ClusterError, BenchCluster
+from kernels_bench.lib.engine_metrics import block_size, cache_config
+from kernels_bench.lib.model_map import ModelMapError, parse_model_map, resolve_model_map
+from kernels_bench.lib.priors import trace_priors
 from launcher import LaunchError
 from launcher.settings import LaunchConfig, load_launch_config
 from router.config.cluster import ConfigError
 from router.config.engines import EngineInstance
+from router.predictors.artifact import library_versions
 from router.trace_format import TraceFormatError, load_trace
 
 TOKEN_RANGE = (100, 3000)
@@ -63,6 +66,9 @@ MIN_SAMPLES = 5
 """A decode cell is repeated (up to CELL_TRIES times) until it has this many samples."""
 WINDOW_WAIT_S = 5.0
 """How long to wait for the telemetry of a finished cell to arrive."""
+PROFILE_KEY_FILE = "cache_key"
+"""Written into the profile's folder once it has completed: what it was measured on
+(``python -m kernels_bench artifacts --profile`` keeps a profile whose key still holds)."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +268,7 @@ class ProfileOptions:
     seed: int = 0
 
 
-ERRORS = (ConfigError, SpecError, TraceFormatError, ClusterError, LaunchError, ValueError,
+ERRORS = (ConfigError, ModelMapError, TraceFormatError, ClusterError, LaunchError, ValueError,
           OSError)
 """What ``profile_cluster`` raises on a bad file or a failed engine."""
 
@@ -282,10 +288,51 @@ def profile_cluster(cluster: Path, engines: list[str], a: ProfileOptions,
     run(cfg, names, a, means)
 
 
+def machine() -> dict[str, Any]:
+    """What an engine profile's step times depend on besides the cluster file."""
+    import torch
+
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in
+                    Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+                    if line.startswith("model name")), "")
+    except OSError:
+        cpu = ""
+    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available() else [])
+    return {"system": platform.system(), "arch": platform.machine(),
+            "cpu": cpu or platform.processor(), "cores": os.cpu_count(), "gpus": gpus,
+            **library_versions(["vllm", "torch"])}
+
+
+def profile_key(cluster: Path, where: dict[str, Any]) -> str:
+    """sha256 over what a profile of ``cluster`` measures: its engines, launcher and
+    placement settings (not its router table), on the machine ``where``; ConfigError (a
+    ValueError) on a bad or missing file."""
+    tables = {k: v for k, v in load_launch_config(cluster).to_dict().items() if k != "router"}
+    what = {"cluster": tables, "machine": where}
+    return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True, default=str)
+                                      .encode()).hexdigest()
+
+
+def run_profile(cluster: Path, engines: list[str], options: ProfileOptions,
+                trace: Path | None = None, model_map: list[str] | None = None) -> None:
+    """``profile_cluster`` with its folder's key file removed first (a profile cut short is
+    never taken as complete) and, when it profiled every engine (``engines`` empty),
+    written after it: the cluster file and machine as the profile began (``build_tpot``
+    then keeps it, whatever sweep made it). Raises what ``profile_cluster`` raises."""
+    key = profile_key(cluster, machine())
+    key_file = options.out / PROFILE_KEY_FILE
+    key_file.unlink(missing_ok=True)
+    profile_cluster(cluster, engines, options, trace, model_map)
+    if not engines:
+        key_file.write_text(key, encoding="utf-8")
+
+
 def run(cfg: LaunchConfig, names: list[str], a: ProfileOptions,
         means: dict[str, float] | None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
-    cluster = ReplayCluster(cfg, a.run_dir or a.out / "cluster", tqdm.write)
+    cluster = BenchCluster(cfg, a.run_dir or a.out / "cluster", tqdm.write)
     results: dict[str, dict[str, Any]] = {}
     prompts = Prompts(a.seed)
     try:

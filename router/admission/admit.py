@@ -49,7 +49,7 @@ class Admission:
                     ) -> tuple[ParsedRequest, RoutingRequest]:
         """A request authenticated (before ``read`` gives its body), validated, tokenized
         (when the policy reads the prompt, or it may not fit) and made the core's
-        request; RequestError (4xx) otherwise. The twin (``kernels_bench.twin``) calls
+        request; RequestError (4xx) otherwise. The twin (``kernels_bench.lab.twin``) calls
         this as the HTTP route does."""
         arrival = self.wall_clock()
         trusted = self.keys.check_api(headers)

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from kernels_bench.predictors import artifacts
-from kernels_bench.commands import replay as cli
-from kernels_bench.commands import results
-from kernels_bench.replay.workload import remaining_tokens
+from kernels_bench.lab.commands import replay as cli
+from kernels_bench.lab.commands import results
+from kernels_bench.lab.replay import artifacts
+from kernels_bench.lab.replay.workload import remaining_tokens
 from router.predictors.records import Split
 from router.trace_format import load_trace
 from tests.replay_fixture import write_trace

@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kernels_bench.faults.signals import Cluster
+from kernels_bench.lab.faults.signals import Cluster
 from router.config.cluster import load_cluster_config
 from tests.engine_proc import free_port
 

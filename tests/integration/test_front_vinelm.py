@@ -91,8 +91,8 @@ def test_calls_without_objective_use_the_fallback(router_url: str) -> None:
 
 
 def test_engine_executor_profiles_real_calls_through_the_router(router_url: str) -> None:
-    from kernels_bench.trace.suites import load_problems
-    from kernels_bench.vinelm.executors import EngineExecutor, Prices
+    from kernels_bench.lab.trace.suites import load_problems
+    from kernels_bench.lab.vinelm.executors import EngineExecutor, Prices
     from router.vinelm.estimate import EstimationSettings, annotate
     from router.vinelm.profiling import cascade_sample
     from router.vinelm.template import parse_template

@@ -4,7 +4,7 @@ prefill points from timed requests, and the outputs are the files the router loa
 ``kernels_bench artifacts --profile`` then takes that profile as done (one engine start
 for both): the TPOT heads train on its telemetry and answer for the engine, and a second
 call keeps both. Profiling inside ``artifacts`` (and a profile cut short):
-tests/unit/test_artifacts_cache.py.
+tests/lab/test_artifacts_cache.py.
 
     .venv/bin/python -m pytest tests/integration/test_profile.py -m engine -v
 """
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from kernels_bench.commands import profile as profile_command
-from kernels_bench.predictors import artifacts
+from kernels_bench.lab.replay import artifacts
 from router.predictors.base import TpotQuery
 from router.predictors.tpot import TpotHeads
 from tests.replay_fixture import write_trace

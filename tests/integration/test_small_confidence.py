@@ -1,4 +1,4 @@
-"""scripts/small_confidence.py on a real engine: the log-probabilities it recomputes for a
+"""kernels_bench/lab/studies/small_confidence.py on a real engine: the log-probabilities it recomputes for a
 recorded output (the chat template through ``/tokenize``, then ``prompt_logprobs``) are the
 ones the engine returned when it generated that output greedily with ``logprobs`` on the
 call: the offline signal is the one a live agent would read. The engine is ``a`` of
@@ -10,13 +10,13 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.scripts import script
+from kernels_bench.lab.studies import small_confidence as conf
 from tests.tiny_pair import MAX_MODEL_LEN, TinyPair
 
 
 def test_recomputed_logprobs_are_the_live_calls(tiny_pair: TinyPair) -> None:
     tiny_pair.revive()
-    url, conf = tiny_pair.url("a"), script("small_confidence")
+    url = tiny_pair.url("a")
     messages = [{"role": "system", "content": "You are the Solver of a math team."},
                 {"role": "user", "content": "What is 12 times 7? End with `Answer: <n>`."}]
     with httpx.Client(timeout=120) as client:

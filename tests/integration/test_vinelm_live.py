@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.trace.suites import load_problems
-from kernels_bench.trace.workflows import stage_messages
-from kernels_bench.vinelm.executions import read_executions
+from kernels_bench.lab.trace.suites import load_problems
+from kernels_bench.lab.trace.workflows import stage_messages
+from kernels_bench.lab.vinelm.executions import read_executions
 
 pytestmark = pytest.mark.engine
 

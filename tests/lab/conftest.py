@@ -3,12 +3,15 @@ so ``pytest -m "not lab"`` runs the product's tests alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests of this folder ``lab``."""
-    here = __file__.rsplit("/", 1)[0] + "/"
+    """Mark the tests of this folder ``lab`` (the hook sees every collected item)."""
     for item in items:
-        if str(item.path).startswith(here):
+        if item.path.resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.lab)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.commands import artifacts as artifacts_command
-from kernels_bench.predictors import artifacts
+from kernels_bench.lab.commands import artifacts as artifacts_command
+from kernels_bench.lab.replay import artifacts
+from kernels_bench.predictors import profile
 from kernels_bench.predictors.profile import ProfileOptions
 from router.predictors.kinds import kind, split_rows
 from router.predictors.records import Split
@@ -102,13 +103,13 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
             for snap in synthetic_telemetry(frames):
                 f.write(msgspec.json.encode(snap) + b"\n")
         if done:
-            (prof / artifacts.PROFILE_KEY_FILE).write_text(
-                artifacts.profile_key(cluster, artifacts.machine()))
+            (prof / profile.PROFILE_KEY_FILE).write_text(
+                profile.profile_key(cluster, profile.machine()))
 
     def fail(*args: object) -> None:
         raise AssertionError(f"profiled again: {args}")
 
-    monkeypatch.setattr(artifacts, "profile_cluster", fail)
+    monkeypatch.setattr(profile, "profile_cluster", fail)
     write_profile(300)
     assert artifacts.build_tpot(cluster, out, [], progress=False) == {
         "profile": "up to date", "tpot": "trained"}
@@ -120,28 +121,28 @@ def test_tpot_heads_follow_their_profile(tmp_path: Path, monkeypatch: pytest.Mon
     assert artifacts.build_tpot(cluster, out, ["tpot.max_depth=3"],
                                 progress=False)["tpot"] == "trained"
 
-    key = artifacts.profile_key(cluster, artifacts.machine())
-    assert artifacts.profile_key(cluster, {**artifacts.machine(), "cores": 999}) != key
+    key = profile.profile_key(cluster, profile.machine())
+    assert profile.profile_key(cluster, {**profile.machine(), "cores": 999}) != key
     cluster.write_text('[router]\npolicy = "random"\n' + engines)  # the router: no matter
-    assert artifacts.profile_key(cluster, artifacts.machine()) == key
+    assert profile.profile_key(cluster, profile.machine()) == key
     cluster.write_text('[router]\npolicy = "random"\n' + engines.replace("2", "4"))
-    assert artifacts.profile_key(cluster, artifacts.machine()) != key
+    assert profile.profile_key(cluster, profile.machine()) != key
     with pytest.raises(AssertionError, match="profiled again"):  # the engines changed
         artifacts.build_tpot(cluster, out, [], progress=False)
-    assert not (prof / artifacts.PROFILE_KEY_FILE).exists()  # never taken as complete
-    monkeypatch.setattr(artifacts, "profile_cluster",  # a profile that completes
+    assert not (prof / profile.PROFILE_KEY_FILE).exists()  # never taken as complete
+    monkeypatch.setattr(profile, "profile_cluster",  # a profile that completes
                         lambda *args: write_profile(340, done=False))
     assert artifacts.build_tpot(cluster, out, [], progress=False) == {
         "profile": "profiled", "tpot": "trained"}
-    assert (prof / artifacts.PROFILE_KEY_FILE).read_text() == artifacts.profile_key(
-        cluster, artifacts.machine())
+    assert (prof / profile.PROFILE_KEY_FILE).read_text() == profile.profile_key(
+        cluster, profile.machine())
     assert artifacts.build_tpot(cluster, out, [], progress=False)["profile"] == "up to date"
-    monkeypatch.setattr(artifacts, "profile_cluster", fail)  # `kernels_bench profile` cut
+    monkeypatch.setattr(profile, "profile_cluster", fail)  # `kernels_bench profile` cut
     with pytest.raises(AssertionError, match="profiled again"):  # short over a done one
-        artifacts.run_profile(cluster, [], ProfileOptions(out=prof))
-    assert not (prof / artifacts.PROFILE_KEY_FILE).exists()
-    monkeypatch.setattr(artifacts, "profile_cluster", lambda *args: None)
-    artifacts.run_profile(cluster, ["tiny-a"], ProfileOptions(out=prof))  # named engines:
-    assert not (prof / artifacts.PROFILE_KEY_FILE).exists()  # not the whole cluster
+        profile.run_profile(cluster, [], ProfileOptions(out=prof))
+    assert not (prof / profile.PROFILE_KEY_FILE).exists()
+    monkeypatch.setattr(profile, "profile_cluster", lambda *args: None)
+    profile.run_profile(cluster, ["tiny-a"], ProfileOptions(out=prof))  # named engines:
+    assert not (prof / profile.PROFILE_KEY_FILE).exists()  # not the whole cluster
     with pytest.raises(ValueError, match="no-such.toml"):
         artifacts.build_tpot(tmp_path / "no-such.toml", out, [], progress=False)

@@ -1,5 +1,5 @@
 """The fault-injection benchmark's classification of what a client got
-(``kernels_bench.faults.signals``; the benchmark itself runs real engines: docs/reliability.md)."""
+(``kernels_bench.lab.faults.signals``; the benchmark itself runs real engines: docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 
-from kernels_bench.faults.signals import _classify, table, transport_outcome
+from kernels_bench.lab.faults.signals import _classify, table, transport_outcome
 
 DONE = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\ndata: [DONE]\n\n'
 ERROR_EVENT = b'data: {"choices":[]}\n\ndata: {"error":{"message":"engine broke"}}\n\n'

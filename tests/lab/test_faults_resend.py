@@ -1,4 +1,4 @@
-"""The benchmark clients' one resend (``kernels_bench.faults.resend``): a request whose
+"""The benchmark clients' one resend (``kernels_bench.lab.faults.resend``): a request whose
 connection failed before any byte of an answer came back is sent once more on a new
 connection and marked, ``resent`` if it never left the client (a pooled keep-alive
 connection its server had closed, found before a byte was written), ``resent_unanswered``
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 
-from kernels_bench.faults.signals import ClosedLoop, transport_outcome
+from kernels_bench.lab.faults.signals import ClosedLoop, transport_outcome
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 

@@ -1,4 +1,4 @@
-"""scripts/frontier_gap.py: scores, big shares, the random-mix curve and pooling runs, on
+"""kernels_bench/lab/studies/frontier_gap.py: scores, big shares, the random-mix curve and pooling runs, on
 hand-made replay outputs whose every number is known."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts import script
+from kernels_bench.lab.studies import frontier_gap as gap
 
-gap = script("frontier_gap")
 
 MIX_LO, MIX_HI = 'random_mix:fcfs@share=0.2', 'random_mix:fcfs@share=0.8'
 

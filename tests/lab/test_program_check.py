@@ -1,4 +1,4 @@
-"""scripts/program_check.py: each problem's program runs in the sandbox against the
+"""kernels_bench/lab/studies/program_check.py: each problem's program runs in the sandbox against the
 reference and against every model's final answer per workflow, on the fixture trace
 (tests/replay_fixture.py: "small" right on even problems, "large" always; a wrong final
 answer is "0"); and a results file of another kind is refused in one line."""
@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kernels_bench.lab.studies import program_check as check
 from router.trace_format import load_trace
 from tests.replay_fixture import write_trace
-from tests.scripts import SCRIPTS, script
 
 
 def program(value: str) -> dict[str, str]:
@@ -22,7 +22,6 @@ def program(value: str) -> dict[str, str]:
 
 def test_programs_are_judged_against_the_reference_and_each_models_answer(
         tmp_path: Path) -> None:
-    check = script("program_check")
     runs = load_trace(write_trace(tmp_path / "t.jsonl", problems=4)).runs
     # references 2p: p0's and p1's programs are right, p2's returns 5, p3 writes no code
     programs = {"p0": program("0"), "p1": program("1 + 1"), "p2": program("5"),
@@ -54,12 +53,12 @@ def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "weights").mkdir()
     cluster = cluster_file(tmp_path, "qwen2.5-coder-0.5b-instruct", tmp_path / "weights")
     bad = tmp_path / "bad.json"
-    mine = {"model": "qwen2.5-coder-0.5b-instruct", "system": script("program_check").SYSTEM,
-            "user": script("program_check").USER, "max_tokens": 512}
+    mine = {"model": "qwen2.5-coder-0.5b-instruct", "system": check.SYSTEM,
+            "user": check.USER, "max_tokens": 512}
     for content in ("not json", "[1, 2]", json.dumps({"model": "other", "problems": {}}),
                     json.dumps({**mine, "problems": {"p0": {"output_text": 3}}})):
         bad.write_text(content)
-        r = subprocess.run([sys.executable, str(SCRIPTS / "program_check.py"), "--out",
+        r = subprocess.run([sys.executable, "-m", "kernels_bench.lab.studies.program_check", "--out",
                             str(bad), "--report", "--cluster", str(cluster)],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode != 0 and "Traceback" not in r.stderr
@@ -68,7 +67,7 @@ def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
 
 def test_a_model_not_on_this_machine_is_one_line(tmp_path: Path) -> None:
     cluster = cluster_file(tmp_path, "e", tmp_path / "absent")
-    r = subprocess.run([sys.executable, str(SCRIPTS / "program_check.py"), "--cluster",
+    r = subprocess.run([sys.executable, "-m", "kernels_bench.lab.studies.program_check", "--cluster",
                         str(cluster), "--engine", "e", "--out", str(tmp_path / "o.json"),
                         "--report"], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr

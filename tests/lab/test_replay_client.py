@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kernels_bench.replay.client import AgenticClient, CallResult, ClientSettings, should_retry
-from kernels_bench.replay.workload import Job
+from kernels_bench.lab.replay.client import AgenticClient, CallResult, ClientSettings, should_retry
+from kernels_bench.lab.replay.workload import Job
 from router.trace_format import Trace
 from tests.replay_fixture import tiny_trace
 
@@ -187,7 +187,7 @@ def test_http_sender_reads_headers_stream_and_errors(status: int, content: bytes
     end-to-end test against a real router)."""
     import httpx
 
-    from kernels_bench.replay.client import http_sender
+    from kernels_bench.lab.replay.client import http_sender
 
     headers = {"x-hetserve-model": "a", "x-hetserve-engine": "a-0",
                "x-hetserve-priority": "25", "x-hetserve-predicted-remaining-tokens": "none"}

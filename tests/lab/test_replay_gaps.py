@@ -12,11 +12,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from kernels_bench.commands.replay import build_parser, replay_options
-from kernels_bench.replay import client as client_mod
-from kernels_bench.replay.client import AgenticClient, CallResult, ClientSettings
-from kernels_bench.replay.gaps import ToolGaps, check_trace_gaps, parse_tool_gap
-from kernels_bench.replay.workload import Job, chat_messages, context_messages
+from kernels_bench.lab.commands.replay import build_parser, replay_options
+from kernels_bench.lab.replay import client as client_mod
+from kernels_bench.lab.replay.client import AgenticClient, CallResult, ClientSettings
+from kernels_bench.lab.replay.gaps import ToolGaps, check_trace_gaps, parse_tool_gap
+from kernels_bench.lab.replay.workload import Job, chat_messages, context_messages
 from router.trace_format import FORMAT, VERSION, Header, Trace, TraceWriter, Unit, load_trace
 from tests.replay_fixture import MODELS, WORKFLOWS, tiny_trace, unit, write_trace
 

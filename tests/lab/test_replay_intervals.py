@@ -1,4 +1,4 @@
-"""Known-answer tests of the replay's intervals (kernels_bench.replay.intervals)."""
+"""Known-answer tests of the replay's intervals (kernels_bench.lab.replay.intervals)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels_bench.replay import intervals as iv
-from kernels_bench.replay.report import interval_tables, observations
+from kernels_bench.lab.replay import intervals as iv
+from kernels_bench.lab.replay.report import interval_tables, observations
 
 
 def records(policy: str, e2e: np.ndarray, score: np.ndarray, rate: float = 1.0
@@ -127,7 +127,7 @@ def test_a_cross_fitted_summary_pools_the_folds() -> None:
 
 
 def test_excluded_problem_lists_are_checked(tmp_path: Any) -> None:
-    from kernels_bench.replay.results import problem_list
+    from kernels_bench.lab.replay.results import problem_list
 
     (tmp_path / "ok.json").write_text('["math-1", "code-2"]')
     assert problem_list(tmp_path / "ok.json") == {"math-1", "code-2"}

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from kernels_bench.replay import engine_metrics as em
-from kernels_bench.replay.metrics import distribution, summarize, tpot, ttft
-from kernels_bench.replay.output import write_run, write_summary
-from kernels_bench.replay.records import RequestRecord, WorkflowRecord
-from kernels_bench.replay.report import flat_rows, markdown_tables
+from kernels_bench.lab.replay.metrics import distribution, summarize, tpot, ttft
+from kernels_bench.lab.replay.output import write_run, write_summary
+from kernels_bench.lab.replay.records import RequestRecord, WorkflowRecord
+from kernels_bench.lab.replay.report import flat_rows, markdown_tables
+from kernels_bench.lib import engine_metrics as em
 
 
 def call(job: str, stage: int, model: str, send: float, first: float | None, end: float,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.output import MIX_PLOT, PLOTS, big_model_of, plots_of, write_plots
+from kernels_bench.lab.replay.output import MIX_PLOT, PLOTS, big_model_of, plots_of, write_plots
 
 
 def summary(with_mix: bool) -> dict[str, Any]:

@@ -11,15 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels_bench.replay import intervals as iv
-from kernels_bench.replay.client import AgenticClient, ClientSettings
-from kernels_bench.replay.engine_metrics import EngineCounters
-from kernels_bench.replay.metrics import summarize
-from kernels_bench.replay.report import interval_tables
-from kernels_bench.replay.workload import Job, draw_samples, expected_score, forced_tokens
+from kernels_bench.lab.replay import intervals as iv
+from kernels_bench.lab.replay.client import AgenticClient, ClientSettings
+from kernels_bench.lab.replay.metrics import summarize
+from kernels_bench.lab.replay.report import interval_tables
+from kernels_bench.lab.replay.workload import Job, draw_samples, expected_score
+from kernels_bench.lib.engine_metrics import EngineCounters
+from kernels_bench.lib.priors import forced_tokens
+from tests.lab.test_replay_client import FakeRouter
+from tests.lab.test_replay_intervals import records
 from tests.replay_fixture import output_tokens, sample_correct, tiny_trace
-from tests.unit.test_replay_client import FakeRouter
-from tests.unit.test_replay_intervals import records
 
 MAP = {"a": "small", "b": "large"}
 K = 3
@@ -101,7 +102,7 @@ def test_run_metrics_have_the_expected_score_only_with_samples(tmp_path: Path) -
 
 def test_make_jobs_replays_one_sample_per_model_the_same_at_every_rate(tmp_path: Path
                                                                        ) -> None:
-    from kernels_bench.replay.run import ReplayOptions, make_jobs
+    from kernels_bench.lab.replay.run import ReplayOptions, make_jobs
 
     opts = ReplayOptions(
         policies=[], rates=[1.0, 2.0], arrival="poisson", cv=1.0, workflows=12, seed=0,

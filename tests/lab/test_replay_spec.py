@@ -1,11 +1,10 @@
-"""Replay policy specs and the served -> trace model map."""
+"""Replay policy specs (the served -> trace model map: tests/unit/test_model_map.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernels_bench.replay.spec import (PolicySpec, SpecError, parse_model_map, parse_policies,
-                                       parse_policy, resolve_model_map)
+from kernels_bench.lab.replay.spec import PolicySpec, SpecError, parse_policies, parse_policy
 
 ROUTERS = ["chimera", "vllm", "lmetric", "round_robin"]
 SCHEDS = ["stjf", "fcfs", "priority", "mlfq"]
@@ -39,35 +38,6 @@ def test_parse_policy_errors(text: str, fragment: str) -> None:
 def test_duplicate_policy_rejected() -> None:
     with pytest.raises(SpecError, match="given twice"):
         parse_policies(["vllm:fcfs", "vllm:fcfs"], ROUTERS, SCHEDS)
-
-
-def test_model_map_parsing_and_resolution() -> None:
-    given = parse_model_map(["a=Qwen-Small, b=qwen-large", "c=x"])
-    assert given == {"a": "Qwen-Small", "b": "qwen-large", "c": "x"}
-    trace = ["qwen-small", "qwen-large", "x", "same"]
-    assert resolve_model_map(["a", "b", "c", "same"], given, trace) == {
-        "a": "qwen-small", "b": "qwen-large", "c": "x", "same": "same"}
-
-
-@pytest.mark.parametrize("items, fragment", [
-    (["a"], "expected SERVED=TRACE_MODEL"),
-    (["a=x,a=y"], "mapped twice"),
-    (["=x"], "expected SERVED=TRACE_MODEL"),
-])
-def test_model_map_syntax_errors(items: list[str], fragment: str) -> None:
-    with pytest.raises(SpecError, match=fragment):
-        parse_model_map(items)
-
-
-def test_model_map_resolution_errors() -> None:
-    with pytest.raises(SpecError, match="does not serve"):
-        resolve_model_map(["a"], {"z": "m"}, ["m"])
-    with pytest.raises(SpecError, match="mapped to 'nope'"):
-        resolve_model_map(["a"], {"a": "nope"}, ["m"])
-    with pytest.raises(SpecError, match="'b' is not a model of the trace; map it"):
-        resolve_model_map(["a", "b"], {"a": "m"}, ["m"])
-    with pytest.raises(SpecError, match="not a model of the trace"):  # ambiguous spelling
-        resolve_model_map(["a"], {"a": "MM"}, ["Mm", "mM"])
 
 
 def test_spec_settings_override_the_files() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.replay.cluster import ClusterError, engine_variant
-from kernels_bench.replay.run import (check_variant, drift_warning, grouped, router_variant,
-                                      schedule, spec_inputs)
-from kernels_bench.replay.spec import parse_policies
+from kernels_bench.lab.replay.run import (check_variant, drift_warning, grouped, router_variant,
+                                          schedule, spec_inputs)
+from kernels_bench.lab.replay.spec import parse_policies
+from kernels_bench.lib.cluster import ClusterError, engine_variant
 from router.config.cluster import ClusterConfig, load_cluster_config
 from router.config.engines import SCHED_POLICIES
 from router.policies import POLICIES
@@ -159,7 +159,7 @@ def test_folds_run_inside_each_engine_group_with_rotated_order(cfg: ClusterConfi
 
 def test_results_name_no_path_of_this_machine(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernels_bench.commands.replay import portable
+    from kernels_bench.lab.commands.replay import portable
 
     monkeypatch.chdir(tmp_path)
     assert portable(str(tmp_path / "runs" / "out")) == "runs/out"  # need not exist
@@ -170,7 +170,7 @@ def test_results_name_no_path_of_this_machine(tmp_path: Path,
 def test_trained_splits_come_from_the_artifacts(tmp_path: Path, cfg: ClusterConfig) -> None:
     import json
 
-    from kernels_bench.replay.run import trained_splits
+    from kernels_bench.lab.replay.run import trained_splits
     from router.predictors.artifact import ArtifactError
 
     for name, kind, seed in (("len", "length", 3), ("tp", "tpot", 4),
@@ -209,7 +209,7 @@ def fake_artifacts(root: Path, splits: list[Split], kinds: tuple[str, ...] = (
 
 
 def test_artifact_layouts(tmp_path: Path) -> None:
-    from kernels_bench.commands.replay import artifact_folders
+    from kernels_bench.lab.commands.replay import artifact_folders
 
     fake_artifacts(tmp_path / "folds", [Split.fold(0, k, 3) for k in range(3)])
     folds = artifact_folders(tmp_path / "folds")
@@ -235,8 +235,8 @@ def test_artifact_layouts(tmp_path: Path) -> None:
 
 def test_cross_fitted_plan_replays_each_fold_on_its_own_problems(tmp_path: Path,
                                                                cfg: ClusterConfig) -> None:
-    from kernels_bench.commands.replay import artifact_folders
-    from kernels_bench.replay.run import ReplayOptions, prepare
+    from kernels_bench.lab.commands.replay import artifact_folders
+    from kernels_bench.lab.replay.run import ReplayOptions, prepare
     from tests.replay_fixture import tiny_trace
 
     trace = tiny_trace(tmp_path, problems=12)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from kernels_bench.vinelm.replay import (Latency, Served, WorkflowResult, best_static,
-                                         served_template, summarize)
-from kernels_bench.vinelm.executions import RecordedExecutor
+from kernels_bench.lab.vinelm.executions import RecordedExecutor
+from kernels_bench.lab.vinelm.replay import (Latency, Served, WorkflowResult, best_static,
+                                             served_template, summarize)
 from router.vinelm.estimate import build_trie
 from router.vinelm.objective import Objective
 from router.vinelm.trie import prefixes
-from tests.unit.test_vinelm_executions import INVS, PRICES, TEMPLATE, full_table
+from tests.lab.test_vinelm_executions import INVS, PRICES, TEMPLATE, full_table
 
 TO_RECORDED = {"fast": "m1", "slow": "m2"}
 

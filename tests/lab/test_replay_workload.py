@@ -9,13 +9,12 @@ import msgspec
 import numpy as np
 import pytest
 
-from kernels_bench.replay.arrivals import arrival_times, gamma_shape_scale
-from kernels_bench.replay.client import ClientSettings, stage_body
-from kernels_bench.replay.priors import fill_static_priors, trace_priors
-from kernels_bench.replay.run import prior_runs
-from kernels_bench.replay.workload import (Job, WorkloadError, forced_tokens, merge_traces,
-                                           outcome, remaining_tokens, select_runs,
-                                           stage_messages)
+from kernels_bench.lab.replay.arrivals import arrival_times, gamma_shape_scale
+from kernels_bench.lab.replay.client import ClientSettings, stage_body
+from kernels_bench.lab.replay.run import prior_runs
+from kernels_bench.lab.replay.workload import (Job, WorkloadError, merge_traces, outcome,
+                                               remaining_tokens, select_runs, stage_messages)
+from kernels_bench.lib.priors import fill_static_priors, forced_tokens, trace_priors
 from router.predictors.records import Split, held_out
 from router.trace_format import Trace, WorkflowRun
 from tests.replay_fixture import output_text, output_tokens, tiny_trace
@@ -189,8 +188,8 @@ def test_retry_on_examples_gives_each_job_its_models_verdicts(tmp_path: Path) ->
     """``--retry-on examples``: every job carries, per trace model, whether the final
     program of its run passes its prompt's examples (the shipped code trace, real
     outputs); math jobs get None; other retry rules compute nothing."""
-    from kernels_bench.replay.run import ReplayOptions, make_jobs
-    from kernels_bench.trace.suites import code_problem, examples_verdicts, passes_examples
+    from kernels_bench.lab.replay.run import ReplayOptions, make_jobs
+    from kernels_bench.lab.trace.suites import code_problem, examples_verdicts, passes_examples
     from router.trace_format import load_trace
 
     root = Path(__file__).resolve().parents[2]
@@ -219,8 +218,8 @@ def test_retry_on_examples_gives_each_job_its_models_verdicts(tmp_path: Path) ->
 
 
 def test_the_replay_command_passes_the_retry_rule_and_its_check(tmp_path: Path) -> None:
-    from kernels_bench.commands.replay import build_parser, replay_options
-    from kernels_bench.trace.suites import examples_verdicts
+    from kernels_bench.lab.commands.replay import build_parser, replay_options
+    from kernels_bench.lab.trace.suites import examples_verdicts
 
     def opts(*extra: str) -> Any:
         return replay_options(build_parser(live=False).parse_args(

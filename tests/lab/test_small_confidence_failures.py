@@ -1,4 +1,4 @@
-"""scripts/small_confidence.py against a loopback HTTP server that answers badly: each
+"""kernels_bench/lab/studies/small_confidence.py against a loopback HTTP server that answers badly: each
 failure comes back as the row's error (``attempt``), so one bad answer does not abort the
 run and lose the rows scored before it."""
 
@@ -13,7 +13,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.scripts import script
+from kernels_bench.lab.studies import small_confidence as conf
 
 
 ANSWERS = {
@@ -51,7 +51,6 @@ def server() -> Iterator[str]:
 
 
 def test_a_failed_or_malformed_answer_fails_its_row_alone(server: str) -> None:
-    conf = script("small_confidence")
     with httpx.Client(timeout=10) as client:
         def row(path: str) -> dict | Exception:
             return conf.attempt(lambda: conf.score_problem(client, server + path, "m", "x"))

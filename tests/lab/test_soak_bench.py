@@ -1,5 +1,5 @@
-"""The soak's metric reading, table and trends (``kernels_bench.faults.soak``,
-``kernels_bench.commands.soak``; the soak itself runs real engines: docs/reliability.md)."""
+"""The soak's metric reading, table and trends (``kernels_bench.lab.faults.soak``,
+``kernels_bench.lab.commands.soak``; the soak itself runs real engines: docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.commands.soak import by_kind, main, plot, table, trends
-from kernels_bench.faults.soak import _sum
+from kernels_bench.lab.commands.soak import by_kind, main, plot, table, trends
+from kernels_bench.lab.faults.soak import _sum
 
 METRICS = """# HELP hetserve_engine_up 1 if the router routes to the engine, else 0
 hetserve_engine_up{engine="tiny-a-0",model="tiny-a"} 1.0

@@ -1,4 +1,4 @@
-"""The synthetic agent trace (``kernels_bench.trace.agent``): valid, seeded, and its
+"""The synthetic agent trace (``kernels_bench.lab.trace.agent``): valid, seeded, and its
 prompt_tokens are what the chat context sends."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.commands.trace import main
-from kernels_bench.replay.workload import chat_messages
-from kernels_bench.trace.agent import MODEL, AgentSettings, _Tokens, generate, parse_range
+from kernels_bench.lab.commands.trace import main
+from kernels_bench.lab.replay.workload import chat_messages
+from kernels_bench.lab.trace.agent import MODEL, AgentSettings, _Tokens, generate, parse_range
 from router.trace_format import Message, load_trace
 
 SMALL = AgentSettings(programs=3, stages=3, context=(60, 90), tool=(10, 30), output=(5, 12))

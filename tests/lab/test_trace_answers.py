@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels_bench.trace.answers import (extract_code, extract_math_answer, number_value,
-                                         numbers_equal)
+from kernels_bench.lab.trace.answers import (extract_code, extract_math_answer, number_value,
+                                             numbers_equal)
 
 # Real outputs: the last stage of Qwen2.5-Coder-0.5B-Instruct units of the shipped math
 # trace (data/traces/math.jsonl.gz; the unit key, then the tail of its output text, and

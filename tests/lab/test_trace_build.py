@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.trace.build import Settings, open_trace
-from kernels_bench.trace.workflows import WORKFLOWS
+from kernels_bench.lab.trace.build import Settings, open_trace
+from kernels_bench.lab.trace.workflows import WORKFLOWS
 from router.trace_format import (FORMAT, VERSION, Header, Message, Stage, TraceWriter,
                                         Unit, read_records)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels_bench.trace.champ import grade
+from kernels_bench.lab.trace.champ import grade
 
 
 @pytest.mark.parametrize("summary, reference, expected", [
@@ -50,7 +50,7 @@ def test_unit_from_a_real_champ_problem() -> None:
     from transformers import AutoTokenizer
 
     from engine_ext.builtin_models import resolve_model
-    from kernels_bench.trace.champ import _unit
+    from kernels_bench.lab.trace.champ import _unit
 
     tok = AutoTokenizer.from_pretrained(resolve_model("builtin:tiny-a"))
     problems = champ_dataset.load("v0").problems

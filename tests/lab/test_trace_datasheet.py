@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels_bench.commands.trace import datasheet as main
-from kernels_bench.trace.datasheet import distribution, summarize
+from kernels_bench.lab.commands.trace import datasheet as main
+from kernels_bench.lab.trace.datasheet import distribution, summarize
 from router.trace_format import (
     FORMAT,
     VERSION,

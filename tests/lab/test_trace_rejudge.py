@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels_bench.commands.trace import rejudge as main
-from kernels_bench.trace.suites import load_problems
-from kernels_bench.trace.workflows import WORKFLOWS
+from kernels_bench.lab.commands.trace import rejudge as main
+from kernels_bench.lab.trace.suites import load_problems
+from kernels_bench.lab.trace.workflows import WORKFLOWS
 from router.trace_format import (
     FORMAT,
     VERSION,

@@ -11,9 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from kernels_bench.trace.build import SAMPLING, Settings, open_trace
-from kernels_bench.trace.datasheet import summarize
-from kernels_bench.trace.workflows import WORKFLOWS
+from kernels_bench.lab.trace.build import SAMPLING, Settings, open_trace
+from kernels_bench.lab.trace.datasheet import summarize
+from kernels_bench.lab.trace.workflows import WORKFLOWS
 from router.trace_format import (
     FORMAT,
     VERSION,
@@ -156,7 +156,7 @@ def test_datasheet_reports_samples_per_unit_and_p_correct(tmp_path: Path) -> Non
     assert s["rebuild"].endswith(f"--seed 0 --max-tokens 512 --code-timeout 10.0 --samples 3 "
                                  f"--temperature 0.7 --top-p 0.95 --models m --suite math "
                                  f"--problems 2 --out {path.as_posix()}")
-    from kernels_bench.trace.datasheet import render
+    from kernels_bench.lab.trace.datasheet import render
 
     text = render([s], "t", "x")
     assert "**P(correct) with sampling**" in text
@@ -178,7 +178,7 @@ def test_shipped_traces_have_no_samples_and_describe_as_their_datasheet_says() -
 
 
 def test_seeded_sampling_engines_prefill_unchunked(tmp_path: Path) -> None:
-    from kernels_bench.trace.engines import UNCHUNKED, unchunked
+    from kernels_bench.lab.trace.engines import UNCHUNKED, unchunked
     from launcher.settings import load_launch_config
 
     engine = ('[[engines]]\nname = "{name}"\nmodel = "builtin:tiny-a"\ndtype = "float32"\n'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import reasoning_gym
 
-from kernels_bench.trace.suites import MATH_TEMPLATE_INDICES, load_problems, math_template
+from kernels_bench.lab.trace.suites import MATH_TEMPLATE_INDICES, load_problems, math_template
 
 
 def test_templates_are_the_generators_own_and_problems_share_them() -> None:

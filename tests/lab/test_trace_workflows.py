@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels_bench.trace.workflows import WORKFLOWS, prompt_version, stage_messages
+from kernels_bench.lab.trace.workflows import WORKFLOWS, prompt_version, stage_messages
 
 
 def test_workflows_match_the_paper() -> None:

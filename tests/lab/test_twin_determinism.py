@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.unit.twin_helpers import REPLAY_TOML, replay_records
-from kernels_bench.twin.engine_spec import engine_specs
+from kernels_bench.lab.twin.engine_spec import engine_specs
 from router.config.cluster import load_cluster_config
+from tests.lab.twin_helpers import REPLAY_TOML, replay_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def test_same_records_in_another_process_with_another_hash_seed() -> None:
     """Seeds run in parallel processes: string hashing (set and dict order of request
     ids) must not change a run. (PYTHONHASHSEED also moves vLLM's block hashes, not the
     schedule.)"""
-    code = ("import json; from tests.unit.twin_helpers import replay_records; "
+    code = ("import json; from tests.lab.twin_helpers import replay_records; "
             "print(json.dumps(replay_records(seed=7, jitter_seed=1)))")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,

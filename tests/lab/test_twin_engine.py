@@ -11,12 +11,12 @@ import pytest
 pytest.importorskip("vllm")
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from tests.unit.twin_helpers import flat_spec, write_profile
 from engine_ext.schedulers import STJFScheduler, VLLMScheduler
-from kernels_bench.twin.request import RequestRecord, TwinRequest
-from kernels_bench.twin.sim import Simulator
-from kernels_bench.twin.step_time import StepTimeModel
+from kernels_bench.lab.twin.request import RequestRecord, TwinRequest
+from kernels_bench.lab.twin.sim import Simulator
+from kernels_bench.lab.twin.step_time import StepTimeModel
 from router.policies.base import priority_for
+from tests.lab.twin_helpers import flat_spec, write_profile
 
 FLAT = [(1, 128, 10.0, 10.0, 10.0), (8, 128, 10.0, 10.0, 10.0)]
 """Decode step 10 ms at any batch and context."""

@@ -1,4 +1,4 @@
-"""Twin profiles from a measured floor (``kernels_bench.twin.floor``) and the kernel benchmark
+"""Twin profiles from a measured floor (``kernels_bench.lab.twin.floor``) and the kernel benchmark
 that measures one (``python -m kernels_bench kernels``).
 
 Hand-made floor, shape ``tiny`` (the roofline test's hand-computed config): decode
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from kernels_bench.twin import floor
-from kernels_bench.twin.roofline import decode_profile, floor_seconds, gpu_preset, model_shape
-from kernels_bench.twin.step_time import StepTimeModel, load_profile
+from kernels_bench.lab.twin import floor
+from kernels_bench.lab.twin.roofline import decode_profile, floor_seconds, gpu_preset, model_shape
+from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile
 
 ROOT = Path(__file__).parents[2]
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,

@@ -1,4 +1,4 @@
-"""STJF against FCFS from the calls' queue times (``kernels_bench.twin.queueing``), on
+"""STJF against FCFS from the calls' queue times (``kernels_bench.lab.twin.queueing``), on
 hand-made replay folders."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.twin import queueing
+from kernels_bench.lab.twin import queueing
 
 
 def _replay(folder: Path, seed: int, stjf_queue: float) -> Path:

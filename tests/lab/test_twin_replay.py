@@ -12,23 +12,23 @@ from typing import Any
 
 import pytest
 
-from kernels_bench.replay.client import ClientSettings, stage_body
-from kernels_bench.commands.replay import build_parser, replay_options
-from kernels_bench.replay.output import read_jsonl
-from kernels_bench.replay.records import RequestRecord
-from kernels_bench.replay.workload import Job
-from kernels_bench.twin import calibrate
-from kernels_bench.commands.twin import main as twin_main
-from kernels_bench.twin.engine_spec import engine_specs
-from kernels_bench.twin.loop import Stuck, VirtualLoop
-from kernels_bench.twin.router import RouterCosts, TwinRouter
-from kernels_bench.twin.run import TwinOptions, load_profiles, run_config, twin
-from kernels_bench.twin.sim import Simulator
-from kernels_bench.twin.step_time import StepTimeModel, load_profile
+from kernels_bench.lab.commands.replay import build_parser, replay_options
+from kernels_bench.lab.commands.twin import main as twin_main
+from kernels_bench.lab.replay.client import ClientSettings, stage_body
+from kernels_bench.lab.replay.output import read_jsonl
+from kernels_bench.lab.replay.records import RequestRecord
+from kernels_bench.lab.replay.workload import Job
+from kernels_bench.lab.twin import calibrate
+from kernels_bench.lab.twin.engine_spec import engine_specs
+from kernels_bench.lab.twin.loop import Stuck, VirtualLoop
+from kernels_bench.lab.twin.router import RouterCosts, TwinRouter
+from kernels_bench.lab.twin.run import TwinOptions, load_profiles, run_config, twin
+from kernels_bench.lab.twin.sim import Simulator
+from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile
 from router.config.cluster import load_cluster_config
 from router.trace_format import Trace
+from tests.lab.twin_helpers import REPLAY_TOML, write_replay_profiles
 from tests.replay_fixture import tiny_trace, write_trace
-from tests.unit.twin_helpers import REPLAY_TOML, write_replay_profiles
 
 MAP = "tiny-a=small,tiny-b=large"
 NO_CHARGE = RouterCosts(charge_decision=False)
@@ -243,8 +243,8 @@ def test_twin_command_errors_are_one_line(tmp_path: Path, profiles: Path,
 
 def test_validation_matches_within_the_interval_or_15_percent_and_checks_the_ranking(
         ) -> None:
-    from kernels_bench.replay.records import WorkflowRecord
-    from kernels_bench.twin import validate
+    from kernels_bench.lab.replay.records import WorkflowRecord
+    from kernels_bench.lab.twin import validate
 
     def runs(e2e: list[float], repeats: int = 2) -> list[tuple[dict[str, Any], list[Any]]]:
         summary = {"queue_s": {"mean": 0.1}, "ttft_s": {"mean": 0.2}, "tpot_s": {"mean": 0.01}}

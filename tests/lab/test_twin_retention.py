@@ -14,24 +14,23 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kernels_bench.commands.replay import build_parser, replay_options  # noqa: E402
-from kernels_bench.replay.cluster import ClusterError, engine_variant  # noqa: E402
-from kernels_bench.replay.spec import SpecError, parse_policy  # noqa: E402
-from kernels_bench.twin import retention as report  # noqa: E402
-from kernels_bench.twin.engine_spec import engine_specs  # noqa: E402
-from kernels_bench.twin.loop import VirtualLoop  # noqa: E402
-from kernels_bench.twin.request import TwinRequest  # noqa: E402
-from kernels_bench.twin.router import RouterCosts, TwinRouter  # noqa: E402
-from kernels_bench.twin.run import TwinOptions, load_profiles, run_config, twin  # noqa: E402
-from kernels_bench.twin.sim import Simulator  # noqa: E402
-from kernels_bench.twin.step_time import StepTimeModel, load_profile  # noqa: E402
+from kernels_bench.lab.commands.replay import build_parser, replay_options  # noqa: E402
+from kernels_bench.lab.replay.spec import SpecError, parse_policy  # noqa: E402
+from kernels_bench.lab.twin import retention as report  # noqa: E402
+from kernels_bench.lab.twin.engine_spec import engine_specs  # noqa: E402
+from kernels_bench.lab.twin.loop import VirtualLoop  # noqa: E402
+from kernels_bench.lab.twin.request import TwinRequest  # noqa: E402
+from kernels_bench.lab.twin.router import RouterCosts, TwinRouter  # noqa: E402
+from kernels_bench.lab.twin.run import TwinOptions, load_profiles, run_config, twin  # noqa: E402
+from kernels_bench.lab.twin.sim import Simulator  # noqa: E402
+from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile  # noqa: E402
+from kernels_bench.lib.cluster import ClusterError, engine_variant  # noqa: E402
 from router.config.cluster import load_cluster_config  # noqa: E402
 from router.policies import POLICIES  # noqa: E402
 from scheduler_patches.contract import RetentionHint  # noqa: E402
 from scheduler_patches.protected import ProtectedPrograms, RetentionSettings  # noqa: E402
+from tests.lab.twin_helpers import REPLAY_TOML, flat_spec, write_replay_profiles  # noqa: E402
 from tests.replay_fixture import tiny_trace  # noqa: E402
-from tests.unit.twin_helpers import (REPLAY_TOML, flat_spec,  # noqa: E402
-                                     write_replay_profiles)
 
 BLOCK = 16
 

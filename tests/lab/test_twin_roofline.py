@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from kernels_bench.lab.twin import roofline
+from kernels_bench.lab.twin.roofline import GpuPreset, floor_seconds, model_shape, step_seconds
+from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile
 from kernels_bench.lib.model_config import model_config
-from kernels_bench.twin import roofline
-from kernels_bench.twin.roofline import GpuPreset, floor_seconds, model_shape, step_seconds
-from kernels_bench.twin.step_time import StepTimeModel, load_profile
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("vllm")  # the helpers build engine twins too
 
-from tests.unit.twin_helpers import profile_dict, write_profile
-from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
+from kernels_bench.lab.twin.step_time import EngineProfile, StepTimeModel, load_profile
+from tests.lab.twin_helpers import profile_dict, write_profile
 
 CELLS = [(1, 128, 10.0, 10.0, 10.0), (8, 128, 24.0, 24.0, 24.0),
          (1, 2048, 20.0, 20.0, 20.0), (8, 2048, 48.0, 48.0, 48.0)]

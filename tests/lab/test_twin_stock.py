@@ -12,17 +12,17 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kernels_bench.replay.client import ClientSettings, stage_body
-from kernels_bench.replay.workload import Job
-from kernels_bench.twin.engine_spec import engine_specs
-from kernels_bench.twin.loop import VirtualLoop
-from kernels_bench.twin.router import RouterCosts, TwinRouter
-from kernels_bench.twin.run import run_config
-from kernels_bench.twin.sim import Simulator
-from kernels_bench.twin.step_time import StepTimeModel
+from kernels_bench.lab.replay.client import ClientSettings, stage_body
+from kernels_bench.lab.replay.workload import Job
+from kernels_bench.lab.twin.engine_spec import engine_specs
+from kernels_bench.lab.twin.loop import VirtualLoop
+from kernels_bench.lab.twin.router import RouterCosts, TwinRouter
+from kernels_bench.lab.twin.run import run_config
+from kernels_bench.lab.twin.sim import Simulator
+from kernels_bench.lab.twin.step_time import StepTimeModel
 from router.config.cluster import load_cluster_config
+from tests.lab.twin_helpers import REPLAY_PROFILES, REPLAY_TOML, write_profile
 from tests.replay_fixture import tiny_trace
-from tests.unit.twin_helpers import REPLAY_PROFILES, REPLAY_TOML, write_profile
 
 SCRAPE_S = 0.1
 

@@ -11,14 +11,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.unit.twin_helpers import flat_spec, write_profile
 from engine_ext.telemetry import (BlockStored, SchedulerSnapshot,
                                   kv_event_decoder, snapshot_decoder)
-from kernels_bench.twin.sim import Simulator
-from kernels_bench.twin.speed import synthetic_workload
-from kernels_bench.twin.step_time import StepTimeModel
+from kernels_bench.lab.twin.sim import Simulator
+from kernels_bench.lab.twin.speed import synthetic_workload
+from kernels_bench.lab.twin.step_time import StepTimeModel
 from router.state.kv_hash import BlockHasher
 from router.state.kv_index import KVPrefixIndex
+from tests.lab.twin_helpers import flat_spec, write_profile
 
 
 def test_snapshots_and_kv_events_decode_and_index(tmp_path: Path) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kernels_bench.vinelm.collect import pending
-from kernels_bench.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
-                                             RecordedExecutor, read_executions)
-from kernels_bench.vinelm.executors import Prices
-from kernels_bench.vinelm.experiment import recorded_experiment
+from kernels_bench.lab.vinelm.collect import pending
+from kernels_bench.lab.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
+                                                 RecordedExecutor, read_executions)
+from kernels_bench.lab.vinelm.executors import Prices
+from kernels_bench.lab.vinelm.experiment import recorded_experiment
 from router.trace_format import Message, Stage, TraceFormatError, TraceWriter
 from router.vinelm.estimate import EstimationSettings
 from router.vinelm.profiling import MissingExecution, exhaustive

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels_bench.vinelm.executors import Prices, trace_table
+from kernels_bench.lab.vinelm.executors import Prices, trace_table
 from router.trace_format import Header, Message, ModelRun, Stage, Trace, WorkflowRun
 from router.vinelm.profiling import MissingExecution, exhaustive
 from router.vinelm.template import parse_template

@@ -10,10 +10,10 @@ from typing import Any
 
 import msgspec
 
-from kernels_bench.twin.engine_spec import EngineSpec, engine_specs
-from kernels_bench.twin.sim import Simulator
-from kernels_bench.twin.speed import synthetic_workload
-from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
+from kernels_bench.lab.twin.engine_spec import EngineSpec, engine_specs
+from kernels_bench.lab.twin.sim import Simulator
+from kernels_bench.lab.twin.speed import synthetic_workload
+from kernels_bench.lab.twin.step_time import EngineProfile, StepTimeModel, load_profile
 from router.config.cluster import load_cluster_config
 
 REPLAY_TOML = Path(__file__).resolve().parents[2] / "examples" / "replay.toml"

@@ -42,11 +42,11 @@ def test_an_upward_import_and_a_cycle_break_them(tmp_path: Path) -> None:
         shutil.copytree(ROOT / pkg, tmp_path / pkg,
                         ignore=shutil.ignore_patterns("__pycache__"))
     with (tmp_path / "router" / "types.py").open("a") as f:
-        f.write("\nfrom kernels_bench.trace import answers  # noqa: E402\n")
+        f.write("\nfrom kernels_bench.lab.trace import answers  # noqa: E402\n")
     with (tmp_path / "router" / "state" / "kv_hash.py").open("a") as f:
         f.write("\nfrom router.state import view  # noqa: E402\n")
     result = lint(tmp_path)
     assert result.returncode != 0
     out = result.stdout
-    assert "Top-level layers" in out and "router.types -> kernels_bench.trace.answers" in out
+    assert "Top-level layers" in out and "router.types -> kernels_bench.lab.trace.answers" in out
     assert "cycles are allowed in router.state" in out and ".kv_hash -> .view" in out

@@ -19,9 +19,7 @@ from router.predictors.features import RequestFeatures
 from router.predictors.records import fingerprint
 from router.predictors.sources import trace_records
 from router.predictors.table import PromptTable, prompt_table
-from router.trace_format import load_trace
 from tests.replay_fixture import sample_correct, write_trace
-from tests.scripts import script
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 3
@@ -89,44 +87,3 @@ def test_capability_fits_p_correct_as_a_soft_label() -> None:
     model = CapabilityModel.train(table, CapabilitySettings(c=1e4))
     q = model.arrays([_features("code"), _features("math")])
     assert q == pytest.approx(np.array([[0.2, 0.9], [0.7, 0.4]]), abs=0.01)
-
-
-def test_quality_study_signals_on_the_shipped_traces_are_the_committed_ones() -> None:
-    study = script("quality_study")
-    committed = json.loads((ROOT / "docs/predictors/quality/study.json").read_text())
-    signals = committed["workflow_signals"]
-    confidence = json.loads((ROOT / "docs/predictors/quality/confidence.json").read_text())
-    programs = json.loads((ROOT / "docs/predictors/quality/programs.json").read_text())
-    assert study.workflow_signals(study.TRACES, 1000, ("math",), confidence, programs) == {
-        "math": signals["math"]}
-    # the noise ceiling of the shipped sampled traces (regenerate study.json when they grow)
-    assert study.ceiling(study.SAMPLED, 1000) == committed["ceiling"]
-    # code: the examples of the first rows' prompts run again (the whole suite: a minute)
-    small, big = (dict(study.parse_model_map([study.MODEL_MAP]))[m]
-                  for m in (study.SMALL, study.BIG))
-    runs = {(r.problem_id, r.workflow): r
-            for r in load_trace(study.TRACES[1]).complete_runs([small, big])}
-    keys = sorted(runs)[:9]
-    doubt = study.examples_doubt([runs[k].models[small].stages[-1].output_text for k in keys],
-                                 [p for p, _ in keys])
-    assert doubt.tolist() == signals["code"]["doubt"][:9]
-
-
-def test_a_continuous_doubt_is_thresholded_on_each_folds_training_problems() -> None:
-    study = script("quality_study")
-    rng = np.random.default_rng(0)
-    problems = [f"p{i}" for i in range(200)]
-    doubt = rng.random(200)
-    # the small model is right below 0.6, the big one above: the rule's best t is 0.6
-    labels = np.stack([doubt < 0.6, doubt >= 0.6], 1).astype(float)
-    margin = study.thresholded(doubt, labels, problems)
-    assert ((margin > 0) == (doubt > 0.62)).mean() > 0.95
-    fold = np.array([study.fold_of(p, 0, study.FOLDS) for p in problems])
-    for k in range(study.FOLDS):  # within a fold the margin keeps doubt's order
-        mine = fold == k
-        assert np.all(np.diff(margin[mine][np.argsort(doubt[mine])]) > 0)
-    # a fold's held-out labels choose nothing: change them all and its margins stay
-    flipped = labels.copy()
-    flipped[fold == 0] = 1 - flipped[fold == 0]
-    again = study.thresholded(doubt, flipped, problems)
-    assert np.array_equal(again[fold == 0], margin[fold == 0])

@@ -9,7 +9,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernels_bench.replay.engine_metrics import Decisions
+from kernels_bench.lib.engine_metrics import Decisions
 from router.state.stats import LATENCY_BUCKETS_S, Histogram
 
 

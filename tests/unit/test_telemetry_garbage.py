@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_ext.telemetry import (MAX_SEQ_JUMP, BlockStored, KVEventBatch, StreamStats,
                                   kv_event_decoder, snapshot_decoder)
-from kernels_bench.faults import telemetry_fuzz
+from kernels_bench.lab.faults import telemetry_fuzz
 from router.dispatch import subscriber
 from router.dispatch.subscriber import StreamSubscriber
 from router.metrics import RouterMetrics
@@ -364,4 +364,3 @@ def test_fuzz_telemetry_small_run() -> None:
     assert rep["fuzz"]["dropped"] == rep["fuzz"]["garbage"] == 1996
     assert rep["router"]["failed_updates"] == {"snapshot": 0, "kv": 0}
     assert all(lane["resyncs"] == 5 for lane in rep["router"]["lanes"].values())
-    assert rep["fuzz"]["seconds"] < 20

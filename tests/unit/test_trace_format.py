@@ -149,7 +149,7 @@ def test_compact_sorts_and_makes_one_member(tmp_path: Path) -> None:
 
 def test_compact_without_keeps_only_the_problems_a_grown_file_adds(tmp_path: Path,
                                                                     capsys) -> None:
-    from kernels_bench.commands.trace import main
+    from kernels_bench.lab.commands.trace import main
 
     old = write(tmp_path / "old.jsonl.gz", [header(), unit(pid="p0")])
     grown = write(tmp_path / "grown.jsonl.gz",
@@ -163,7 +163,7 @@ def test_compact_without_keeps_only_the_problems_a_grown_file_adds(tmp_path: Pat
 
 
 def test_compact_workflows_keeps_those_and_names_only_them(tmp_path: Path) -> None:
-    from kernels_bench.commands.trace import main
+    from kernels_bench.lab.commands.trace import main
 
     src = write(tmp_path / "a.jsonl.gz", [header(), unit(pid="p0", workflow="plan_solve"),
                                           unit(pid="p0", workflow="solve"),
@@ -180,7 +180,7 @@ def test_compact_workflows_keeps_those_and_names_only_them(tmp_path: Path) -> No
 
 
 def test_compact_merges_traces_of_the_same_settings(tmp_path: Path) -> None:
-    from kernels_bench.commands.trace import main
+    from kernels_bench.lab.commands.trace import main
 
     a = write(tmp_path / "a.jsonl.gz", [header(), unit(pid="p0"), unit(pid="p1")])
     b = write(tmp_path / "b.jsonl.gz", [header(), unit(pid="p1"), unit(pid="p2")])
@@ -200,7 +200,7 @@ def test_compact_merges_traces_of_the_same_settings(tmp_path: Path) -> None:
 
 
 def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
-    from kernels_bench.commands.trace import main
+    from kernels_bench.lab.commands.trace import main
 
     good = write(tmp_path / "good.jsonl.gz", [header(), unit(model="m1"), unit(model="m2")])
     head, u = _good()
@@ -216,7 +216,7 @@ def test_validate_command_reports_each_file(tmp_path: Path, capsys) -> None:
 
 
 def test_commands_report_bad_input_in_one_line(tmp_path: Path) -> None:
-    from kernels_bench.commands.trace import main
+    from kernels_bench.lab.commands.trace import main
 
     head, u = _good()
     u["stages"][0]["output_tokens"] = -1
@@ -236,7 +236,7 @@ def test_commands_report_bad_input_in_one_line(tmp_path: Path) -> None:
 
 
 def test_outputs_go_into_new_folders(tmp_path: Path) -> None:
-    from kernels_bench.commands.trace import main
+    from kernels_bench.lab.commands.trace import main
 
     src = write(tmp_path / "a.jsonl.gz", [header(), unit()])
     main(["compact", str(src), str(tmp_path / "new" / "b.jsonl.gz")])

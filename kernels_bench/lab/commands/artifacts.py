@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from kernels_bench.predictors import artifacts
-from kernels_bench.predictors.artifacts import (DATA, MODEL_MAP, OUT, PREDICTORS, build, build_tpot,
-                                               fold_dir)
+from kernels_bench.lab.replay import artifacts
+from kernels_bench.lab.replay.artifacts import (DATA, MODEL_MAP, OUT, PREDICTORS, build, build_tpot,
+                                                fold_dir)
 from router.predictors.kinds import kind
 from router.predictors.records import Split
 from router.train import load_rows

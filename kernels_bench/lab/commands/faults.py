@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from kernels_bench.faults import signals
-from kernels_bench.faults.signals import DEFAULT_CLUSTER, run, table
+from kernels_bench.lab.faults import signals
+from kernels_bench.lab.faults.signals import DEFAULT_CLUSTER, run, table
 
 
 def main(argv: list[str] | None = None) -> None:

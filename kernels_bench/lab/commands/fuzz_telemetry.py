@@ -8,8 +8,8 @@ import json
 import logging
 from pathlib import Path
 
-from kernels_bench.faults import telemetry_fuzz
-from kernels_bench.faults.telemetry_fuzz import print_report, run
+from kernels_bench.lab.faults import telemetry_fuzz
+from kernels_bench.lab.faults.telemetry_fuzz import print_report, run
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,17 +13,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from kernels_bench.replay.arrivals import PROCESSES
-from kernels_bench.replay.client import RETRY_ON
-from kernels_bench.replay.cluster import ClusterError
-from kernels_bench.replay.output import RESULTS_ROOT, SUMMARY, TWIN_ROOT
-from kernels_bench.replay.report import markdown_tables
-from kernels_bench.replay.run import ReplayOptions, replay
-from kernels_bench.replay.spec import (STOCK_PREFIX, SpecError, parse_model_map,
-                                       parse_policies)
-from kernels_bench.replay.gaps import parse_tool_gap
-from kernels_bench.replay.workload import CONTEXTS, PROBLEMS, WorkloadError, merge_traces
-from kernels_bench.trace.suites import examples_verdicts
+from kernels_bench.lab.replay.arrivals import PROCESSES
+from kernels_bench.lab.replay.client import RETRY_ON
+from kernels_bench.lab.replay.gaps import parse_tool_gap
+from kernels_bench.lab.replay.output import RESULTS_ROOT, SUMMARY, TWIN_ROOT
+from kernels_bench.lab.replay.report import markdown_tables
+from kernels_bench.lab.replay.run import ReplayOptions, replay
+from kernels_bench.lab.replay.spec import STOCK_PREFIX, SpecError, parse_policies
+from kernels_bench.lab.replay.workload import CONTEXTS, PROBLEMS, WorkloadError, merge_traces
+from kernels_bench.lab.trace.suites import examples_verdicts
+from kernels_bench.lib.cluster import ClusterError
+from kernels_bench.lib.model_map import parse_model_map
 from launcher import LaunchError
 from launcher.settings import LaunchConfig, load_launch_config
 from router.config.cluster import ConfigError

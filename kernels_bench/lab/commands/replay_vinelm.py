@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from kernels_bench.commands.replay import stop_on_sigterm
-from kernels_bench.replay.cluster import ClusterError
-from kernels_bench.replay.spec import SpecError
-from kernels_bench.vinelm import replay
-from kernels_bench.vinelm.replay import VARIANTS, markdown, replay_vinelm
+from kernels_bench.lab.commands.replay import stop_on_sigterm
+from kernels_bench.lab.replay.spec import SpecError
+from kernels_bench.lab.vinelm import replay
+from kernels_bench.lab.vinelm.replay import VARIANTS, markdown, replay_vinelm
+from kernels_bench.lib.cluster import ClusterError
 from router.config.cluster import ConfigError
 
 

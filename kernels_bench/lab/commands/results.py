@@ -8,9 +8,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from kernels_bench.replay import results
-from kernels_bench.replay.output import RESULTS_ROOT, load_summary, plots_of, read_jsonl
-from kernels_bench.replay.results import NOTES, excluded_section, latest_run, problem_list, render
+from kernels_bench.lab.replay import results
+from kernels_bench.lab.replay.output import RESULTS_ROOT, load_summary, plots_of, read_jsonl
+from kernels_bench.lab.replay.results import (NOTES, excluded_section, latest_run, problem_list,
+                                              render)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,8 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kernels_bench.faults import soak
-from kernels_bench.faults.soak import DEFAULT_CLUSTER, ROUTER_GAUGES, run
+from kernels_bench.lab.faults import soak
+from kernels_bench.lab.faults.soak import DEFAULT_CLUSTER, ROUTER_GAUGES, run
 
 OUTCOME_COLUMNS = ("ok", "error", "refused", "cut", "lost", "abandoned")
 ENGINE_FAULTS = ("kill-engine", "stop-engine")

@@ -16,9 +16,9 @@ from router.trace_format import TraceFormatError
 
 def build(argv: list[str]) -> None:
     """``trace build``: run a cluster's models over a suite's workflows (``trace.build``)."""
-    from kernels_bench.trace.build import Settings
-    from kernels_bench.trace.build import build as build_trace
-    from kernels_bench.trace.workflows import WORKFLOWS
+    from kernels_bench.lab.trace.build import Settings
+    from kernels_bench.lab.trace.build import build as build_trace
+    from kernels_bench.lab.trace.workflows import WORKFLOWS
 
     ap = argparse.ArgumentParser(
         prog="python -m kernels_bench trace build",
@@ -57,15 +57,15 @@ def build(argv: list[str]) -> None:
 
 def champ(argv: list[str]) -> None:
     """``trace champ``: champ-dataset's recorded answers as a trace (``trace.champ``)."""
-    from kernels_bench.trace.champ import convert
-    from kernels_bench.trace.models import real_models_root
+    from kernels_bench.lab.trace.champ import convert
+    from kernels_bench.lab.trace.models import real_models_root
 
     ap = argparse.ArgumentParser(
         prog="python -m kernels_bench trace champ",
         description="Convert champ-dataset's recorded API-model answers into a trace.")
     ap.add_argument("--tokenizer", default="qwen2.5-coder-0.5b-instruct",
                     help="tokenizer used to count tokens: a local folder, or the name of a "
-                         "model fetched by scripts/fetch_real_models.py (default: %(default)s)")
+                         "model fetched by kernels_bench/lab/studies/fetch_real_models.py (default: %(default)s)")
     ap.add_argument("--out", type=Path, required=True, help="trace file (.jsonl.gz)")
     args = ap.parse_args(argv)
     command = shlex.join(["python", "-m", "kernels_bench", "trace", "champ", *argv])
@@ -74,14 +74,14 @@ def champ(argv: list[str]) -> None:
         tokenizer = real_models_root() / args.tokenizer
         if not tokenizer.is_dir():
             ap.error(f"--tokenizer {args.tokenizer}: no such folder, and no fetched model of "
-                     f"that name in {tokenizer.parent} (run scripts/fetch_real_models.py)")
+                     f"that name in {tokenizer.parent} (run kernels_bench/lab/studies/fetch_real_models.py)")
     written, skipped = convert(str(tokenizer), args.out, command)
     print(f"{written} units -> {args.out} ({skipped} conversations without a summary skipped)")
 
 
 def agent(argv: list[str]) -> None:
     """``trace agent``: synthetic long-context agent programs (``trace.agent``)."""
-    from kernels_bench.trace.agent import AgentSettings, generate, parse_range, summary
+    from kernels_bench.lab.trace.agent import AgentSettings, generate, parse_range, summary
 
     d = AgentSettings()
     ap = argparse.ArgumentParser(
@@ -114,7 +114,7 @@ def agent(argv: list[str]) -> None:
 
 def datasheet(argv: list[str]) -> None:
     """``trace datasheet``: the datasheet of trace files (``trace.datasheet``)."""
-    from kernels_bench.trace.datasheet import plot, render, summarize
+    from kernels_bench.lab.trace.datasheet import plot, render, summarize
     from router.trace_format import load_trace
 
     ap = argparse.ArgumentParser(
@@ -136,8 +136,8 @@ def datasheet(argv: list[str]) -> None:
 
 def rejudge(argv: list[str]) -> None:
     """``trace rejudge``: judge a finished trace again (``trace.rejudge``)."""
-    from kernels_bench.trace.rejudge import problems_of
-    from kernels_bench.trace.rejudge import rejudge as judge_again
+    from kernels_bench.lab.trace.rejudge import problems_of
+    from kernels_bench.lab.trace.rejudge import rejudge as judge_again
     from router.trace_format import read_records, write_records
 
     ap = argparse.ArgumentParser(

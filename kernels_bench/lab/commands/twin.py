@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.commands.replay import build_parser, check_args, run_replay
-from kernels_bench.replay.output import TWIN_ROOT
-from kernels_bench.replay.run import ReplayOptions
-from kernels_bench.twin.router import DEFAULT_SCRAPE_INTERVAL_S, RouterCosts
-from kernels_bench.twin.run import TwinOptions, load_profiles, twin
-from kernels_bench.twin.step_time import MAX_SLOWDOWN
+from kernels_bench.lab.commands.replay import build_parser, check_args, run_replay
+from kernels_bench.lab.replay.output import TWIN_ROOT
+from kernels_bench.lab.replay.run import ReplayOptions
+from kernels_bench.lab.twin.router import DEFAULT_SCRAPE_INTERVAL_S, RouterCosts
+from kernels_bench.lab.twin.run import TwinOptions, load_profiles, twin
+from kernels_bench.lab.twin.step_time import MAX_SLOWDOWN
 from router.config.cluster import ClusterConfig
 from router.trace_format import Trace
 
@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--profiles", type=Path, required=True, metavar="DIR",
                    help="a profile per engine entry, DIR/<entry>.json (python -m "
                    "kernels_bench profile on the engines, python -m "
-                   "kernels_bench.twin.roofline or kernels_bench.twin.floor for a GPU); "
+                   "kernels_bench.lab.twin.roofline or kernels_bench.lab.twin.floor for a GPU); "
                    "e.g. docs/twin/profiles")
     g.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
                    help="runs simulated at once, a process each (default: 2 or the CPUs)")
@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
                    "API server (default 0)")
     g.add_argument("--calibration", type=Path, metavar="FILE",
                    help="slowdowns and the per-call overhead fitted by python -m "
-                   "kernels_bench.twin.calibrate (on training problems)")
+                   "kernels_bench.lab.twin.calibrate (on training problems)")
     g.add_argument("--stock", action="store_true",
                    help="engines on vLLM's own schedulers (fcfs, priority) are stock vLLM "
                    "servers: vLLM's unpatched scheduler, no snapshots, the router scrapes "
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.repeats > 1 and a.no_charge_decision and not a.jitter:
         p.error("--repeats > 1 with --no-charge-decision and without --jitter: every repeat "
                 "would be the first again, bit for bit; run other --seed values instead "
-                "(python -m kernels_bench.twin.queueing and .retention pool their folders)")
+                "(python -m kernels_bench.lab.twin.queueing and .retention pool their folders)")
 
     def run(cfg: ClusterConfig, trace: Trace, name: str, opts: ReplayOptions,
             command: str) -> dict[str, Any]:

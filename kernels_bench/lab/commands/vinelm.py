@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.vinelm.executions import RecordedExecutor, read_executions
-from kernels_bench.vinelm.executors import EngineExecutor, Prices, trace_table
-from kernels_bench.vinelm.experiment import (frontier_experiment, profiling_experiment,
-                                      recorded_experiment, slo_experiment, write)
+from kernels_bench.lab.vinelm.executions import RecordedExecutor, read_executions
+from kernels_bench.lab.vinelm.executors import EngineExecutor, Prices, trace_table
+from kernels_bench.lab.vinelm.experiment import (frontier_experiment, profiling_experiment,
+                                                 recorded_experiment, slo_experiment, write)
 from router.config.cluster import ConfigError, load_cluster_config
 from router.policies.registry import validate_settings
 from router.policies.vinelm import VineLMSettings
@@ -70,7 +70,7 @@ def _executor(args: argparse.Namespace, t: WorkflowTemplate, s: VineLMSettings
     if not (args.url and args.suite):
         raise SystemExit("--executor engines needs --url (a router or server serving every "
                          "admissible model) and --suite")
-    from kernels_bench.trace.suites import load_problems
+    from kernels_bench.lab.trace.suites import load_problems
 
     problems = {p.id: p for p in load_problems(args.suite, args.problems, args.seed)}
     return EngineExecutor(args.url, args.suite, problems, invs, prices, args.max_tokens,
@@ -157,8 +157,8 @@ def _recorded_report(args: argparse.Namespace, t: WorkflowTemplate, s: VineLMSet
 def cmd_collect(args: argparse.Namespace) -> None:
     import shlex
 
-    from kernels_bench.trace.build import Settings
-    from kernels_bench.vinelm.collect import collect
+    from kernels_bench.lab.trace.build import Settings
+    from kernels_bench.lab.vinelm.collect import collect
 
     s = _settings(args.config)
     (t,) = _templates(s, args.workflow)

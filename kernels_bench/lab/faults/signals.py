@@ -19,7 +19,7 @@ mid-request: the router process died; the client sees a transport error) or ``lo
 (nothing the client could tell from success: no answer before its timeout, or an answer
 or stream that ended cleanly but incomplete, with neither ``[DONE]`` nor an error event).
 A request whose connection failed before any byte of an answer came back is sent once
-more on a new connection (``kernels_bench.faults.resend``) and counted apart whatever its
+more on a new connection (``kernels_bench.lab.faults.resend``) and counted apart whatever its
 outcome: ``resent`` when it provably never left its client (``unsent``: its pooled
 keep-alive connection was found closed before its first byte was written),
 ``resent_unanswered`` when it was written and the connection was then reset or closed
@@ -51,10 +51,10 @@ import aiohttp
 import httpx
 import psutil
 
-from kernels_bench.faults.resend import AnswerTracking, unanswered, unsent
+from kernels_bench.lab.faults.resend import AnswerTracking, unanswered, unsent
 from router.config.cluster import ClusterConfig, load_cluster_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CLUSTER = ROOT / "examples" / "faults.toml"
 OUTCOMES = ("ok", "error", "refused", "cut", "lost")
 
@@ -130,7 +130,7 @@ class ClosedLoop:
     async def _post(self, session: aiohttp.ClientSession, body: dict[str, Any],
                     request: Resendable) -> aiohttp.ClientResponse:
         """POST ``body``; once more, on a new connection, if the first try's connection
-        failed before any byte of an answer (``kernels_bench.faults.resend``: then
+        failed before any byte of an answer (``kernels_bench.lab.faults.resend``: then
         ``request.resent`` or ``request.resent_unanswered``)."""
         try:
             return await session.post(self.url, json=body)

@@ -18,7 +18,7 @@ chunk, and a chat answer to a prompt no call shared before (``fresh``: it stores
 blocks, so engines keep evicting and the router's KV index keeps changing). Every request
 is classified as in ``kernels_bench faults`` (``ok``, ``error``, ``refused``, ``cut``,
 ``lost``; ``abandoned`` for a deliberate disconnect; those their client sent twice,
-``resent`` and ``resent_unanswered``, counted apart: ``kernels_bench.faults.resend``) and
+``resent`` and ``resent_unanswered``, counted apart: ``kernels_bench.lab.faults.resend``) and
 attributed to the fault window it ended in. Every ``--sample-s`` the tool samples each
 process of the cluster (RSS and open descriptors, the engine's tree summed) and each
 router worker's ``/metrics`` (its RSS, descriptors, asyncio tasks, program-table, KV-index
@@ -42,11 +42,11 @@ import aiohttp
 import httpx
 import psutil
 
-from kernels_bench.faults.signals import (OUTCOMES, ClosedLoop, Cluster, _classify,
-                                          transport_outcome)
+from kernels_bench.lab.faults.signals import (OUTCOMES, ClosedLoop, Cluster, _classify,
+                                              transport_outcome)
 from router.config.cluster import ClusterConfig, load_cluster_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CLUSTER = ROOT / "examples" / "soak.toml"
 SCHEDULE = ("kill-engine", "stop-engine", "kill-router-worker", "restart-launcher")
 KINDS = ("chat", "stream", "program", "abandon", "fresh")

@@ -27,15 +27,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from kernels_bench.predictors.profile import ERRORS, ProfileOptions, profile_cluster
-from launcher.settings import load_launch_config
-from router.predictors.artifact import METADATA_FILE, library_versions
+from kernels_bench.predictors.profile import (ERRORS, PROFILE_KEY_FILE, ProfileOptions, machine,
+                                              profile_key, run_profile)
+from router.predictors.artifact import METADATA_FILE
 from router.predictors.kinds import kind, parse_settings
 from router.predictors.records import Split
 from router.predictors.sources import parse_model_map
@@ -50,8 +48,6 @@ problems (until 2026-11-29 only ``math.jsonl.gz`` and ``code.jsonl.gz``: pass th
 MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
 """The replay cluster's engines (examples/replay.toml) and the trace models they replay."""
 OUT = Path("artifacts")
-PROFILE_KEY_FILE = "cache_key"
-"""Written into ``OUT/profile/`` once a profile has completed: what it was measured on."""
 
 
 def cache_key(name: str, info: dict[str, Any], settings: Any) -> str:
@@ -70,47 +66,6 @@ def current_key(folder: Path) -> str | None:
         return str(meta["data"]["cache_key"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def machine() -> dict[str, Any]:
-    """What an engine profile's step times depend on besides the cluster file."""
-    import torch
-
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in
-                    Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
-                    if line.startswith("model name")), "")
-    except OSError:
-        cpu = ""
-    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            if torch.cuda.is_available() else [])
-    return {"system": platform.system(), "arch": platform.machine(),
-            "cpu": cpu or platform.processor(), "cores": os.cpu_count(), "gpus": gpus,
-            **library_versions(["vllm", "torch"])}
-
-
-def profile_key(cluster: Path, where: dict[str, Any]) -> str:
-    """sha256 over what a profile of ``cluster`` measures: its engines, launcher and
-    placement settings (not its router table), on the machine ``where``; ConfigError (a
-    ValueError) on a bad or missing file."""
-    tables = {k: v for k, v in load_launch_config(cluster).to_dict().items() if k != "router"}
-    what = {"cluster": tables, "machine": where}
-    return "sha256:" + hashlib.sha256(json.dumps(what, sort_keys=True, default=str)
-                                      .encode()).hexdigest()
-
-
-def run_profile(cluster: Path, engines: list[str], options: ProfileOptions,
-                trace: Path | None = None, model_map: list[str] | None = None) -> None:
-    """``profile_cluster`` with its folder's key file removed first (a profile cut short is
-    never taken as complete) and, when it profiled every engine (``engines`` empty),
-    written after it: the cluster file and machine as the profile began (``build_tpot``
-    then keeps it, whatever sweep made it). Raises what ``profile_cluster`` raises."""
-    key = profile_key(cluster, machine())
-    key_file = options.out / PROFILE_KEY_FILE
-    key_file.unlink(missing_ok=True)
-    profile_cluster(cluster, engines, options, trace, model_map)
-    if not engines:
-        key_file.write_text(key, encoding="utf-8")
 
 
 def build_tpot(cluster: Path, out: Path, sets: Sequence[str], force: bool = False,

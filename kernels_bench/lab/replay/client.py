@@ -34,11 +34,11 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from kernels_bench.replay.gaps import ToolGaps
-from kernels_bench.replay.records import RequestRecord, WorkflowRecord
-from kernels_bench.replay.workload import (Job, context_messages, expected_score,
-                                           forced_tokens, outcome, per_model,
-                                           remaining_tokens)
+from kernels_bench.lab.replay.gaps import ToolGaps
+from kernels_bench.lab.replay.records import RequestRecord, WorkflowRecord
+from kernels_bench.lab.replay.workload import (Job, context_messages, expected_score, outcome,
+                                               per_model, remaining_tokens)
+from kernels_bench.lib.priors import forced_tokens
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels_bench.replay.metrics import e2e, e2e_per_token
-from kernels_bench.replay.records import WorkflowRecord, from_row
+from kernels_bench.lab.replay.metrics import e2e, e2e_per_token
+from kernels_bench.lab.replay.records import WorkflowRecord, from_row
 
 BOOTSTRAP_DRAWS = 2000
 CONFIDENCE = 0.95

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels_bench.replay.engine_metrics import EngineCounters, hit_rate, mean_queue_s
-from kernels_bench.replay.records import RequestRecord, WorkflowRecord
+from kernels_bench.lab.replay.records import RequestRecord, WorkflowRecord
+from kernels_bench.lib.engine_metrics import EngineCounters, hit_rate, mean_queue_s
 
 QUANTILES = {"p50": 50, "p95": 95, "p99": 99}
 

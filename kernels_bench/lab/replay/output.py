@@ -26,8 +26,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kernels_bench.replay import intervals  # noqa: E402
-from kernels_bench.replay.report import PAIRS, flat_rows, markdown_tables  # noqa: E402
+from kernels_bench.lab.replay import intervals  # noqa: E402
+from kernels_bench.lab.replay.report import PAIRS, flat_rows, markdown_tables  # noqa: E402
 
 RESULTS_ROOT = Path("bench_results/replay")
 """Where a live replay writes its run folders by default (``<timestamp>`` below it)."""

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernels_bench.replay import intervals
-from kernels_bench.replay.metrics import lookup, ratio
+from kernels_bench.lab.replay import intervals
+from kernels_bench.lab.replay.metrics import lookup, ratio
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.output import SUMMARY, plots_of, summary_intervals
-from kernels_bench.replay.report import interval_tables, markdown_tables, observations
+from kernels_bench.lab.replay.output import SUMMARY, plots_of, summary_intervals
+from kernels_bench.lab.replay.report import interval_tables, markdown_tables, observations
 
 NOTES = "notes.md"
 RETRY_TEXT = {"wrong": "a wrong answer", "examples": "a program failing its prompt's examples"}

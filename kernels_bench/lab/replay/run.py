@@ -29,16 +29,17 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from kernels_bench.replay import engine_metrics as em
-from kernels_bench.replay.arrivals import arrival_times
-from kernels_bench.replay.client import AgenticClient, ClientSettings, http_sender, run_clock
-from kernels_bench.replay.cluster import ReplayCluster, engine_variant
-from kernels_bench.replay.gaps import ToolGaps, check_trace_gaps
-from kernels_bench.replay.metrics import summarize
-from kernels_bench.replay.output import write_run, write_summary
-from kernels_bench.replay.priors import fill_static_priors, trace_priors
-from kernels_bench.replay.spec import STATIC, PolicySpec, resolve_model_map
-from kernels_bench.replay.workload import Job, draw_samples, select_runs
+from kernels_bench.lab.replay.arrivals import arrival_times
+from kernels_bench.lab.replay.client import AgenticClient, ClientSettings, http_sender, run_clock
+from kernels_bench.lab.replay.gaps import ToolGaps, check_trace_gaps
+from kernels_bench.lab.replay.metrics import summarize
+from kernels_bench.lab.replay.output import write_run, write_summary
+from kernels_bench.lab.replay.spec import STATIC, PolicySpec
+from kernels_bench.lab.replay.workload import Job, draw_samples, select_runs
+from kernels_bench.lib import engine_metrics as em
+from kernels_bench.lib.cluster import BenchCluster, engine_variant
+from kernels_bench.lib.model_map import resolve_model_map
+from kernels_bench.lib.priors import fill_static_priors, trace_priors
 from launcher.settings import LaunchConfig
 from router.config.cluster import ClusterConfig, RouterConfig, parse_cluster_config
 from router.config.engines import EngineConfig, LocalEngine, RemoteEngine
@@ -375,7 +376,7 @@ def replay(cfg: LaunchConfig, trace: Trace, trace_name: str, opts: ReplayOptions
         tqdm.write(warning)
         summary["meta"]["warnings"] = [warning]
     opts.out.mkdir(parents=True, exist_ok=True)
-    cluster = ReplayCluster(cfg, opts.run_dir, tqdm.write)
+    cluster = BenchCluster(cfg, opts.run_dir, tqdm.write)
     try:
         for i, step in enumerate(p.plan, 1):
             spec, rate, repeat, fold = step.spec, step.rate, step.repeat, p.folds[step.fold]
@@ -412,7 +413,7 @@ def run_tag(repeat: int, fold: int, opts: ReplayOptions) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _one_run(cluster: ReplayCluster, url: str, jobs: list[Job], spec: PolicySpec,
+def _one_run(cluster: BenchCluster, url: str, jobs: list[Job], spec: PolicySpec,
              model_map: dict[str, str], opts: ReplayOptions, desc: str) -> dict[str, Any]:
     instances = cluster.instances()
     before = {i.name: em.scrape(cluster.http, i.url) for i in instances}

@@ -1,5 +1,5 @@
-"""What a replay compares: policy specs (``chimera:stjf``, ``vllm:fcfs``, ``oracle``) and
-the map from the cluster's served models to the trace's models.
+"""What a replay compares: policy specs (``chimera:stjf``, ``vllm:fcfs``, ``oracle``); the map
+from the cluster's served models to the trace's models is ``kernels_bench.lib.model_map``.
 
 Policy spec grammar: ``ROUTER[-static][:SCHED][+oracle][@KEY=VALUE,...]``.
 
@@ -29,23 +29,21 @@ Policy spec grammar: ``ROUTER[-static][:SCHED][+oracle][@KEY=VALUE,...]``.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernels_bench.lib.cluster import STOCK_PREFIX
 from router.config.engines import RETENTION_KEYS
-from router.predictors import sources
 
 ORACLE = "oracle"
 STATIC = "-static"
 ORACLE_ROUTER = "chimera"
 ORACLE_SCHED = "stjf"
-STOCK_PREFIX = "vllm-"
-"""``SCHED`` of a stock vLLM engine: ``vllm-fcfs``, ``vllm-priority``."""
 
 
 class SpecError(ValueError):
-    """A bad ``--policies`` or ``--model-map`` value; the message says which and why."""
+    """A bad ``--policies`` value; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -134,39 +132,3 @@ def parse_policies(texts: Sequence[str], routers: Iterable[str],
             raise SpecError(f"policy {s.label!r} is given twice")
         seen.add(s.label)
     return specs
-
-
-def parse_model_map(items: Sequence[str]) -> dict[str, str]:
-    """``["a=X,b=Y", "c=Z"]`` -> ``{"a": "X", "b": "Y", "c": "Z"}`` (served -> trace)."""
-    try:
-        return sources.parse_model_map(items)
-    except ValueError as e:
-        raise SpecError(f"--model-map: {e}") from None
-
-
-def resolve_model_map(served: Sequence[str], given: Mapping[str, str],
-                      trace_models: Sequence[str]) -> dict[str, str]:
-    """Trace model of every served model: as mapped (matched case-insensitively when the
-    spelling is unique), else the trace model of the same name; SpecError otherwise."""
-    unknown = sorted(set(given) - set(served))
-    if unknown:
-        raise SpecError(f"--model-map names {', '.join(unknown)}, which the cluster does not "
-                        f"serve (served models: {', '.join(served)})")
-    by_lower: dict[str, list[str]] = {}
-    for m in trace_models:
-        by_lower.setdefault(m.lower(), []).append(m)
-    out = {}
-    for name in served:
-        want = given.get(name, name)
-        if want in trace_models:
-            out[name] = want
-            continue
-        matches = by_lower.get(want.lower(), [])
-        if len(matches) != 1:
-            problem = (f"is mapped to {want!r}, which is not a model of the trace"
-                       if name in given else "is not a model of the trace; map it with "
-                       "--model-map SERVED=TRACE_MODEL")
-            raise SpecError(f"served model {name!r} {problem} (trace models: "
-                            f"{', '.join(trace_models)})")
-        out[name] = matches[0]
-    return out

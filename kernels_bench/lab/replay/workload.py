@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from kernels_bench.lib.priors import forced_tokens
 from router.predictors.records import Split, seeded_uniform
 from router.trace_format import Header, Trace, TraceFormatError, WorkflowRun, unite_workflows
 
@@ -134,11 +135,6 @@ def draw_samples(run: WorkflowRun, seed: int, job_id: str) -> WorkflowRun:
         models[model] = runs[int(seeded_uniform(f"{job_id}|{model}", f"sample{seed}")
                                  * len(runs))]
     return msgspec.structs.replace(run, models=models)
-
-
-def forced_tokens(run: WorkflowRun, model: str, stage: int) -> int:
-    """Output tokens stage ``stage`` generates when ``model`` (a trace model) serves it."""
-    return max(1, run.models[model].stages[stage].output_tokens)
 
 
 def remaining_tokens(run: WorkflowRun, model: str, stage: int) -> int:

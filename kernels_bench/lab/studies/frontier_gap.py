@@ -1,7 +1,7 @@
 """Paired comparisons of replay (or twin) runs on the same workflows, and each policy's
 distance to the random router's curve (issue 30, item 5).
 
-    python scripts/frontier_gap.py RUN [RUN ...] [--big tiny-b] [--baseline RUN:POLICY]
+    python -m kernels_bench.lab.studies.frontier_gap RUN [RUN ...] [--big tiny-b] [--baseline RUN:POLICY]
                                    [--pool | --pool-seeds] [--boot 2000] [--json FILE]
                                    [--plot FILE]
 

@@ -1,22 +1,22 @@
 """A check math states none of: the small model's own program for the problem (issue 30
 item 4, a signal the workflow can produce; program-aided answering, as in PAL).
 
-    python scripts/program_check.py [--trace data/traces/math.jsonl.gz]
+    python -m kernels_bench.lab.studies.program_check [--trace data/traces/math.jsonl.gz]
         [--cluster data/traces/qwen-cpu.toml] [--engine qwen2.5-coder-0.5b-instruct]
         [--out docs/predictors/quality/programs.json] [--report]
 
-Starts one engine of the cluster file (``kernels_bench.trace.engines.engine_session``, as
+Starts one engine of the cluster file (``kernels_bench.lab.trace.engines.engine_session``, as
 the trace builder does) and asks it once per math problem of the traces, greedily, for a
 Python program that computes the answer (``SYSTEM``: a ``solution()`` returning a number;
 the trace's ``max_tokens``). An agent that solves the problem in words can run that
-program in the sandbox and compare (``kernels_bench.trace.suites.program_agrees``): where
+program in the sandbox and compare (``kernels_bench.lab.trace.suites.program_agrees``): where
 the two agree, keep the small model's answer; where they do not, escalate. The program
 costs one more call of the small model per problem, made beside the workflow.
 
 Stored per problem: the output text, finish reason and token counts. ``--report`` runs the
 programs in the sandbox (never here) and prints how often the program is right (against
 the reference) and how often it agrees with each model's greedy final answer per
-workflow, and with whether that answer is right; ``scripts/quality_study.py --programs
+workflow, and with whether that answer is right; ``kernels_bench/lab/studies/quality_study.py --programs
 FILE`` judges the agreement as an escalation signal. Resumable: saved every
 ``SAVE_EVERY`` problems, a rerun asks only for the problems the file lacks.
 """
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,12 +34,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from kernels_bench.trace.suites import PROGRAM_ENTRY_POINT, program_agrees  # noqa: E402
-from router.trace_format import WorkflowRun, load_trace  # noqa: E402
+from kernels_bench.lab.trace.suites import PROGRAM_ENTRY_POINT, program_agrees
+from router.trace_format import WorkflowRun, load_trace
 
 SYSTEM = ("You write Python programs that solve math word problems. Reply with a single "
           f"```python code block that defines a function `{PROGRAM_ENTRY_POINT}()` with no "
@@ -123,7 +118,7 @@ def main() -> None:
                    help="judge the file's programs against the traces and stop")
     a = p.parse_args()
 
-    from kernels_bench.trace.engines import engine_session, single_engine_config
+    from kernels_bench.lab.trace.engines import engine_session, single_engine_config
 
     cfg = single_engine_config(a.cluster, a.engine)
     model = cfg.engine(a.engine).served_model_name

@@ -1,7 +1,7 @@
 """Quality predictors judged as routers, cross-fitted (issue 30 items 1, 3 and 4).
 
-    python scripts/quality_study.py [--repeats 3] [--boot 1000] [--trace FILE ...] [--out DIR]
-    python scripts/quality_study.py --confirm data/traces/math-new.jsonl.gz
+    python -m kernels_bench.lab.studies.quality_study [--repeats 3] [--boot 1000] [--trace FILE ...] [--out DIR]
+    python -m kernels_bench.lab.studies.quality_study --confirm data/traces/math-new.jsonl.gz
 
 Rows: the first stage of every (problem, workflow) of the shipped math and code traces
 (``--trace``), labelled by whether the 0.5B and the 1.5B Qwen run of that workflow was
@@ -79,8 +79,8 @@ from sklearn.decomposition import PCA
 from tqdm import tqdm
 from xgboost import XGBClassifier
 
-from kernels_bench.trace.suites import (code_problem, math_template, passes_examples,
-                                        program_agrees)
+from kernels_bench.lab.trace.suites import (code_problem, math_template, passes_examples,
+                                            program_agrees)
 from router.predictors.encoder import MINILM, Encoder, StaticEncoder, resolve_encoder
 from router.predictors.evaluation import problem_resamples, routing_gain_report
 from router.predictors.features import RequestFeatures
@@ -107,9 +107,9 @@ FOLDS = 5
 INNER = 4
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 CONFIDENCE = Path("docs/predictors/quality/confidence.json")
-"""Where ``scripts/small_confidence.py`` writes by default."""
+"""Where ``kernels_bench/lab/studies/small_confidence.py`` writes by default."""
 PROGRAMS = Path("docs/predictors/quality/programs.json")
-"""Where ``scripts/program_check.py`` writes by default."""
+"""Where ``kernels_bench/lab/studies/program_check.py`` writes by default."""
 
 
 @dataclass(frozen=True)
@@ -400,7 +400,7 @@ def thresholded(doubt: np.ndarray, labels: np.ndarray, problems: Sequence[str]
 
 def program_doubt(answers: Sequence[str | None], outputs: Sequence[str]) -> np.ndarray:
     """Per math row: 0 when the small model's final answer equals what its program for the
-    problem returns (``scripts/program_check.py``, run in the sandbox), else 1 (no
+    problem returns (``kernels_bench/lab/studies/program_check.py``, run in the sandbox), else 1 (no
     number, no program, or another value)."""
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         return np.array([0.0 if ok else 1.0 for ok in tqdm(
@@ -411,7 +411,7 @@ def program_doubt(answers: Sequence[str | None], outputs: Sequence[str]) -> np.n
 def confidence_doubt(keys: Sequence[tuple[str, str]], confidence: dict, stat: str
                      ) -> np.ndarray:
     """Per row, minus the small model's token log-probability statistic ``stat`` of its
-    final stage (``scripts/small_confidence.py``; ``problem``: of the problem text alone);
+    final stage (``kernels_bench/lab/studies/small_confidence.py``; ``problem``: of the problem text alone);
     NaN where the file has no score."""
     def one(p: str, w: str) -> float:
         if stat == "problem":
@@ -760,10 +760,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("docs/predictors/quality"))
     p.add_argument("--confidence", type=Path, default=CONFIDENCE,
                    help="the small model's token log-probabilities of its runs "
-                        "(scripts/small_confidence.py; default %(default)s, skipped when "
+                        "(kernels_bench/lab/studies/small_confidence.py; default %(default)s, skipped when "
                         "absent)")
     p.add_argument("--programs", type=Path, default=PROGRAMS,
-                   help="the small model's programs per math problem (scripts/program_check.py;"
+                   help="the small model's programs per math problem (kernels_bench/lab/studies/program_check.py;"
                         " default %(default)s, skipped when absent)")
     p.add_argument("--sampled", nargs="*", default=SAMPLED,
                    help="traces with two sampled runs per model, for the noise ceiling "

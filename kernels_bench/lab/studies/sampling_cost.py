@@ -1,12 +1,12 @@
 """What sampled decoding costs on one engine, against greedy (issue 30, docs/traces.md).
 
-    python scripts/sampling_cost.py [--cluster data/traces/qwen-cpu.toml]
+    python -m kernels_bench.lab.studies.sampling_cost [--cluster data/traces/qwen-cpu.toml]
         [--engine qwen2.5-coder-0.5b-instruct] [--settings greedy p95 p100 k50 ...]
         [--rounds 3] [--batch 32] [--max-tokens 256] [--budget-min 13]
         [--out artifacts/sampling-cost/qwen2.5-coder-0.5b-instruct.json]
 
 Starts one engine of the cluster file exactly as ``trace build --samples K`` does
-(``kernels_bench.trace.engines.engine_session(..., seeded=True)``: the launcher's command,
+(``kernels_bench.lab.trace.engines.engine_session(..., seeded=True)``: the launcher's command,
 placement and environment; on a machine without GPUs unchunked prefill,
 ``--no-enable-chunked-prefill`` and ``max_num_batched_tokens`` >= ``max_model_len``), then
 runs rounds; a round sends, for every sampling setting in turn (the order rotated by one
@@ -40,7 +40,6 @@ import asyncio
 import json
 import math
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -48,11 +47,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from router.trace_format import load_trace, sample_seed, stage_seed
 
-from router.trace_format import load_trace, sample_seed, stage_seed  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+"""The repository (the default cluster, trace and output paths are in it)."""
 
 # name -> (request fields, seeded). top_p 1.0 / top_k -1 are vLLM's "off".
 SETTINGS: dict[str, tuple[dict[str, Any], bool]] = {
@@ -192,7 +190,7 @@ def main() -> None:
         print(summarize(res))
         return
 
-    from kernels_bench.trace.engines import engine_session, single_engine_config
+    from kernels_bench.lab.trace.engines import engine_session, single_engine_config
 
     cfg = single_engine_config(a.cluster, a.engine)
     model = cfg.engine(a.engine).served_model_name

@@ -1,7 +1,7 @@
 """Choose the static semantic router's training settings on validation splits inside the
 training problems only (docs/predictors.md, "Encoders").
 
-    python scripts/select_semantic.py [--seeds 1 2 3] [--out FILE]
+    python -m kernels_bench.lab.studies.select_semantic [--seeds 1 2 3] [--out FILE]
 
 The problems the default split (seed 0, 20 %) holds out are removed first and never seen;
 the rest is split again (``Split(seed, 0.25)`` for each ``--seeds``), each grid point trained

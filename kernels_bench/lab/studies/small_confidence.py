@@ -1,11 +1,11 @@
 """The small model's confidence in its own output, from its token log-probabilities
 (issue 30 item 4: a signal the workflow produces, read after the small model's run).
 
-    python scripts/small_confidence.py [--trace data/traces/math.jsonl.gz ...]
+    python -m kernels_bench.lab.studies.small_confidence [--trace data/traces/math.jsonl.gz ...]
         [--cluster data/traces/qwen-cpu.toml] [--engine qwen2.5-coder-0.5b-instruct]
         [--out docs/predictors/quality/confidence.json] [--report]
 
-Starts one engine of the cluster file (``kernels_bench.trace.engines.engine_session``: the
+Starts one engine of the cluster file (``kernels_bench.lab.trace.engines.engine_session``: the
 launcher's command, placement and environment). For every (problem, workflow) of the
 traces with a greedy run of the engine's model it sends the run's final stage (the answer:
 the solver's or the coder's) back to the engine: the stage's messages with the engine's
@@ -26,7 +26,7 @@ last 8 tokens (where a final answer is written). A row whose prompt and output e
 engine's ``max_model_len`` is stored as skipped. Resumable: the file is rewritten every
 ``SAVE_EVERY`` rows and a rerun skips the rows it holds. About 100 prompt tokens/s on 2
 CPU cores for the 0.5B (the math trace's 300 rows: about 40 minutes). ``--report`` prints
-what the file holds and starts nothing. ``scripts/quality_study.py --confidence FILE``
+what the file holds and starts nothing. ``kernels_bench/lab/studies/quality_study.py --confidence FILE``
 judges the rows as an escalation signal.
 """
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,11 +43,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from router.trace_format import WorkflowRun, load_trace  # noqa: E402
+from router.trace_format import WorkflowRun, load_trace
 
 TRACES = ["data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz"]
 TAIL = 8
@@ -146,7 +141,7 @@ def main() -> None:
     p.add_argument("--report", action="store_true", help="print the file's summary and stop")
     a = p.parse_args()
 
-    from kernels_bench.trace.engines import engine_session, single_engine_config
+    from kernels_bench.lab.trace.engines import engine_session, single_engine_config
 
     cfg = single_engine_config(a.cluster, a.engine)
     model = cfg.engine(a.engine).served_model_name

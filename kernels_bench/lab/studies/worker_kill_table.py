@@ -1,6 +1,6 @@
 """The worker-kill table of docs/reliability.md from soak results (issue 35).
 
-    python scripts/worker_kill_table.py NAME=SOAK_JSON [NAME=SOAK_JSON ...]
+    python -m kernels_bench.lab.studies.worker_kill_table NAME=SOAK_JSON [NAME=SOAK_JSON ...]
 
 Each SOAK_JSON is the ``soak.json`` of ``python -m kernels_bench soak --only
 kill-router-worker``. Per run: the kills, the requests refused, the requests cut split by

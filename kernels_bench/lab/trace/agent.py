@@ -110,7 +110,7 @@ def program(tokens: _Tokens, s: AgentSettings, index: int) -> Unit:
              Message("user", task + tokens.text(rng, rng.randint(*s.context)))]
     conversation = tokens.count(first)
     # Counted turn by turn: the template's special tokens separate turns, so a
-    # conversation's tokens are the sum of its turns' (tests/unit/test_trace_agent.py).
+    # conversation's tokens are the sum of its turns' (tests/lab/test_trace_agent.py).
     stages = []
     for j, role in enumerate(roles(s.stages)):
         new = first if j == 0 else [Message("user", "Tool result:\n"
@@ -144,7 +144,7 @@ def generate(s: AgentSettings, out: Path, command: str = "") -> list[Unit]:
     settings: dict[str, Any] = {**asdict(s), "context_form": "chat"}
     header = Header(format=FORMAT, version=VERSION, suite=SUITE,
                     workflows={WORKFLOW: roles(s.stages)}, settings=settings,
-                    sources=[{"name": "synthetic", "generator": "kernels_bench.trace.agent",
+                    sources=[{"name": "synthetic", "generator": "kernels_bench.lab.trace.agent",
                               "license": "none (generated)"}], command=command)
     write_records(out, header, units)
     return units

@@ -26,8 +26,8 @@ import httpx
 import msgspec
 from tqdm import tqdm
 
-from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
-from kernels_bench.trace.workflows import WORKFLOWS, prompt_version, stage_messages
+from kernels_bench.lab.trace.suites import SOURCES, Problem, judge, load_problems
+from kernels_bench.lab.trace.workflows import WORKFLOWS, prompt_version, stage_messages
 from router.trace_format import (
     FORMAT,
     VERSION,
@@ -200,7 +200,7 @@ def open_trace(out: Path, header: Header) -> set[str]:
 
 def build(cluster: Path, s: Settings, out: Path, models: list[str] | None, workflows: list[str],
           command: str) -> None:
-    from kernels_bench.trace.engines import describe_model, engine_session
+    from kernels_bench.lab.trace.engines import describe_model, engine_session
     from launcher.settings import load_launch_config
 
     cfg = load_launch_config(cluster)

@@ -37,7 +37,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kernels_bench.trace.answers import extract_math_answer, numbers_equal
+from kernels_bench.lab.trace.answers import extract_math_answer, numbers_equal
 from router.trace_format import (
     FORMAT,
     VERSION,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels_bench.trace.suites import load_problems
+from kernels_bench.lab.trace.suites import load_problems
 from router.trace_format import Trace
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)

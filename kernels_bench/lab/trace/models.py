@@ -1,4 +1,4 @@
-"""Where ``scripts/fetch_real_models.py`` puts the real models it fetches and converts."""
+"""Where ``kernels_bench/lab/studies/fetch_real_models.py`` puts the real models it fetches and converts."""
 
 from __future__ import annotations
 

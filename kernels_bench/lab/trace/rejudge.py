@@ -17,7 +17,7 @@ from collections import Counter
 import msgspec
 from tqdm import tqdm
 
-from kernels_bench.trace.suites import Problem, judge, load_problems
+from kernels_bench.lab.trace.suites import Problem, judge, load_problems
 from router.trace_format import Header, Unit
 
 _MATH_ID = re.compile(r"gsm_symbolic/(\d+)/(\d+)")

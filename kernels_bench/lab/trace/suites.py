@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernels_bench.trace.answers import extract_code, extract_math_answer, number_value
-from kernels_bench.trace.sandbox import (examples_program, humaneval_program, prompt_examples,
-                                         run_program, value_program)
+from kernels_bench.lab.trace.answers import extract_code, extract_math_answer, number_value
+from kernels_bench.lab.trace.sandbox import (examples_program, humaneval_program, prompt_examples,
+                                             run_program, value_program)
 from router.trace_format import WorkflowRun
 
 SOURCES = {

@@ -1,4 +1,4 @@
-"""``python -m kernels_bench.twin.calibrate``: the twin's two costs of a shared machine,
+"""``python -m kernels_bench.lab.twin.calibrate``: the twin's two costs of a shared machine,
 fitted on a live replay and a twin replay of the same runs (training problems only).
 
 A profile is measured with the engine alone; in a live replay on a small machine the
@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.metrics import tpot, ttft
-from kernels_bench.replay.output import load_summary, read_jsonl
-from kernels_bench.replay.records import RequestRecord, from_row
+from kernels_bench.lab.replay.metrics import tpot, ttft
+from kernels_bench.lab.replay.output import load_summary, read_jsonl
+from kernels_bench.lab.replay.records import RequestRecord, from_row
 
 MIN_CALLS = 20
 """Fewest calls per engine entry a slowdown is fitted on."""
@@ -99,7 +99,7 @@ def calibration(live_dir: Path, twin_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.calibrate",
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.lab.twin.calibrate",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--live", type=Path, required=True, help="a live replay's folder "
                    "(--problems trained)")

@@ -25,11 +25,11 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from engine_ext.schedulers import scheduler_type
+from kernels_bench.lab.twin.engine_spec import EngineSpec
+from kernels_bench.lab.twin.request import RequestRecord, TwinRequest
+from kernels_bench.lab.twin.step_time import StepTimeModel
+from kernels_bench.lab.twin.telemetry import Clock, KVEventFrames, SnapshotFrames
 from kernels_bench.lib.scheduler_harness import block_hasher, fake_output, make_scheduler
-from kernels_bench.twin.engine_spec import EngineSpec
-from kernels_bench.twin.request import RequestRecord, TwinRequest
-from kernels_bench.twin.step_time import StepTimeModel
-from kernels_bench.twin.telemetry import Clock, KVEventFrames, SnapshotFrames
 from router.state.vllm_metrics import VllmMetrics
 from scheduler_patches.settings import vllm_scheduling_policy
 

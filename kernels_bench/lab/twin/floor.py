@@ -5,7 +5,7 @@ A floor file (``kernels_bench.floor.measure``; docs/twin/floors/) holds, per mod
 decode step times by batch and context and prefill times by prompt length, measured in
 plain torch: the GPU work of a step without vLLM's own per-step work. ``floor_file``
 writes the ``<entry>.json`` that ``kernels_bench profile`` measures and
-``kernels_bench.twin.roofline`` models (``roofline.profile_file``)::
+``kernels_bench.lab.twin.roofline`` models (``roofline.profile_file``)::
 
     decode cell (b, c)    = F(b, c) + overhead
     prefill_ms_per_token  = F_prefill(T_max) / T_max
@@ -28,7 +28,7 @@ writes the ``<entry>.json`` that ``kernels_bench profile`` measures and
 ``floor_table`` sets the floor beside ``roofline.floor_seconds`` (the roofline without its
 overhead) per shape, batch and context, and per prompt length.
 
-CLI: ``python -m kernels_bench.twin.floor profile --floor FILE --gpu PRESET --model SPEC
+CLI: ``python -m kernels_bench.lab.twin.floor profile --floor FILE --gpu PRESET --model SPEC
 --entry NAME --overhead-ms X --out FILE`` and ``... table --floor FILE --gpu PRESET
 [--model SHAPE=SPEC ...] [--plot FILE]``. docs/twin.md, "A measured floor".
 """
@@ -45,13 +45,12 @@ from typing import Annotated, Any
 import msgspec
 
 from engine_ext.builtin_models import BUILTIN_MODELS, PREFIX
+from kernels_bench.lab.twin.roofline import (GpuPreset, ModelShape, decode_profile, floor_seconds,
+                                             gpu_preset, kv_capacity_tokens, model_shape,
+                                             profile_file)
+from kernels_bench.lab.twin.step_time import Ms
 from kernels_bench.lib.model_config import SHAPE_SUFFIX, model_config, shape_name
 from kernels_bench.predictors.profile import Cell
-from kernels_bench.twin.roofline import (
-    GpuPreset, ModelShape, decode_profile, floor_seconds, gpu_preset, kv_capacity_tokens,
-    model_shape, profile_file,
-)
-from kernels_bench.twin.step_time import Ms
 
 REFERENCE_CONTEXT = 512
 """The context ``decode_ms_per_token`` is read at (``predictors.profile.profile_numbers``)."""
@@ -254,7 +253,7 @@ def _plot(floor: Floor, gpu: GpuPreset, shapes: Mapping[str, ModelShape], path: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.floor",
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.lab.twin.floor",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     prof = sub.add_parser("profile", help="write a twin profile (<entry>.json) from a floor")

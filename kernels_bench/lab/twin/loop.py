@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
-from kernels_bench.twin.sim import Simulator
+from kernels_bench.lab.twin.sim import Simulator
 
 T = TypeVar("T")
 

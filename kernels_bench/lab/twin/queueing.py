@@ -1,4 +1,4 @@
-"""``python -m kernels_bench.twin.queueing DIR... [--pair STJF FCFS]``: STJF against FCFS
+"""``python -m kernels_bench.lab.twin.queueing DIR... [--pair STJF FCFS]``: STJF against FCFS
 with the same router, from the engines' queue time of every call (``queue_s`` of
 ``requests.jsonl``: engine arrival to first scheduling; the twin records it).
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels_bench.replay import intervals as iv
-from kernels_bench.twin.retention import pooled
+from kernels_bench.lab.replay import intervals as iv
+from kernels_bench.lab.twin.retention import pooled
 
 QUEUED_S = 1.0
 """A call that waited at least this long in an engine's queue counts as queued."""
@@ -154,7 +154,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.queueing",
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.lab.twin.queueing",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("folders", type=Path, nargs="+",
                    help="twin replay folders: one replay at one or more seeds")

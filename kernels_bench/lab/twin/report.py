@@ -1,4 +1,4 @@
-"""``python -m kernels_bench.twin.report DIR...``: one compact table per twin replay, as
+"""``python -m kernels_bench.lab.twin.report DIR...``: one compact table per twin replay, as
 docs/twin.md shows its scenarios: per policy and rate, mean E2E and score with their 95%
 intervals, both against the baseline (a *finding* when the interval excludes
 no-difference), the traffic split, the engines' busy fraction and the router's time per
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.output import load_summary
+from kernels_bench.lab.replay.output import load_summary
 
 
 def _ci(v: Mapping[str, Any] | None, fmt: str = "{:.2f}") -> str:
@@ -56,7 +56,7 @@ def _mean(xs: list[float], fmt: str, scale: float = 1.0) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.report",
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.lab.twin.report",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("folders", type=Path, nargs="+", help="twin (or live) replay folders")
     a = p.parse_args(argv)

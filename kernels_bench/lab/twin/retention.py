@@ -1,4 +1,4 @@
-"""``python -m kernels_bench.twin.retention [DIR...] [--pool DIR...] [--baseline SPEC]
+"""``python -m kernels_bench.lab.twin.retention [DIR...] [--pool DIR...] [--baseline SPEC]
 [--plot PNG]``: what KV
 retention between a program's calls buys, per replay folder (twin, or live with cached
 tokens per call), policy and rate, with 95% intervals.
@@ -51,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels_bench.replay import intervals as iv
-from kernels_bench.replay.output import load_summary
+from kernels_bench.lab.replay import intervals as iv
+from kernels_bench.lab.replay.output import load_summary
 
 Calls = list[Mapping[str, Any]]
 """One workflow's calls (rows of ``requests.jsonl``)."""
@@ -371,7 +371,7 @@ def _json(i: iv.Interval | None) -> dict[str, float] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.retention",
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.lab.twin.retention",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("folders", type=Path, nargs="*", help="replay folders (twin or live)")
     p.add_argument("--baseline", help="the spec compared against (default: the replay's "

@@ -7,7 +7,7 @@ plus a fixed per-step overhead, for a named GPU preset and the model's shape fro
 ``config.json``. The file says so (``"modelled": "roofline <preset>"``); a measured file
 of the same entry replaces it with no other change. docs/twin.md, "Modelled GPU profiles".
 
-CLI: ``python -m kernels_bench.twin.roofline --model builtin:NAME|PATH --gpu h100-sxm
+CLI: ``python -m kernels_bench.lab.twin.roofline --model builtin:NAME|PATH --gpu h100-sxm
 [--tp N] --entry NAME --out FILE``.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import msgspec
 
+from kernels_bench.lab.twin.step_time import EngineProfile
 from kernels_bench.lib.model_config import DTYPE_BYTES, kv_bytes_per_token, model_config
 from kernels_bench.predictors.profile import Cell, profile_numbers
-from kernels_bench.twin.step_time import EngineProfile
 
 BW_EFFICIENCY = 0.8
 """Assumed achievable fraction of datasheet HBM bandwidth for the weight and KV reads of a
@@ -129,7 +129,7 @@ def floor_seconds(shape: ModelShape, gpu: GpuPreset, batch: int, context: float,
                   prefill_tokens: int = 0, tp: int = 1) -> float:
     """``step_seconds`` without the per-step overhead: the GPU work alone,
     ``max(bytes / (bw x eff_bw), flops / (peak x eff_flops))`` (what a measured floor,
-    ``kernels_bench.twin.floor``, is held against)."""
+    ``kernels_bench.lab.twin.floor``, is held against)."""
     nbytes, flops = _bytes_and_flops(shape, batch, context, prefill_tokens)
     memory_s = nbytes / tp / (gpu.hbm_bytes_per_s * gpu.bw_efficiency)
     compute_s = flops / tp / (gpu.bf16_flops * gpu.flops_efficiency)
@@ -241,7 +241,7 @@ def decode_profile(file: dict[str, Any]) -> EngineProfile:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.roofline",
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.lab.twin.roofline",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="builtin:NAME or a folder with config.json")
     p.add_argument("--gpu", required=True, help=f"one of {', '.join(GPU_PRESETS)}")

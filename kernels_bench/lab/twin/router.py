@@ -33,11 +33,11 @@ from typing import Any
 import msgspec
 
 from engine_ext.telemetry import DEFAULT_HEARTBEAT_S, encode_snapshot
-from kernels_bench.replay.client import CallResult
-from kernels_bench.twin.engine import EngineTwin
-from kernels_bench.twin.loop import VirtualLoop
-from kernels_bench.twin.request import RequestRecord, TwinRequest
-from kernels_bench.twin.telemetry import Frame, frame
+from kernels_bench.lab.replay.client import CallResult
+from kernels_bench.lab.twin.engine import EngineTwin
+from kernels_bench.lab.twin.loop import VirtualLoop
+from kernels_bench.lab.twin.request import RequestRecord, TwinRequest
+from kernels_bench.lab.twin.telemetry import Frame, frame
 from router.app import Front
 from router.config.engines import priority_wire
 from router.dispatch.core import RouterCore

@@ -2,7 +2,7 @@
 virtual clock, in parallel processes.
 
 Everything a live replay decides before its first run comes from the same function
-(``kernels_bench.replay.run.prepare``: model map, router settings, priors, engines,
+(``kernels_bench.lab.replay.run.prepare``: model map, router settings, priors, engines,
 workload, run plan); every run builds a fresh cluster of engine twins
 (``engine_spec.engine_specs`` of the run's engines, each with its entry's profile) and a
 fresh ``TwinRouter``, and replays the jobs with the replay's own ``AgenticClient`` on the
@@ -25,20 +25,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kernels_bench.replay.client import AgenticClient, ClientSettings
-from kernels_bench.replay.engine_metrics import Decisions, EngineCounters
-from kernels_bench.replay.metrics import summarize
-from kernels_bench.replay.output import write_run, write_summary
-from kernels_bench.replay.run import (ReplayOptions, client_settings, one_line, prepare,
-                                      run_tag)
-from kernels_bench.replay.spec import PolicySpec
-from kernels_bench.replay.workload import Job
-from kernels_bench.twin.engine import EngineTwin
-from kernels_bench.twin.engine_spec import engine_specs
-from kernels_bench.twin.loop import VirtualLoop
-from kernels_bench.twin.router import DEFAULT_SCRAPE_INTERVAL_S, RouterCosts, TwinRouter
-from kernels_bench.twin.sim import Simulator
-from kernels_bench.twin.step_time import EngineProfile, StepTimeModel, load_profile
+from kernels_bench.lab.replay.client import AgenticClient, ClientSettings
+from kernels_bench.lab.replay.metrics import summarize
+from kernels_bench.lab.replay.output import write_run, write_summary
+from kernels_bench.lab.replay.run import ReplayOptions, client_settings, one_line, prepare, run_tag
+from kernels_bench.lab.replay.spec import PolicySpec
+from kernels_bench.lab.replay.workload import Job
+from kernels_bench.lab.twin.engine import EngineTwin
+from kernels_bench.lab.twin.engine_spec import engine_specs
+from kernels_bench.lab.twin.loop import VirtualLoop
+from kernels_bench.lab.twin.router import DEFAULT_SCRAPE_INTERVAL_S, RouterCosts, TwinRouter
+from kernels_bench.lab.twin.sim import Simulator
+from kernels_bench.lab.twin.step_time import EngineProfile, StepTimeModel, load_profile
+from kernels_bench.lib.engine_metrics import Decisions, EngineCounters
 from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import EngineConfig, LocalEngine
 from router.predictors.base import PredictorSet
@@ -205,7 +204,7 @@ def twin(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
     if missing:
         raise ValueError(f"no profile for engine(s) {', '.join(missing)}: give --profiles DIR "
                          "with <engine>.json (python -m kernels_bench profile, or "
-                         "python -m kernels_bench.twin.roofline)")
+                         "python -m kernels_bench.lab.twin.roofline)")
     p.summary["meta"]["twin"] = {
         "profiles": {k: v.modelled or "measured" for k, v in topts.profiles.items()},
         "charge_decision": topts.costs.charge_decision,

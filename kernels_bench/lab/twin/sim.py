@@ -14,11 +14,11 @@ import heapq
 from collections.abc import Callable
 
 from engine_ext.telemetry import DEFAULT_INTERVAL_S
-from kernels_bench.twin.engine import EngineTwin
-from kernels_bench.twin.engine_spec import EngineSpec
-from kernels_bench.twin.request import RequestRecord, TwinRequest
-from kernels_bench.twin.step_time import StepTimeModel
-from kernels_bench.twin.telemetry import Frame
+from kernels_bench.lab.twin.engine import EngineTwin
+from kernels_bench.lab.twin.engine_spec import EngineSpec
+from kernels_bench.lab.twin.request import RequestRecord, TwinRequest
+from kernels_bench.lab.twin.step_time import StepTimeModel
+from kernels_bench.lab.twin.telemetry import Frame
 
 FinishCallback = Callable[[RequestRecord], None]
 TelemetryCallback = Callable[[EngineTwin, list[Frame], list[Frame]], None]

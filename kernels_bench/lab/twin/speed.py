@@ -1,4 +1,4 @@
-"""``python -m kernels_bench.twin.speed``: how fast the engine twin simulates.
+"""``python -m kernels_bench.lab.twin.speed``: how fast the engine twin simulates.
 
 Every engine instance of a cluster file as a twin, with its entry's profile
 (``kernels_bench profile`` output), under ``synthetic_workload``; prints simulated
@@ -12,10 +12,10 @@ import random
 import time
 from pathlib import Path
 
-from kernels_bench.twin.engine_spec import engine_specs
-from kernels_bench.twin.request import TwinRequest
-from kernels_bench.twin.sim import Simulator
-from kernels_bench.twin.step_time import StepTimeModel, load_profile
+from kernels_bench.lab.twin.engine_spec import engine_specs
+from kernels_bench.lab.twin.request import TwinRequest
+from kernels_bench.lab.twin.sim import Simulator
+from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile
 from router.config.cluster import load_cluster_config
 
 
@@ -37,7 +37,7 @@ def synthetic_workload(seed: int, n: int, engines: list[str],
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.speed",
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.lab.twin.speed",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--cluster", type=Path, required=True)
     p.add_argument("--profile", action="append", default=[], metavar="ENTRY=FILE",

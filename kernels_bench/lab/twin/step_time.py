@@ -128,7 +128,7 @@ class StepTimeModel:
           counts as prefill);
         - K = ``slowdown``: 1, or what sharing the engine's cores costs where the
           profile was measured alone (the live replay's API servers, router and client
-          on the same 2 cores; ``kernels_bench.twin.calibrate`` fits it on training
+          on the same 2 cores; ``kernels_bench.lab.twin.calibrate`` fits it on training
           problems).
 
         Not modelled: the prefill fit's intercept (``prefill_fixed_ms``: per-request

@@ -1,4 +1,4 @@
-"""``python -m kernels_bench.twin.validate``: the twin against live replays of the same
+"""``python -m kernels_bench.lab.twin.validate``: the twin against live replays of the same
 configuration, per policy and rate (docs/twin.md, "Validation").
 
 Per (policy, rate) both hold: mean E2E with its 95% interval (``replay.intervals``: the
@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernels_bench.replay.intervals import METRICS, Interval, interval, matrix
-from kernels_bench.replay.output import load_summary, read_jsonl
-from kernels_bench.replay.metrics import lookup
-from kernels_bench.replay.records import WorkflowRecord, from_row
+from kernels_bench.lab.replay.intervals import METRICS, Interval, interval, matrix
+from kernels_bench.lab.replay.metrics import lookup
+from kernels_bench.lab.replay.output import load_summary, read_jsonl
+from kernels_bench.lab.replay.records import WorkflowRecord, from_row
 
 TOLERANCE = 0.15
 """The issue's bar: the twin's mean E2E within 15% of the live one (or in its interval)."""
@@ -140,7 +140,7 @@ def _exclusion(text: str) -> tuple[str, str, float, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels_bench.twin.validate",
+    p = argparse.ArgumentParser(prog="python -m kernels_bench.lab.twin.validate",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--live", type=Path, nargs="+", required=True, help="live replay folders")
     p.add_argument("--twin", type=Path, nargs="+", required=True, help="twin replay folders")

@@ -11,8 +11,8 @@ The work goes depth by depth; within a depth it is grouped by the node's last mo
 each group runs on that model's engine (started from the cluster file by the trace
 builder's ``engine_session``, one engine at a time, so two big models never share the
 machine), with up to ``--concurrency`` calls in flight. Prompts, greedy settings and the
-judge are the trace builder's (``kernels_bench.trace.build.call_stage``,
-``kernels_bench.trace.suites.judge``). Single-model prefixes are taken from a trace file
+judge are the trace builder's (``kernels_bench.lab.trace.build.call_stage``,
+``kernels_bench.lab.trace.suites.judge``). Single-model prefixes are taken from a trace file
 when one is given (its recorded stages, judged here stage by stage). Every execution is
 appended to ``--out`` at once (fsynced); a restarted collection skips what is there.
 """
@@ -29,12 +29,12 @@ from typing import Sequence
 import httpx
 from tqdm import tqdm
 
-from kernels_bench.trace.build import Settings, call_stage, run_all
-from kernels_bench.trace.engines import EngineHandle, describe_model, engine_session
-from kernels_bench.trace.suites import SOURCES, Problem, judge, load_problems
-from kernels_bench.trace.workflows import ROLE_PROMPTS
-from kernels_bench.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
-                                      read_executions, succeeded_by)
+from kernels_bench.lab.trace.build import Settings, call_stage, run_all
+from kernels_bench.lab.trace.engines import EngineHandle, describe_model, engine_session
+from kernels_bench.lab.trace.suites import SOURCES, Problem, judge, load_problems
+from kernels_bench.lab.trace.workflows import ROLE_PROMPTS
+from kernels_bench.lab.vinelm.executions import (FORMAT, VERSION, ExecHeader, Execution,
+                                                 read_executions, succeeded_by)
 from launcher.settings import load_launch_config
 from router.trace_format import Trace, TraceWriter, load_trace
 from router.vinelm.template import Invocation, WorkflowTemplate

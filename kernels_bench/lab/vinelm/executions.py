@@ -22,7 +22,7 @@ from typing import Any, Final, Literal, Mapping, Sequence
 
 import msgspec
 
-from kernels_bench.vinelm.executors import Prices
+from kernels_bench.lab.vinelm.executors import Prices
 from router.trace_format import Name, Stage, TraceFormatError, iter_lines
 from router.vinelm.profiling import MissingExecution, Outcome
 from router.vinelm.template import Invocation

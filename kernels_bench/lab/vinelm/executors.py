@@ -6,7 +6,7 @@
   the traces give is for single-model paths only); a mixed prefix raises
   ``MissingExecution``.
 - ``EngineExecutor`` runs the invocations on real engines through the trace builder's
-  stage runner (``kernels_bench.trace.build.call_stage``: the same prompts, greedy, the
+  stage runner (``kernels_bench.lab.trace.build.call_stage``: the same prompts, greedy, the
   same judge), keeping each prefix's stage outputs as the checkpoint its children
   continue from.
 
@@ -106,8 +106,8 @@ class EngineExecutor:
     def __init__(self, base_url: str, suite: str, problems: Mapping[str, Any],
                  invocations: Sequence[Invocation], prices: Prices, max_tokens: int = 512,
                  seed: int = 0, code_timeout_s: float = 10.0) -> None:
-        from kernels_bench.trace.build import Settings
-        from kernels_bench.trace.workflows import ROLE_PROMPTS
+        from kernels_bench.lab.trace.build import Settings
+        from kernels_bench.lab.trace.workflows import ROLE_PROMPTS
 
         unknown = sorted({i.stage for i in invocations} - set(ROLE_PROMPTS[suite]))
         if unknown:
@@ -125,8 +125,8 @@ class EngineExecutor:
     async def _run(self, problem: str, prefix: Path_) -> Outcome:
         import httpx
 
-        from kernels_bench.trace.build import call_stage
-        from kernels_bench.trace.suites import judge
+        from kernels_bench.lab.trace.build import call_stage
+        from kernels_bench.lab.trace.suites import judge
 
         history = self.checkpoints.get((problem, prefix[:-1]), []) if len(prefix) > 1 else []
         if len(prefix) > 1 and (problem, prefix[:-1]) not in self.checkpoints:

@@ -1,5 +1,5 @@
 """Experiments on an environment whose exhaustive ground truth is known: the synthetic
-one, or recorded real executions (``kernels_bench.vinelm.collect``; then the problems are split
+one, or recorded real executions (``kernels_bench.lab.vinelm.collect``; then the problems are split
 into folds, each fold's problems held out in turn from the profiling of the others).
 
 1. Profiling: sparse cascade profiling against exhaustive profiling of the same

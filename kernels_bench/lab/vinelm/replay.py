@@ -38,13 +38,14 @@ from typing import Any, Mapping, Sequence
 import httpx
 from tqdm import tqdm
 
-from kernels_bench.replay.arrivals import arrival_times
-from kernels_bench.replay.client import http_sender, run_clock
-from kernels_bench.replay.cluster import ClusterError, ReplayCluster, engine_variant
-from kernels_bench.replay.spec import SpecError, parse_model_map
-from kernels_bench.vinelm.executions import Execution, RecordedExecutor, read_executions
-from kernels_bench.vinelm.executors import Prices
-from kernels_bench.vinelm.experiment import slo_targets, static_assignments, static_path
+from kernels_bench.lab.replay.arrivals import arrival_times
+from kernels_bench.lab.replay.client import http_sender, run_clock
+from kernels_bench.lab.replay.spec import SpecError
+from kernels_bench.lab.vinelm.executions import Execution, RecordedExecutor, read_executions
+from kernels_bench.lab.vinelm.executors import Prices
+from kernels_bench.lab.vinelm.experiment import slo_targets, static_assignments, static_path
+from kernels_bench.lib.cluster import ClusterError, BenchCluster, engine_variant
+from kernels_bench.lib.model_map import parse_model_map
 from launcher.settings import load_launch_config
 from router.config.cluster import load_cluster_config
 from router.vinelm.estimate import EstimationSettings, annotate
@@ -160,7 +161,7 @@ async def run_workflow(send: Any, served: Served, template: WorkflowTemplate,
     return res
 
 
-def calibrate(cluster: ReplayCluster, messages: list[dict[str, str]]) -> dict[str, Latency]:
+def calibrate(cluster: BenchCluster, messages: list[dict[str, str]]) -> dict[str, Latency]:
     """Idle latency per served model from two forced lengths (best of two calls each)."""
     out = {}
     for inst in {i.served_model_name: i for i in cluster.instances()}.values():
@@ -256,7 +257,7 @@ def replay_vinelm(args: argparse.Namespace) -> dict[str, Any]:
         raise SpecError(f"{args.executions}: no problem has every node recorded")
     stemplate = served_template(template, to_served)
     args.out.mkdir(parents=True, exist_ok=True)
-    cluster = ReplayCluster(cfg, args.out / "cluster", tqdm.write)
+    cluster = BenchCluster(cfg, args.out / "cluster", tqdm.write)
     report: dict[str, Any] = {"command": args.command, "executions": args.executions.name,
                               "cluster": args.cluster.name, "model_map": to_recorded,
                               "problems": len(problems), "rate": args.rate,
