@@ -9,7 +9,6 @@ the router run once ``python -m router`` exists.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import signal
 import socket
@@ -33,8 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo.toml"
 START_TIMEOUT_S = 900.0
 """Two engines on two shared cores: about a minute alone, much more when contended."""
-needs_router = pytest.mark.skipif(importlib.util.find_spec("router.__main__") is None,
-                                  reason="the router (python -m router) is not there yet")
 
 
 class Launcher:
@@ -260,7 +257,6 @@ def programs_follow_across_workers(cfg: LaunchConfig) -> None:
     assert metric(w0, "hetserve_programs") == metric(w1, "hetserve_programs") == 0
 
 
-@needs_router
 def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path) -> None:
     """The demo cluster (its client runs in ``test_demo_flag``), with two router processes
     on one port (``workers = 2``) and CURVE on the telemetry plane: telemetry reaches both
@@ -314,7 +310,6 @@ def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path)
     sigterm_leaves_nothing(la, cfg)
 
 
-@needs_router
 def test_demo_flag(launcher_factory: Callable[..., Launcher]) -> None:
     """``--demo`` (what ``make demo`` runs): up, client workflow, down, exit 0."""
     la = launcher_factory("--demo")
