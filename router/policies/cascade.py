@@ -12,9 +12,9 @@ engine; when no engine of it can take the call, the least-loaded other engine do
 (the ``picker`` setting's engine picker chooses, default ``least_loaded``). A
 program whose agent says it has no check (``workflow.checked = false``: a prompt that
 states no examples) goes to the last rung at once: nothing would catch a wrong cheap
-answer (FrugalGPT's cascade stops only where its scorer accepts). It reads no prompt and
-no predictor: the quality signal is the check the agent ran (issue 30, "the signal the
-workflow itself produces")."""
+answer (FrugalGPT's cascade stops only where its scorer accepts). It reads no prompt (nor
+does its default picker) and no predictor: the quality signal is the check the agent ran
+(issue 30, "the signal the workflow itself produces")."""
 
 from __future__ import annotations
 

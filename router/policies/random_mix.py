@@ -1,11 +1,12 @@
 """``random_mix``: each program goes to the big model with probability ``share``, and
-within its model to the least-loaded engine (issue 30's routing baseline).
+within its model to the least-loaded engine (issue 30's routing baseline; the engine is
+the ``picker`` setting's choice, default ``least_loaded``).
 
 The choice is a seeded hash of the program id (of the request id for a call without one;
 ``records.seeded_uniform`` below ``share``),
 so every stage of a program lands on the same model with no state kept; when no engine
-of that model can take the call, the least-loaded other engine does (the ``picker``
-setting's engine picker chooses, default ``least_loaded``, among every candidate then). At a share s it
+of that model can take the call, the least-loaded other engine does (the picker chooses
+among every candidate then). At a share s it
 is the random router at s: a learned router's frontier point (score, share of calls on
 the big model) is judged against the curve this policy draws over s.
 """

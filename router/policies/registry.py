@@ -37,7 +37,14 @@ def validate_settings(name: str, table: Mapping[str, Any]) -> Any:
     if name not in POLICIES:
         raise SettingsError(f"router.policies.{name[:80]}", f"unknown policy {name[:80]!r}; "
                             f"known policies: {', '.join(POLICIES)}")
-    return decode(POLICIES[name].Settings, table, f"router.policies.{name}")
+    settings = decode(POLICIES[name].Settings, table, f"router.policies.{name}")
+    picker = getattr(settings, "picker", None)
+    if picker is not None:
+        try:
+            _check_inputs(picker)
+        except ValueError as e:
+            raise SettingsError(f"router.policies.{name}.picker", str(e)) from None
+    return settings
 
 
 def build_policy(name: str, all_settings: Mapping[str, Mapping[str, Any]],
@@ -51,15 +58,20 @@ def build_policy(name: str, all_settings: Mapping[str, Mapping[str, Any]],
     return build(name)
 
 
-def build_picker(name: str, all_settings: Mapping[str, Mapping[str, Any]]) -> Picker:
-    """A new engine picker ``name`` (a ``PICKERS`` name: settings validation checked it);
-    ValueError if it declares an input the router does not have."""
-    cls = PICKERS[name]
-    unknown = sorted(cls.inputs - INPUTS)
+def _check_inputs(picker: str) -> None:
+    """ValueError if engine picker ``picker`` declares an input the router does not have."""
+    unknown = sorted(PICKERS[picker].inputs - INPUTS)
     if unknown:
-        raise ValueError(f"engine picker {name!r} reads {', '.join(unknown)}, which the "
+        raise ValueError(f"engine picker {picker!r} reads {', '.join(unknown)}, which the "
                          f"router does not have; inputs: {', '.join(sorted(INPUTS))}")
-    return cls.built(all_settings)
+
+
+def build_picker(name: str, all_settings: Mapping[str, Mapping[str, Any]]) -> Picker:
+    """A new engine picker ``name`` (a ``PICKERS`` name: settings validation checked it)
+    from the policy tables; ValueError if it declares an input the router does not have,
+    or its settings are wrong."""
+    _check_inputs(name)
+    return PICKERS[name].built(all_settings)
 
 
 class _Build:

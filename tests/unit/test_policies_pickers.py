@@ -191,9 +191,16 @@ class ReadsTheFuture(Picker):
         return Pick(cands[0], {})
 
 
-def test_a_picker_reading_what_the_router_lacks_fails_at_build(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_picker_reading_what_the_router_lacks_fails_at_load(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(PICKERS, "future", ReadsTheFuture)
-    with pytest.raises(ValueError, match="engine picker 'future' reads next_minute_load, "
-                                         "which the router does not have"):
+    problem = ("engine picker 'future' reads next_minute_load, which the router does not "
+               "have; inputs: ")
+    with pytest.raises(ValueError, match=f"^router.policies.random_mix.picker: {problem}"):
         world().build("random_mix", {**TABLES["random_mix"], "picker": "future"})
+    path = cluster_file(tmp_path, "random_mix", "future", 'big_model = "tiny-b"\n')
+    with pytest.raises(ConfigError, match=f"router.policies.random_mix.picker: {problem}"):
+        load_cluster_config(path)
+    monkeypatch.setattr(POLICIES["vllm"], "default_picker", "future")
+    with pytest.raises(ValueError, match=f"^{problem}"):
+        world().build("vllm")
