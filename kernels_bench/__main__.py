@@ -53,8 +53,9 @@ def module_of(name: str) -> str:
 def usage() -> str:
     lines = ["usage: python -m kernels_bench <command> [options]", "", "commands:"]
     lines += [f"  {name:15} {desc}" for name, desc in PRODUCT.items()]
-    lines += ["", "lab commands (kernels_bench/lab/; their libraries: the lab extra):"]
+    lines += ["", "lab commands:"]
     lines += [f"  {name:15} {desc}" for name, desc in LAB.items()]
+    lines += ["", "The lab (kernels_bench/lab/) needs its extra: pip install -e '.[lab]'."]
     return "\n".join(lines)
 
 

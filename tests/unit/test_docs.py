@@ -279,11 +279,12 @@ class Helps:
 
 
 def subcommands(help_text: str) -> set[str]:
-    """Commands a help lists: argparse's ``{a,b} ...`` or a ``commands:`` section."""
+    """Commands a help lists: argparse's ``{a,b} ...`` or its ``commands:`` sections
+    (``python -m kernels_bench``: ``commands:`` and ``lab commands:``)."""
     names = {n for group in re.findall(r"\{([\w,-]+)\}\s+\.\.\.", help_text)
              for n in group.split(",")}
-    section = re.search(r"^(?:\w[\w ]*)?commands:\s*\n((?:[ \t]+\S.*\n?)+)", help_text, re.M)
-    if section:
+    for section in re.finditer(r"^(?:\w[\w ]*)?commands:\s*\n((?:[ \t]+\S.*\n?)+)", help_text,
+                               re.M):
         names |= {ln.split()[0] for ln in section.group(1).splitlines() if ln.strip()}
     return names
 

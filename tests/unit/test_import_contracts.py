@@ -1,8 +1,9 @@
 """The import contracts of pyproject.toml (``[tool.importlinter]``) hold, and they bite.
 
 ``lint-imports`` is import-linter's own command; a broken contract fails this test with
-its report. The second test plants an upward import and a sibling cycle in a copy of the
-packages, so a contract file that silently checks nothing would fail here too.
+its report. The second test plants an upward import, a sibling cycle and a product
+module importing the lab in a copy of the packages, so a contract file that silently
+checks nothing would fail here too.
 """
 
 from __future__ import annotations
@@ -45,8 +46,12 @@ def test_an_upward_import_and_a_cycle_break_them(tmp_path: Path) -> None:
         f.write("\nfrom kernels_bench.lab.trace import answers  # noqa: E402\n")
     with (tmp_path / "router" / "state" / "kv_hash.py").open("a") as f:
         f.write("\nfrom router.state import view  # noqa: E402\n")
+    with (tmp_path / "kernels_bench" / "lib" / "model_map.py").open("a") as f:
+        f.write("\nfrom kernels_bench.lab.replay import spec  # noqa: E402\n")
     result = lint(tmp_path)
     assert result.returncode != 0
     out = result.stdout
     assert "Top-level layers" in out and "router.types -> kernels_bench.lab.trace.answers" in out
     assert "cycles are allowed in router.state" in out and ".kv_hash -> .view" in out
+    assert "The product never imports the lab" in out
+    assert "kernels_bench.lib.model_map -> kernels_bench.lab.replay.spec" in out

@@ -1,5 +1,5 @@
 """``python -m kernels_bench artifacts``: its options (the training and its cache:
-``predictors.artifacts``)."""
+``lab.replay.artifacts``)."""
 
 from __future__ import annotations
 
