@@ -165,13 +165,6 @@ def test_a_cluster_file_naming_an_unknown_picker_fails_at_load(tmp_path: Path) -
                             f"'kv'; known pickers: {', '.join(PICKERS)}")
 
 
-def test_the_prompt_is_read_where_the_picker_reads_it() -> None:
-    w = world()
-    assert not w.build("random_mix", TABLES["random_mix"]).uses_prompt
-    assert w.build("random_mix", {**TABLES["random_mix"], "picker": "lmetric"}).uses_prompt
-    assert not w.build("random_mix", {**TABLES["random_mix"], "picker": "least_kv"}).uses_prompt
-
-
 def test_each_policy_builds_its_own_picker() -> None:
     """LMETRIC's hotspot counters are per policy, as before pickers were parts."""
     w = world()

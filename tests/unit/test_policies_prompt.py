@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from router.policies import POLICIES
+from router.policies.pickers import PICKERS
 from router.types import RoutingRequest
 from tests.unit.test_policies_base import World
 
@@ -60,6 +61,23 @@ def test_a_prompt_free_policy_reads_no_prompt_field(name: str) -> None:
                             "cascade": {"models": ["a", "b"]}}.get(name))
     seen = {w.decide(policy, poisoned(f"r{i}")).instance for i in range(6)}
     assert seen <= {"e0", "e1", "e2"}
+
+
+@pytest.mark.parametrize("picker", sorted(n for n, p in PICKERS.items() if not p.uses_prompt))
+def test_a_prompt_free_picker_reads_no_prompt_field(picker: str) -> None:
+    w = world()
+    policy = w.build("random_mix", {"big_model": "a", "share": 1.0, "picker": picker})
+    assert not policy.uses_prompt
+    seen = {w.decide(policy, poisoned(f"r{i}")).instance for i in range(6)}
+    assert seen <= {"e0", "e1"}
+
+
+def test_a_picker_that_reads_the_prompt_makes_its_policy_read_it() -> None:
+    w = world()
+    policy = w.build("random_mix", {"big_model": "a", "share": 1.0, "picker": "lmetric"})
+    assert policy.uses_prompt
+    with pytest.raises(PromptRead):
+        w.decide(policy, poisoned("r"))
 
 
 def test_the_poison_is_seen_through_the_state_view() -> None:
