@@ -1,8 +1,8 @@
-"""kernels_bench/lab/studies/small_confidence.py on a real engine: the log-probabilities it recomputes for a
-recorded output (the chat template through ``/tokenize``, then ``prompt_logprobs``) are the
-ones the engine returned when it generated that output greedily with ``logprobs`` on the
-call: the offline signal is the one a live agent would read. The engine is ``a`` of
-tests/tiny_pair.py."""
+"""``kernels_bench.lab.studies.small_confidence`` on a real engine: the log-probabilities it
+recomputes for a recorded output (the chat template through ``/tokenize``, then
+``prompt_logprobs``) are the ones the engine returned when it generated that output greedily
+with ``logprobs`` on the call: the offline signal is the one a live agent would read. The
+engine is ``a`` of tests/tiny_pair.py."""
 
 from __future__ import annotations
 

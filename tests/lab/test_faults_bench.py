@@ -1,5 +1,6 @@
 """The fault-injection benchmark's classification of what a client got
-(``kernels_bench.lab.faults.signals``; the benchmark itself runs real engines: docs/reliability.md)."""
+(``kernels_bench.lab.faults.signals``; the benchmark itself runs real engines:
+docs/reliability.md)."""
 
 from __future__ import annotations
 

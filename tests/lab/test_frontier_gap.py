@@ -1,5 +1,5 @@
-"""kernels_bench/lab/studies/frontier_gap.py: scores, big shares, the random-mix curve and pooling runs, on
-hand-made replay outputs whose every number is known."""
+"""``kernels_bench.lab.studies.frontier_gap``: scores, big shares, the random-mix curve and
+pooling runs, on hand-made replay outputs whose every number is known."""
 
 from __future__ import annotations
 

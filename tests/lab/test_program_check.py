@@ -1,7 +1,7 @@
-"""kernels_bench/lab/studies/program_check.py: each problem's program runs in the sandbox against the
-reference and against every model's final answer per workflow, on the fixture trace
-(tests/replay_fixture.py: "small" right on even problems, "large" always; a wrong final
-answer is "0"); and a results file of another kind is refused in one line."""
+"""``kernels_bench.lab.studies.program_check``: each problem's program runs in the sandbox
+against the reference and against every model's final answer per workflow, on the fixture
+trace (tests/replay_fixture.py: "small" right on even problems, "large" always; a wrong
+final answer is "0"); and a results file of another kind is refused in one line."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
     for content in ("not json", "[1, 2]", json.dumps({"model": "other", "problems": {}}),
                     json.dumps({**mine, "problems": {"p0": {"output_text": 3}}})):
         bad.write_text(content)
-        r = subprocess.run([sys.executable, "-m", "kernels_bench.lab.studies.program_check", "--out",
-                            str(bad), "--report", "--cluster", str(cluster)],
+        r = subprocess.run([sys.executable, "-m", "kernels_bench.lab.studies.program_check",
+                            "--out", str(bad), "--report", "--cluster", str(cluster)],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode != 0 and "Traceback" not in r.stderr
         assert str(bad) in r.stderr and "use another --out" in r.stderr
@@ -67,8 +67,9 @@ def test_a_results_file_of_another_kind_is_one_line(tmp_path: Path) -> None:
 
 def test_a_model_not_on_this_machine_is_one_line(tmp_path: Path) -> None:
     cluster = cluster_file(tmp_path, "e", tmp_path / "absent")
-    r = subprocess.run([sys.executable, "-m", "kernels_bench.lab.studies.program_check", "--cluster",
-                        str(cluster), "--engine", "e", "--out", str(tmp_path / "o.json"),
-                        "--report"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "kernels_bench.lab.studies.program_check",
+                        "--cluster", str(cluster), "--engine", "e", "--out",
+                        str(tmp_path / "o.json"), "--report"], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "does not exist" in r.stderr and str(tmp_path / "absent") in r.stderr

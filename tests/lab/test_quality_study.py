@@ -1,6 +1,7 @@
-"""kernels_bench/lab/studies/quality_study.py's pure parts on small synthetic rows: the similarity-weighted
-k-NN, which math rows have a template in training, and the confirmation's protocol; and
-its workflow signals on the shipped traces (the committed ones) and the doubt threshold."""
+"""``kernels_bench.lab.studies.quality_study``'s pure parts on small synthetic rows: the
+similarity-weighted k-NN, which math rows have a template in training, and the
+confirmation's protocol; and its workflow signals on the shipped traces (the committed ones)
+and the doubt threshold."""
 
 from __future__ import annotations
 

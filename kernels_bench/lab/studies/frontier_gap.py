@@ -1,8 +1,8 @@
 """Paired comparisons of replay (or twin) runs on the same workflows, and each policy's
 distance to the random router's curve (issue 30, item 5).
 
-    python -m kernels_bench.lab.studies.frontier_gap RUN [RUN ...] [--big tiny-b] [--baseline RUN:POLICY]
-                                   [--pool | --pool-seeds] [--boot 2000] [--json FILE]
+    python -m kernels_bench.lab.studies.frontier_gap RUN [RUN ...] [--big tiny-b]
+        [--baseline RUN:POLICY] [--pool | --pool-seeds] [--boot 2000] [--json FILE]
                                    [--plot FILE]
 
 Every RUN is a replay's output folder (``workflows.jsonl``, ``requests.jsonl``) of the same

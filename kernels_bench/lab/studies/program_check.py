@@ -16,9 +16,10 @@ costs one more call of the small model per problem, made beside the workflow.
 Stored per problem: the output text, finish reason and token counts. ``--report`` runs the
 programs in the sandbox (never here) and prints how often the program is right (against
 the reference) and how often it agrees with each model's greedy final answer per
-workflow, and with whether that answer is right; ``kernels_bench/lab/studies/quality_study.py --programs
-FILE`` judges the agreement as an escalation signal. Resumable: saved every
-``SAVE_EVERY`` problems, a rerun asks only for the problems the file lacks.
+workflow, and with whether that answer is right; ``python -m
+kernels_bench.lab.studies.quality_study --programs FILE`` judges the agreement as an
+escalation signal. Resumable: saved every ``SAVE_EVERY`` problems, a rerun asks only for
+the problems the file lacks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Quality predictors judged as routers, cross-fitted (issue 30 items 1, 3 and 4).
 
-    python -m kernels_bench.lab.studies.quality_study [--repeats 3] [--boot 1000] [--trace FILE ...] [--out DIR]
+    python -m kernels_bench.lab.studies.quality_study [--repeats 3] [--boot 1000]
+        [--trace FILE ...] [--out DIR]
     python -m kernels_bench.lab.studies.quality_study --confirm data/traces/math-new.jsonl.gz
 
 Rows: the first stage of every (problem, workflow) of the shipped math and code traces
@@ -411,8 +412,8 @@ def program_doubt(answers: Sequence[str | None], outputs: Sequence[str]) -> np.n
 def confidence_doubt(keys: Sequence[tuple[str, str]], confidence: dict, stat: str
                      ) -> np.ndarray:
     """Per row, minus the small model's token log-probability statistic ``stat`` of its
-    final stage (``kernels_bench/lab/studies/small_confidence.py``; ``problem``: of the problem text alone);
-    NaN where the file has no score."""
+    final stage (``kernels_bench/lab/studies/small_confidence.py``; ``problem``: of the
+    problem text alone); NaN where the file has no score."""
     def one(p: str, w: str) -> float:
         if stat == "problem":
             row = confidence["problems"].get(p, {})
@@ -760,11 +761,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("docs/predictors/quality"))
     p.add_argument("--confidence", type=Path, default=CONFIDENCE,
                    help="the small model's token log-probabilities of its runs "
-                        "(kernels_bench/lab/studies/small_confidence.py; default %(default)s, skipped when "
-                        "absent)")
+                        "(kernels_bench.lab.studies.small_confidence; default %(default)s, "
+                        "skipped when absent)")
     p.add_argument("--programs", type=Path, default=PROGRAMS,
-                   help="the small model's programs per math problem (kernels_bench/lab/studies/program_check.py;"
-                        " default %(default)s, skipped when absent)")
+                   help="the small model's programs per math problem "
+                        "(kernels_bench.lab.studies.program_check; default %(default)s, "
+                        "skipped when absent)")
     p.add_argument("--sampled", nargs="*", default=SAMPLED,
                    help="traces with two sampled runs per model, for the noise ceiling "
                         "(default: the shipped sampled traces; absent ones skipped)")

@@ -5,8 +5,9 @@ ABBA order in a ``--before`` and an ``--after`` checkout (each with its own ``.v
 a geometric mean over the pairs with a 95% t interval, and the p50 ratio normalised by each
 run's own round robin p50 (round robin is the noise's yardstick).
 
-    python -m kernels_bench.lab.studies.router_ab --before ../main --after . --pairs 4 --out bench_results/router-ab
-    python -m kernels_bench.lab.studies.router_ab --report bench_results/router-ab   # the table again
+    python -m kernels_bench.lab.studies.router_ab --before ../main --after . --pairs 4
+        --out bench_results/router-ab
+    python -m kernels_bench.lab.studies.router_ab --report bench_results/router-ab  # the table
 
 Each run's JSON stays in ``--out`` (``before-K``, ``after-K``); a rerun with the same
 ``--out`` skips the runs already there, so a killed comparison resumes. The summary goes

@@ -26,8 +26,8 @@ last 8 tokens (where a final answer is written). A row whose prompt and output e
 engine's ``max_model_len`` is stored as skipped. Resumable: the file is rewritten every
 ``SAVE_EVERY`` rows and a rerun skips the rows it holds. About 100 prompt tokens/s on 2
 CPU cores for the 0.5B (the math trace's 300 rows: about 40 minutes). ``--report`` prints
-what the file holds and starts nothing. ``kernels_bench/lab/studies/quality_study.py --confidence FILE``
-judges the rows as an escalation signal.
+what the file holds and starts nothing. ``python -m kernels_bench.lab.studies.quality_study
+--confidence FILE`` judges the rows as an escalation signal.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Where ``kernels_bench/lab/studies/fetch_real_models.py`` puts the real models it fetches and converts."""
+"""Where ``python -m kernels_bench.lab.studies.fetch_real_models`` puts the real models it
+fetches and converts."""
 
 from __future__ import annotations
 
