@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup ray demo test test-unit bench-scheduler artifacts replay peers bench-front bench-faults bench-soak
+.PHONY: setup ray demo test test-unit test-lab bench-scheduler artifacts replay peers bench-front bench-faults bench-soak
 
 setup:
 	@scripts/setup_venv.sh
@@ -16,8 +16,15 @@ ray: setup
 demo: setup
 	$(PY) -m launcher examples/demo.toml --demo
 
+# The product's tests (unit, integration and end-to-end on real engines and Ray) and the lab's
+# tests that need no engine; the lab's experiments on live engines (trace builds, the live
+# replay, VineLM collection) run with make test-lab.
 test: setup
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -m "not (lab and engine)"
+
+# Every test of the lab (tests/lab/, marked lab), live engines included.
+test-lab: setup
+	$(PY) -m pytest tests -q -m lab
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q

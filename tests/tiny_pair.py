@@ -1,6 +1,6 @@
 """Two real engines, ``a-0`` (``tiny-a``) and ``b-0`` (``tiny-b``, which requires an API key),
-shared by the integration modules that put a router in front of them (fixture
-``tiny_pair`` in tests/integration/conftest.py): one start of the pair for the package
+shared by the modules (integration and lab) that put a router in front of them (fixture
+``tiny_pair`` in tests/conftest.py): one start of the pair for the session
 instead of one per module. A module that kills an engine leaves it dead; the next module
 to ask for the pair gets it started again (``TinyPair.revive``)."""
 

@@ -13,6 +13,8 @@ import pytest
 from kernels_bench.lab.studies import small_confidence as conf
 from tests.tiny_pair import MAX_MODEL_LEN, TinyPair
 
+pytestmark = pytest.mark.engine
+
 
 def test_recomputed_logprobs_are_the_live_calls(tiny_pair: TinyPair) -> None:
     tiny_pair.revive()
