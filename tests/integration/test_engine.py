@@ -81,7 +81,8 @@ class Collector:
 def engines(tmp_path_factory) -> Iterator[dict[str, EngineProc]]:
     """Both test engines, started at once (75 s here, against 93 s one after the other):
     ``stjf-e2e``, and ``stjf-aging`` with three promotion levels and a snapshot every step
-    (its test counts steps)."""
+    (its test counts steps); both in dev mode with load tracking, for
+    ``_queue_while_paused``."""
     tmp: Path = tmp_path_factory.mktemp("engines")
     started = [
         spawn_engine(tmp, "stjf-e2e", extra=[
@@ -91,7 +92,8 @@ def engines(tmp_path_factory) -> Iterator[dict[str, EngineProc]]:
         spawn_engine(tmp, "stjf-aging", extra=[
             "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
             "--max-promotions", "3", "--telemetry-interval-ms", "0",
-        ]),
+            "--enable-server-load-tracking",
+        ], env={"VLLM_SERVER_DEV_MODE": "1"}),
     ]
     try:
         yield {e.engine_id: wait_engine(e) for e in started}
@@ -171,15 +173,19 @@ async def _wait_for(collector: Collector, predicate, timeout: float = 120,
 
 
 async def _queue_while_paused(client: httpx.AsyncClient, collector: Collector,
-                              requests: list) -> tuple[list[asyncio.Task], int]:
+                              requests: list, arrivals: int | None = None,
+                              ) -> tuple[list[asyncio.Task], int]:
     """Pause the engine, send ``requests`` (coroutines), wait until the API server holds
-    them all and a moment more for them to reach the scheduler, then resume. Returns the
-    tasks and the last engine step before the resume."""
+    ``arrivals`` requests (default: one per coroutine) and a moment more for them to reach
+    the scheduler, then resume. Returns the tasks and the last engine step before the
+    resume."""
+    arrivals = len(requests) if arrivals is None else arrivals
     (await client.post("/pause", params={"mode": "keep"})).raise_for_status()
     tasks = [asyncio.create_task(r) for r in requests]
     deadline = time.monotonic() + 120
-    while (await client.get("/load")).json()["server_load"] < len(tasks):
-        assert time.monotonic() < deadline, "requests did not reach the API server in 120 s"
+    while (await client.get("/load")).json()["server_load"] < arrivals:
+        assert time.monotonic() < deadline, \
+            f"{arrivals} requests did not reach the API server in 120 s"
         for t in tasks:
             if t.done():
                 t.result()  # raises what went wrong
@@ -221,14 +227,20 @@ def test_service_order_follows_the_key(engine, collector):
 def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, aging_collector):
     """A low-priority request under a steady stream of short high-priority ones.
 
-    Measured in engine steps from telemetry (every step is published on this engine), not
-    by client-side timing: the low request has a long prompt, so the steps during which
-    its uncomputed prompt shows in ``queued_prefill_tokens`` are exactly its wait."""
+    The low request and the first ``outstanding`` shorts are queued while the engine is
+    paused, so all of them wait in the scheduler when serving starts (checked at the first
+    step); each finished short is replaced by a new one, so at most ``outstanding`` shorts
+    are in the engine at any time. Measured in engine steps from telemetry (every step is
+    published on this engine), not by client-side timing: the low request has a long
+    prompt, so the steps during which its uncomputed prompt shows in
+    ``queued_prefill_tokens`` are exactly its wait; it came during the pause, so the last
+    step before the resume is its arrival step."""
     engine, collector = aging_engine, aging_collector
     short_tokens, n_short, outstanding, low_prompt_words = 4, 80, 10, 300
     promotions = 3
+    low_prompt = " ".join(["low"] * low_prompt_words)
 
-    async def run():
+    async def run() -> int:
         async with _client(engine.url) as client:
             sem = asyncio.Semaphore(outstanding)
 
@@ -236,31 +248,40 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
                 async with sem:
                     await _complete(client, f"short {i}", short_tokens, 1)
 
-            shorts = [asyncio.create_task(short(i)) for i in range(n_short)]
-            await _wait_for(collector, lambda s: s.num_waiting >= outstanding - 2, watch=shorts)
-            await _complete(client, " ".join(["low"] * low_prompt_words), 2, 1_000_000)
-            await asyncio.gather(*shorts)
+            async def stream() -> None:
+                await asyncio.gather(*(short(i) for i in range(n_short)))
+
+            tasks, before = await _queue_while_paused(
+                client, collector, [stream(), _complete(client, low_prompt, 2, 1_000_000)],
+                arrivals=outstanding + 1)
+            await asyncio.gather(*tasks)
             # Every step's snapshot is sent before the idle heartbeat that follows it on
             # the same socket: wait for one, or the tail of the run may not be here yet.
             after = max(s.seq for s in collector.snapshots)
             await _wait_for(collector, lambda s: s.heartbeat and s.seq > after)
+            return before
 
-    asyncio.run(run())
-    snaps = sorted(collector.snapshots, key=lambda s: s.step)
-    low_queued = [s.queued_prefill_tokens >= low_prompt_words // 2 for s in snaps]
-    if not any(low_queued):  # every step is published: it was admitted in the step it came
-        return               # (0 steps of waiting, within any bound); seen in 1 of 2 runs
-    first = low_queued.index(True)
-    last = len(low_queued) - 1 - low_queued[::-1].index(True)
-    assert first > 0, "the collector missed the steps before the low request came"
-    assert not any(low_queued[last + 1:]) and all(low_queued[first:last + 1])
-    waited = snaps[last + 1].step - snaps[first - 1].step  # bracketing: an upper bound
-    # The shorts wait at most outstanding * short_tokens < 3S steps, so they never reach
-    # level -3; the low request does after 3S steps waiting and is admitted when the
-    # running short finishes (at most short_tokens + 1 steps). Without aging
-    # (--max-promotions 0) it waits for the whole stream: 202 steps when measured.
-    bound = promotions * S + short_tokens + 3
+    before = asyncio.run(run())
+    steps = [s for s in collector.snapshots if s.step > before and not s.heartbeat]
+    first = steps[0]
+    assert (first.step, first.batch_size, first.num_waiting) == (before + 1, 1, outstanding) \
+        and first.queued_prefill_tokens >= low_prompt_words // 2, \
+        f"not all of the low request and {outstanding} shorts were queued at the resume: {first}"
+    admitted = next(s for s in steps if s.queued_prefill_tokens < low_prompt_words // 2)
+    waited = admitted.step - before
+    # A short waits behind at most outstanding - 1 others and the low request (2 steps):
+    # 9 * 4 + 2 = 38 < 3S steps, so none reaches level -3; the low request does after 3S
+    # steps waiting and is admitted once the running short finishes (at most short_tokens
+    # more steps). The wait is bracketed by the step before the resume (its arrival: the
+    # engine does not step while paused) and the first step seen without it.
+    # Without aging (--max-promotions 0) it would wait until no short is left waiting: the
+    # whole stream, as long as the client keeps the queue fed.
+    bound = promotions * S + short_tokens
+    print(f"low request waited {waited} steps (bound {bound}), admitted over "
+          f"{admitted.num_waiting} waiting shorts")
     assert waited <= bound, f"low request waited {waited} steps, bound {bound}"
+    # It cannot pass the shorts queued with it (as old, and ahead by priority): 4 steps each.
+    assert waited > outstanding * short_tokens, f"low request waited only {waited} steps"
 
 
 def test_a_killed_servers_engine_core_falls_silent(aging_engine, aging_collector):
