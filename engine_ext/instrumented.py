@@ -5,16 +5,17 @@ Runs inside the EngineCore process. The step never blocks on I/O: when a frame i
 built here and handed to ``TelemetryPublisher``'s thread. Building it costs O(running):
 the waiting queues keep their prefill-token totals as requests come and go
 (``scheduler_patches.queues.PendingTokens``).
-Settings come from the ``hetserve`` table of vLLM's ``additional_config``:
-``engine_id``, ``telemetry_endpoint`` (no endpoint: no telemetry), ``telemetry_interval_ms``,
-``telemetry_heartbeat_ms``, ``telemetry_keys_dir`` (CURVE, ``engine_ext.curve``).
+Settings come from the ``hetserve`` table of vLLM's ``additional_config``
+(``TelemetrySettings``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
+import pydantic
+from pydantic import Field
 from vllm.v1.core.sched.request_queue import (
     FCFSRequestQueue,
     PriorityRequestQueue,
@@ -34,7 +35,23 @@ from engine_ext.telemetry import (
     server_pid,
 )
 from scheduler_patches.queues import CountingFCFSQueue, CountingPriorityQueue
-from scheduler_patches.settings import hetserve_config
+from scheduler_patches.settings import STRICT, from_table, hetserve_config
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=STRICT)
+class TelemetrySettings:
+    """The engine's telemetry (keys of the ``hetserve`` table of ``additional_config``)."""
+
+    engine_id: str = "engine"
+    """Topic of its snapshots and KV events (the router's engine id)."""
+    telemetry_endpoint: str | None = None
+    """Where snapshots are published; none: no telemetry."""
+    telemetry_interval_ms: Annotated[float, Field(ge=0)] = DEFAULT_INTERVAL_S * 1e3
+    """Least time between two snapshots while busy (0: every step)."""
+    telemetry_heartbeat_ms: Annotated[float, Field(gt=0)] = DEFAULT_HEARTBEAT_S * 1e3
+    """A snapshot repeated this often while idle or in a long step."""
+    telemetry_keys_dir: str | None = None
+    """CURVE keys of the telemetry plane (``engine_ext.curve``)."""
 
 
 def with_token_ledger(queue: RequestQueue) -> RequestQueue:
@@ -54,28 +71,27 @@ class TelemetryMixin:
     """Place first in the bases of a vLLM ``Scheduler`` subclass."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        keys_dir = hetserve_config(kwargs.get("vllm_config", args[0] if args else None)
-                                   ).get("telemetry_keys_dir")
+        settings = from_table(TelemetrySettings, hetserve_config(
+            kwargs.get("vllm_config", args[0] if args else None)))
+        keys_dir = settings.telemetry_keys_dir
         curve = engine_curve(keys_dir) if keys_dir else None
         if curve is not None:  # before vLLM's __init__ makes its KV-event publisher
             use_curve(curve)
         super().__init__(*args, **kwargs)
-        table = hetserve_config(self.vllm_config)
-        self.engine_id: str = str(table.get("engine_id", "engine"))
+        self.engine_id = settings.engine_id
         self.telemetry_step = 0
         self.telemetry_preemptions = 0
         self._finished: list[FinishedRequest] = []
         self._was_idle = True  # state of the last published snapshot
         self.waiting = with_token_ledger(self.waiting)
         self.kv_holding_waiting = with_token_ledger(self.kv_holding_waiting)
-        endpoint = table.get("telemetry_endpoint")
         self.telemetry: SnapshotSink | None = None
-        if endpoint:
+        if settings.telemetry_endpoint:
             self.attach_telemetry(TelemetryPublisher(
-                endpoint,
+                settings.telemetry_endpoint,
                 topic=self.engine_id,
-                interval_s=float(table.get("telemetry_interval_ms", DEFAULT_INTERVAL_S * 1e3)) / 1e3,
-                heartbeat_s=float(table.get("telemetry_heartbeat_ms", DEFAULT_HEARTBEAT_S * 1e3)) / 1e3,
+                interval_s=settings.telemetry_interval_ms / 1e3,
+                heartbeat_s=settings.telemetry_heartbeat_ms / 1e3,
                 curve=curve,
                 server_pid=server_pid(),
             ))

@@ -35,9 +35,10 @@ from typing import Any
 
 from engine_ext.curve import engine_curve
 from engine_ext.telemetry import DEFAULT_INTERVAL_S, SERVER_PID_ENV
-from scheduler_patches.program_admission import AdmissionSettings, admission_settings
-from scheduler_patches.protected import RetentionSettings, retention_settings
-from scheduler_patches.settings import ENGINE_POLICIES, vllm_scheduling_policy
+from scheduler_patches.aging import AgingSettings
+from scheduler_patches.program_admission import AdmissionSettings
+from scheduler_patches.protected import RetentionSettings
+from scheduler_patches.settings import ENGINE_POLICIES, from_table, vllm_scheduling_policy
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +107,9 @@ def _async_scheduling(passthrough: list[str]) -> bool:
 def vllm_argv(ns: argparse.Namespace, passthrough: list[str]) -> list[str]:
     """The full vLLM server argument list for our options plus the passthrough ones."""
     from engine_ext.builtin_models import load_format, resolve_model
+    from engine_ext.instrumented import TelemetrySettings
     from engine_ext.schedulers import scheduler_class
+    from scheduler_patches.mlfq import MLFQSettings
 
     args = list(passthrough)
     served = _pop_option(args, "--served-model-name")
@@ -124,13 +127,13 @@ def vllm_argv(ns: argparse.Namespace, passthrough: list[str]) -> list[str]:
     if ns.telemetry_keys_dir:
         engine_curve(ns.telemetry_keys_dir)  # unreadable keys: an error here, not in the core
         hetserve["telemetry_keys_dir"] = os.path.abspath(ns.telemetry_keys_dir)
-    for key in ("starvation_threshold", "quantum", "max_promotions", "mlfq_levels",
-                "mlfq_base_quantum", *RetentionSettings.__struct_fields__,
-                *AdmissionSettings.__struct_fields__):
-        if getattr(ns, key) is not None:
+    settings = (AgingSettings, MLFQSettings, RetentionSettings, AdmissionSettings)
+    for key in (k for cls in settings for k in cls.__pydantic_fields__):
+        if getattr(ns, key, None) is not None:
             hetserve[key] = getattr(ns, key)
-    retention_settings(hetserve)  # out of bounds: an error here, not in the core
-    if admission_settings(hetserve).admit_returning_first and ns.sched_policy != "stjf":
+    for cls in (*settings, TelemetrySettings):  # a bad value: an error here, not in the core
+        from_table(cls, hetserve)
+    if from_table(AdmissionSettings, hetserve).admit_returning_first and ns.sched_policy != "stjf":
         raise ValueError("--admit-returning-first needs --sched-policy stjf (the order it "
                          f"changes is STJF's), not {ns.sched_policy}")
     extra_raw = _pop_option(args, "--additional-config")

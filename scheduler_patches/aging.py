@@ -31,11 +31,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Annotated
+
+import pydantic
+from pydantic import Field
 
 from scheduler_patches.contract import NO_PRIORITY, PRIORITY_MAX
+from scheduler_patches.settings import STRICT
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True, config=STRICT)
 class AgingSettings:
     """Per-engine anti-starvation settings (Chimera section 3.7).
 
@@ -44,24 +49,14 @@ class AgingSettings:
     engine steps (a few seconds on a GPU) and keeps its boost for ``Q`` steps.
     """
 
-    starvation_threshold: int = 128
+    starvation_threshold: Annotated[int, Field(ge=1)] = 128
     """S: pass-overs (schedule() iterations spent waiting) before a promotion."""
-    quantum: int = 64
+    quantum: Annotated[int, Field(ge=1)] = 64
     """Q: scheduling iterations a promoted request receives before it is demoted."""
-    max_promotions: int = 4
+    max_promotions: Annotated[int, Field(ge=0)] = 4
     """Deepest starvation level is ``-max_promotions``."""
-    unprioritized_priority: int = PRIORITY_MAX
+    unprioritized_priority: Annotated[int, Field(ge=0, le=PRIORITY_MAX)] = PRIORITY_MAX
     """Priority used for requests sent without one (wire value 0)."""
-
-    def __post_init__(self) -> None:
-        if self.starvation_threshold < 1:
-            raise ValueError(f"starvation_threshold (S) must be >= 1, got {self.starvation_threshold}")
-        if self.quantum < 1:
-            raise ValueError(f"quantum (Q) must be >= 1, got {self.quantum}")
-        if self.max_promotions < 0:
-            raise ValueError(f"max_promotions must be >= 0, got {self.max_promotions}")
-        if not 0 <= self.unprioritized_priority <= PRIORITY_MAX:
-            raise ValueError(f"unprioritized_priority must be in [0, {PRIORITY_MAX}]")
 
     def effective_priority(self, wire_priority: int) -> int:
         return self.unprioritized_priority if wire_priority == NO_PRIORITY else wire_priority

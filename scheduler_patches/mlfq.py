@@ -2,7 +2,7 @@
 
 A request's level is set by its attained service, the output tokens it has generated:
 level k holds requests with ``base_quantum * (2**k - 1) <= attained < base_quantum *
-(2**(k+1) - 1)`` (the quantum doubles per level), capped at ``num_levels - 1``. Waiting
+(2**(k+1) - 1)`` (the quantum doubles per level), capped at ``mlfq_levels - 1``. Waiting
 requests are served in ``(level, arrival_time)`` order; under KV pressure the running
 request with the worst key is preempted. A waiting request's attained service cannot
 change, so its key is fixed while it is queued.
@@ -13,9 +13,10 @@ admit a higher-level request; the order decides admission and preemption victims
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import pydantic
+from pydantic import Field
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -23,34 +24,22 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
 
 from scheduler_patches.queues import KeyedRequestQueue
-from scheduler_patches.settings import hetserve_config
+from scheduler_patches.settings import STRICT, from_table, hetserve_config
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True, config=STRICT)
 class MLFQSettings:
-    num_levels: int = 4
-    """Number of levels (``mlfq_levels``)."""
-    base_quantum: int = 64
-    """Output tokens of service at level 0 before demotion (``mlfq_base_quantum``)."""
+    """MLFQ's levels (keys of the ``hetserve`` table of ``additional_config``)."""
 
-    def __post_init__(self) -> None:
-        if self.num_levels < 1 or self.base_quantum < 1:
-            raise ValueError("mlfq_levels and mlfq_base_quantum must be >= 1")
+    mlfq_levels: Annotated[int, Field(ge=1)] = 4
+    """Number of levels."""
+    mlfq_base_quantum: Annotated[int, Field(ge=1)] = 64
+    """Output tokens of service at level 0 before demotion."""
 
     def level(self, attained: int) -> int:
         """Level k with base_quantum*(2^k - 1) <= attained < base_quantum*(2^(k+1) - 1)."""
-        k = (attained // self.base_quantum + 1).bit_length() - 1
-        return min(k, self.num_levels - 1)
-
-
-def mlfq_settings(vllm_config: Any) -> MLFQSettings:
-    table = hetserve_config(vllm_config)
-    kwargs = {}
-    if "mlfq_levels" in table:
-        kwargs["num_levels"] = int(table["mlfq_levels"])
-    if "mlfq_base_quantum" in table:
-        kwargs["base_quantum"] = int(table["mlfq_base_quantum"])
-    return MLFQSettings(**kwargs)
+        k = (attained // self.mlfq_base_quantum + 1).bit_length() - 1
+        return min(k, self.mlfq_levels - 1)
 
 
 class MLFQPolicy:
@@ -58,7 +47,7 @@ class MLFQPolicy:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.mlfq = mlfq_settings(self.vllm_config)
+        self.mlfq = from_table(MLFQSettings, hetserve_config(self.vllm_config))
         self.policy = SchedulingPolicy.FCFS  # victim = running[-1], running sorted by key
         self.waiting = KeyedRequestQueue(self._key)
         self.kv_holding_waiting = KeyedRequestQueue(self._key)

@@ -32,16 +32,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import msgspec
+import pydantic
 
-from scheduler_patches.settings import hetserve_config
+from scheduler_patches.settings import STRICT, from_table, hetserve_config
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
 
-class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
+@pydantic.dataclasses.dataclass(frozen=True, config=STRICT)
+class AdmissionSettings:
     """Program-aware admission (a key of the ``hetserve`` table of ``additional_config``).
 
     Off by default: it changes STJF's order under pressure and has not been measured to
@@ -54,15 +55,6 @@ class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Under KV pressure, admit a waiting call whose program's blocks retention holds
     before new calls of its starvation level (STJF only)."""
 
-
-def admission_settings(table: dict[str, Any]) -> AdmissionSettings:
-    """The admission settings of a ``hetserve`` table (its other keys ignored);
-    ValueError naming the key when one is malformed."""
-    given = {k: table[k] for k in AdmissionSettings.__struct_fields__ if k in table}
-    try:
-        return msgspec.convert(given, AdmissionSettings)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"additional_config.hetserve: {exc}") from None
 
 
 def kv_pressure(free_blocks: int, pending_tokens: int, num_waiting: int,
@@ -78,7 +70,7 @@ class ProgramAdmission:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.admission = admission_settings(hetserve_config(self.vllm_config))
+        self.admission = from_table(AdmissionSettings, hetserve_config(self.vllm_config))
         self.admit_first: set[str] = set()
         """Waiting calls sorted ahead of their level's new calls, by request id."""
         self.admitted_first = 0

@@ -30,27 +30,29 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
-import msgspec
-from msgspec import Meta
+import pydantic
+from pydantic import Field
 
 from scheduler_patches.contract import MAX_EXPECTED_RETURN_S
+from scheduler_patches.settings import STRICT, from_table
 
 
-class RetentionSettings(msgspec.Struct, frozen=True, kw_only=True):
+@pydantic.dataclasses.dataclass(frozen=True, config=STRICT)
+class RetentionSettings:
     """KV retention settings (keys of the ``hetserve`` table of ``additional_config``).
 
     The defaults are judgement, not measurement: agentic tools run for seconds to tens
     of seconds, and half the KV pool stays vLLM's ordinary prefix cache.
     """
 
-    retention_ttl_s: Annotated[float, Meta(ge=0, le=MAX_EXPECTED_RETURN_S)] = 30.0
+    retention_ttl_s: Annotated[float, Field(ge=0, le=MAX_EXPECTED_RETURN_S)] = 30.0
     """Longest protection after a call ends, in seconds; 0 turns retention off."""
-    retention_slack: Annotated[float, Meta(ge=1, le=1000)] = 2.0
+    retention_slack: Annotated[float, Field(ge=1, le=1000)] = 2.0
     """A hint with an expected return R is protected for ``min(retention_ttl_s,
     retention_slack * R)``: a late return still finds its prefix."""
-    max_protected_programs: Annotated[int, Meta(ge=0, le=1_000_000)] = 256
+    max_protected_programs: Annotated[int, Field(ge=0, le=1_000_000)] = 256
     """Programs protected at once; 0 turns retention off."""
-    max_protected_fraction: Annotated[float, Meta(gt=0, le=1)] = 0.5
+    max_protected_fraction: Annotated[float, Field(gt=0, le=1)] = 0.5
     """Protected blocks (counted once per program that holds them) are at most this
     fraction of the KV pool; above it the program expected back last is released."""
     retention_ttl_only: bool = False
@@ -68,15 +70,6 @@ class RetentionSettings(msgspec.Struct, frozen=True, kw_only=True):
             return self.retention_ttl_s
         return min(self.retention_ttl_s, self.retention_slack * expected_return_s)
 
-
-def retention_settings(table: dict[str, Any]) -> RetentionSettings:
-    """The retention settings of a ``hetserve`` table (its other keys ignored);
-    ValueError naming the key when one is out of bounds."""
-    given = {k: table[k] for k in RetentionSettings.__struct_fields__ if k in table}
-    try:
-        return msgspec.convert(given, RetentionSettings)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"additional_config.hetserve: {exc}") from None
 
 
 class BlockPool(Protocol):

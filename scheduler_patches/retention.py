@@ -30,8 +30,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from scheduler_patches.contract import RetentionHint, retention_hint
-from scheduler_patches.protected import ProtectedPrograms, retention_settings
-from scheduler_patches.settings import hetserve_config
+from scheduler_patches.protected import ProtectedPrograms, RetentionSettings
+from scheduler_patches.settings import from_table, hetserve_config
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class RetentionPolicy:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         manager = self.kv_cache_manager
-        settings = retention_settings(hetserve_config(self.vllm_config))
+        settings = from_table(RetentionSettings, hetserve_config(self.vllm_config))
         self.retention = ProtectedPrograms(settings, manager.block_pool,
                                            manager.block_pool.num_gpu_blocks - 1)
         self.retention_hints: dict[str, RetentionHint] = {}

@@ -25,14 +25,7 @@ from vllm.v1.request import Request
 
 from scheduler_patches.aging import AgingSettings, AgingTracker
 from scheduler_patches.queues import KeyedRequestQueue
-from scheduler_patches.settings import hetserve_config
-
-_AGING_KEYS = ("starvation_threshold", "quantum", "max_promotions", "unprioritized_priority")
-
-
-def aging_settings(vllm_config: Any) -> AgingSettings:
-    table = hetserve_config(vllm_config)
-    return AgingSettings(**{k: int(table[k]) for k in _AGING_KEYS if k in table})
+from scheduler_patches.settings import from_table, hetserve_config
 
 
 class STJFPolicy:
@@ -40,7 +33,7 @@ class STJFPolicy:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.aging = AgingTracker(aging_settings(self.vllm_config))
+        self.aging = AgingTracker(from_table(AgingSettings, hetserve_config(self.vllm_config)))
         self.policy = SchedulingPolicy.FCFS  # victim = running[-1]; see module docstring
         self.waiting = KeyedRequestQueue(self._waiting_key)
         self.kv_holding_waiting = KeyedRequestQueue(self._waiting_key)

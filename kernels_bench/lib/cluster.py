@@ -30,8 +30,9 @@ from launcher.settings import LaunchConfig
 from launcher.supervisor import Managed, State, Supervisor
 from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import HETSERVE_ONLY_KEYS, EngineConfig, EngineInstance
-from scheduler_patches.program_admission import admission_settings
-from scheduler_patches.protected import retention_settings
+from scheduler_patches.program_admission import AdmissionSettings
+from scheduler_patches.protected import RetentionSettings
+from scheduler_patches.settings import from_table
 
 STOCK_PREFIX = "vllm-"
 """``SCHED`` of a stock vLLM engine: ``vllm-fcfs``, ``vllm-priority``."""
@@ -52,8 +53,8 @@ def engine_variant(cfg: ClusterConfig, sched: str | None,
     hetserve's patch), the engine ``settings`` of the spec (retention keys, checked) and
     the prefix-cache reset endpoint on; remote engines as they are."""
     if settings:
-        retention_settings(dict(settings))  # out of bounds: ValueError naming the key
-        admission_settings(dict(settings))
+        from_table(RetentionSettings, dict(settings))  # out of bounds: ValueError naming the key
+        from_table(AdmissionSettings, dict(settings))
     out = []
     for e in cfg.engines:
         if e.remote:

@@ -26,9 +26,9 @@ from kernels_bench.lib.scheduler_harness import block_hasher, make_scheduler, st
 from scheduler_patches.contract import RetentionHint  # noqa: E402
 from scheduler_patches.program_admission import (  # noqa: E402
     AdmissionSettings,
-    admission_settings,
     kv_pressure,
 )
+from scheduler_patches.settings import from_table  # noqa: E402
 
 BLOCK = 16
 ON = {"admit_returning_first": True}
@@ -231,10 +231,10 @@ def test_pressure_counts_the_waiting_tokens_in_blocks_without_hits() -> None:
 
 
 def test_off_by_default_keys_and_flags() -> None:
-    assert admission_settings({"engine_id": "e"}) == AdmissionSettings()
+    assert from_table(AdmissionSettings, {"engine_id": "e"}) == AdmissionSettings()
     assert not AdmissionSettings().admit_returning_first
     with pytest.raises(ValueError, match="admit_returning_first"):
-        admission_settings({"admit_returning_first": "yes"})
+        from_table(AdmissionSettings, {"admit_returning_first": "yes"})
     s = scheduler()
     s.add_request(request("x", tokens(1, 8), priority=7))
     assert s.waiting._key_fn(s.requests["x"]) == s.aging.entries["x"].key()  # STJF's key

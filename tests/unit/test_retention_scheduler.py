@@ -32,8 +32,8 @@ from scheduler_patches.contract import RetentionHint  # noqa: E402
 from scheduler_patches.protected import (  # noqa: E402
     ProtectedPrograms,
     RetentionSettings,
-    retention_settings,
 )
+from scheduler_patches.settings import from_table  # noqa: E402
 
 BLOCK = 16
 
@@ -343,12 +343,12 @@ def test_a_call_too_big_for_the_share_displaces_nobody() -> None:
 
 
 def test_settings_defaults_bounds_and_flags() -> None:
-    assert retention_settings({"engine_id": "e"}) == RetentionSettings()
-    assert retention_settings({"retention_ttl_s": 5}).retention_ttl_s == 5.0
+    assert from_table(RetentionSettings, {"engine_id": "e"}) == RetentionSettings()
+    assert from_table(RetentionSettings, {"retention_ttl_s": 5}).retention_ttl_s == 5.0
     for bad in ({"retention_ttl_s": -1}, {"max_protected_programs": 1.5},
                 {"max_protected_fraction": 0}, {"retention_slack": 0.5}):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            retention_settings(bad)
+            from_table(RetentionSettings, bad)
     ns, rest = build_parser().parse_known_args([
         "--model", "/models/m", "--retention-ttl-s", "12", "--max-protected-programs", "8"])
     argv = vllm_argv(ns, rest)
