@@ -24,7 +24,7 @@ from router.config.cluster import RouterConfig
 from router.config.engines import EngineInstance, PriorityWire
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
-from router.request import ParsedRequest, RequestError, overloaded
+from router.request import ParsedRequest, RequestError, Workflow, overloaded
 from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest
 from router.upstream import (StreamResult, StreamTimeouts, Upstream, UpstreamError,
                              completion_tokens)
@@ -238,16 +238,14 @@ def upstream_body(
     return _encode(body)
 
 
-def retention_for(workflow: dict[str, Any]) -> RetentionHint | None:
+def retention_for(workflow: Workflow) -> RetentionHint | None:
     """The engine's retention hint for a call of a program whose position is known (from
     a trusted caller: ``final``, or ``stage_index`` and ``num_stages``), None otherwise."""
-    program = workflow.get("program_id")
-    final = workflow.get("final")
-    if final is None and "stage_index" in workflow and "num_stages" in workflow:
-        final = workflow["stage_index"] >= workflow["num_stages"] - 1
-    if program is None or final is None:
+    known = workflow.final is not None or (workflow.stage_index is not None
+                                           and workflow.num_stages is not None)
+    if workflow.program_id is None or not known:
         return None
-    return RetentionHint(program, final, workflow.get("expected_return_s"))
+    return RetentionHint(workflow.program_id, workflow.is_final, workflow.expected_return_s)
 
 
 def engine_auth(instances: Iterable[EngineInstance]) -> dict[str, str]:

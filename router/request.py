@@ -1,11 +1,17 @@
-"""The typed request the router serves (``ParsedRequest``), its bounds, and
-``RequestError``: a 4xx or 5xx rendered as an OpenAI error object. ``router.admission``
-makes a ``ParsedRequest`` from a client's body and headers."""
+"""The typed request the router serves (``ParsedRequest``) and its ``Workflow``, their
+bounds, and ``RequestError``: a 4xx or 5xx rendered as an OpenAI error object.
+``router.admission`` makes a ``ParsedRequest`` from a client's body and headers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from router.vinelm.objective import MAX_NUMBER, Objective
+from scheduler_patches.contract import MAX_EXPECTED_RETURN_S
 
 Kind = Literal["chat", "completion"]
 AUTO_MODEL = "auto"
@@ -21,6 +27,58 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_LABEL_CHARS = 1024
 """Longest ``workflow.program_id``, ``workflow`` and ``stage`` (the program table keeps
 ids, router workers send them to each other)."""
+
+
+Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_CHARS)]
+Weight = Annotated[float, Meta(ge=0.0, le=MAX_NUMBER)]
+
+
+class Workflow(Struct, frozen=True, forbid_unknown_fields=True):
+    """The workflow metadata of one LLM call, all optional: decoded once at admission
+    (``router.admission.workflow``: the bounds are in the types) and carried to the
+    policy, the program table and the engine's retention hint."""
+
+    program_id: Label | None = None
+    workflow: Label | None = None
+    stage: Label | None = None
+    stage_index: Annotated[int, Meta(ge=0, le=MAX_STAGES - 1)] | None = None
+    num_stages: Annotated[int, Meta(ge=1, le=MAX_STAGES)] | None = None
+    final: bool | None = None
+    budget: Weight | None = None
+    """Cost budget left for this request (RouteBalance's admission and clamp)."""
+    weights: dict[str, Weight] = msgspec.field(default_factory=dict)
+    """Per-request policy weights (RouteBalance: ``quality``, ``cost``, ``latency``)."""
+    attempt: Annotated[int, Meta(ge=1, le=MAX_STAGES)] = 1
+    tried_models: tuple[Annotated[str, Meta(min_length=1)], ...] = ()
+    """Models already tried for this request (LAAR's retry penalty); stored as a tuple."""
+    checked: bool | None = None
+    """The agent checks the program's final answer (its tests, a verifier) and tries again
+    when the check fails; ``False``: it has no check (``cascade`` then starts at the top);
+    None: not said."""
+    objective: Objective | None = None
+    """VineLM's request objective (checked by ``router.vinelm.objective.parse_objective``)."""
+    expected_return_s: Annotated[float, Meta(ge=0.0, le=MAX_EXPECTED_RETURN_S)] | None = None
+    """Seconds from this call's end to the program's next call (the engine keeps the
+    program's KV cache about that long; ``scheduler_patches.contract``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tried_models, tuple):
+            msgspec.structs.force_setattr(self, "tried_models", tuple(self.tried_models))
+
+    @property
+    def is_final(self) -> bool:
+        """The last stage of its program: ``final`` if given, else from the stage index."""
+        if self.final is not None:
+            return self.final
+        return (self.stage_index is not None and self.num_stages is not None
+                and self.stage_index >= self.num_stages - 1)
+
+    @property
+    def remaining_stages(self) -> int | None:
+        """Stages left including this one, when the stage count is known."""
+        if self.num_stages is None:
+            return None
+        return max(1, self.num_stages - (self.stage_index or 0))
 
 
 class RequestError(Exception):
@@ -83,8 +141,9 @@ class ParsedRequest:
     """``per_model.max_tokens``: served model -> ``max_tokens`` if the router picks it."""
     model_priority: dict[str, int] = field(default_factory=dict)
     """``per_model.priority`` when the config allows client priorities, else empty."""
-    workflow: dict[str, Any] = field(default_factory=dict)
-    """Validated workflow fields that were given (``router.admission.workflow``)."""
+    workflow: Workflow = field(default_factory=Workflow)
+    """The workflow block, from the body and the headers (``router.admission.workflow``);
+    from an untrusted caller without its ranking fields."""
     body_bytes: int = 0
     """Size of the raw body: bounds the work of rendering and tokenizing it."""
     ignored: tuple[str, ...] = ()

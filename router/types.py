@@ -1,8 +1,9 @@
 """Routing requests and decisions: the types every layer of the router shares.
 
 The HTTP front builds a ``RoutingRequest``; a policy answers it with a ``Decision``;
-dispatch records it. This module sits at the bottom of ``router/``: it imports nothing
-of the policies, the state or the predictors.
+dispatch records it. The request's ``Workflow`` is the one admission decoded
+(``router.request``). This module sits at the bottom of ``router/``, above
+``router.request`` only: it imports nothing of the policies, the state or the predictors.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-from router.vinelm.objective import Objective
+from router.request import Workflow
 
 
 class NoEngineAvailable(Exception):
@@ -19,51 +20,6 @@ class NoEngineAvailable(Exception):
 
 class Overloaded(Exception):
     """The router sheds this request: a queue it needs is full (HTTP 503, retry later)."""
-
-
-@dataclass(frozen=True)
-class WorkflowMeta:
-    """Workflow metadata of one LLM call (all optional)."""
-
-    program_id: str | None = None
-    workflow: str | None = None
-    stage: str | None = None
-    stage_index: int | None = None
-    num_stages: int | None = None
-    final: bool | None = None
-    budget: float | None = None
-    """Cost budget left for this request (RouteBalance's admission and clamp)."""
-    weights: Mapping[str, float] = field(default_factory=dict)
-    """Per-request policy weights (RouteBalance: ``quality``, ``cost``, ``latency``)."""
-    attempt: int = 1
-    tried_models: Sequence[str] = ()
-    """Models already tried for this request (LAAR's retry penalty); stored as a tuple."""
-    checked: bool | None = None
-    """Whether the agent checks the program's final answer and retries when it fails
-    (``cascade``: a program without a check starts on the last rung); None: not said."""
-    objective: Objective | None = None
-    """VineLM's request objective (``router.vinelm.objective``)."""
-    expected_return_s: float | None = None
-    """Seconds from this call's end to the program's next call (KV retention)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tried_models", tuple(self.tried_models))
-        object.__setattr__(self, "weights", dict(self.weights))
-
-    @property
-    def is_final(self) -> bool:
-        """The last stage of its program: ``final`` if given, else from the stage index."""
-        if self.final is not None:
-            return self.final
-        return (self.stage_index is not None and self.num_stages is not None
-                and self.stage_index >= self.num_stages - 1)
-
-    @property
-    def remaining_stages(self) -> int | None:
-        """Stages left including this one, when the stage count is known."""
-        if self.num_stages is None:
-            return None
-        return max(1, self.num_stages - (self.stage_index or 0))
 
 
 @dataclass(frozen=True)
@@ -80,7 +36,7 @@ class RoutingRequest:
     """``len(prompt_token_ids)``; 0, with no text or ids, when the router did not tokenize
     (a policy that reads no prompt, ``Policy.uses_prompt``, and a prompt that fits)."""
     max_tokens: int | None = None
-    workflow: WorkflowMeta = field(default_factory=WorkflowMeta)
+    workflow: Workflow = field(default_factory=Workflow)
     arrival_time: float = 0.0
 
 

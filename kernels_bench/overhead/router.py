@@ -49,7 +49,8 @@ from router.predictors.records import StageRecord
 from router.predictors.service import Served, ServiceSettings
 from router.predictors.sources import load_records
 from router.state.kv_hash import BlockHasher
-from router.types import RoutingRequest, WorkflowMeta
+from router.request import Workflow
+from router.types import RoutingRequest
 
 ENGINES = (2, 16, 64)
 BATCHES = (1, 4, 16, 64)
@@ -181,15 +182,15 @@ def make_requests(cluster: Cluster, count: int, rng: random.Random) -> list[Rout
     for i in range(count):
         ids = rng.choice(cluster.prefixes) + [rng.randrange(3, 4000) for _ in range(190)]
         stages = rng.randrange(1, 5)
-        meta = WorkflowMeta(program_id=f"p{rng.randrange(64)}", workflow="bench",
-                            stage_index=rng.randrange(stages), num_stages=stages)
+        meta = Workflow(program_id=f"p{rng.randrange(64)}", workflow="bench",
+                        stage_index=rng.randrange(stages), num_stages=stages)
         texts: dict[str, str] = {"prompt_text": "", "user_text": ""}
         if cluster.prompts:  # a trace's first stage: its texts and workflow
             r = rng.choice(cluster.prompts)
             texts = {"prompt_text": r.prompt_text, "system_text": r.system_text,
                      "user_text": r.user_text}
-            meta = WorkflowMeta(program_id=f"p{i}", workflow=r.workflow, stage=r.stage,
-                                stage_index=0, num_stages=r.num_stages)
+            meta = Workflow(program_id=f"p{i}", workflow=r.workflow, stage=r.stage,
+                            stage_index=0, num_stages=r.num_stages)
         out.append(RoutingRequest(request_id=f"q{i}", requested_model=None,
                                   prompt_token_ids=ids, num_prompt_tokens=len(ids),
                                   max_tokens=256, workflow=meta, **texts))

@@ -21,7 +21,8 @@ from router.predictors.base import TpotQuery
 from router.predictors.loader import close_predictors, load_predictors
 from router.predictors.records import StageRecord
 from router.predictors.service import SERVED, ServiceSettings
-from router.types import RoutingRequest, WorkflowMeta
+from router.request import Workflow
+from router.types import RoutingRequest
 
 METHOD = {"semantic_router": "confidence", "length": "remaining_tokens", "knn": "estimate",
           "capability": "capability"}
@@ -31,9 +32,9 @@ def to_request(r: StageRecord, i: int) -> RoutingRequest:
     return RoutingRequest(f"bench-{i}", None, prompt_text=r.prompt_text,
                           system_text=r.system_text, user_text=r.user_text,
                           num_prompt_tokens=r.prompt_tokens,
-                          workflow=WorkflowMeta(workflow=r.workflow, stage=r.stage,
-                                                stage_index=r.stage_index,
-                                                num_stages=r.num_stages))
+                          workflow=Workflow(workflow=r.workflow, stage=r.stage,
+                                            stage_index=r.stage_index,
+                                            num_stages=r.num_stages))
 
 
 def percentiles(ms: Sequence[float]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from router.config.cluster import RouterConfig
 from router.metrics import RouterMetrics
 from router.request import AUTO_MODEL, Kind, ParsedRequest, RequestError
 from router.tokenize import PromptInfo, Tokenizers
-from router.types import RoutingRequest, WorkflowMeta
+from router.types import RoutingRequest
 
 MAX_PROMPT_TOKENS = 1 << 20
 """Longest prompt taken for a model whose engines set no ``max_model_len`` (with one, the
@@ -116,7 +116,7 @@ def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
     if prompt is None:
         return RoutingRequest(request_id=rid, requested_model=parsed.model,
                               max_tokens=parsed.max_tokens,
-                              workflow=WorkflowMeta(**parsed.workflow),
+                              workflow=parsed.workflow,
                               arrival_time=arrival)
     return RoutingRequest(
         request_id=rid,
@@ -127,6 +127,6 @@ def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
         prompt_token_ids=prompt.token_ids,
         num_prompt_tokens=len(prompt.token_ids),
         max_tokens=parsed.max_tokens,
-        workflow=WorkflowMeta(**parsed.workflow),
+        workflow=parsed.workflow,
         arrival_time=arrival,
     )

@@ -72,7 +72,7 @@ class Body(Struct):
     """Checked against ``Priority`` when the config allows client priorities."""
     per_model: PerModel | None = None
     workflow: dict[str, Any] | None = None
-    """Merged with the headers, then typed as ``router.admission.workflow.Workflow``."""
+    """Merged with the headers, then decoded as ``router.request.Workflow``."""
 
 
 class ChatBody(Body):

@@ -148,11 +148,11 @@ def parse_request(
         prompt = _prompt(typed.prompt)
     ignored: tuple[str, ...] = ()
     if not trusted:
-        ignored = tuple(f for f in RANKING_FIELDS if f in workflow)
+        ignored = tuple(f for f in RANKING_FIELDS if getattr(workflow, f) is not None)
+        workflow = msgspec.structs.replace(workflow, **dict.fromkeys(ignored, None))
         ignored += tuple(f for f, given in (("priority", priority is not None),
                                             ("per_model.priority", "priority" in per_model))
                          if given and allow_client_priority)
-        workflow = {k: v for k, v in workflow.items() if k not in RANKING_FIELDS}
         allow_client_priority, priority = False, None
     options = typed.stream_options
     return ParsedRequest(

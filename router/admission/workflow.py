@@ -1,46 +1,20 @@
 """The workflow block: a ``workflow`` object in the body (what OpenAI clients send through
-``extra_body``) or ``X-Hetserve-*`` headers, typed as ``Workflow``; a field given in both
-places takes the body's value. See ``docs/router.md`` for the field table."""
+``extra_body``) or ``X-Hetserve-*`` headers, decoded once as ``router.request.Workflow``; a
+field given in both places takes the body's value. See ``docs/router.md`` for the field
+table."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Mapping
+from itertools import takewhile
+from types import NoneType
+from typing import Any, Callable, Mapping, Union, get_args, get_type_hints
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+import msgspec
 
-from router.admission.convert import Fields, bad, convert
-from router.request import MAX_LABEL_CHARS, MAX_STAGES
-from router.vinelm.objective import (MAX_NUMBER, Objective, ObjectiveError,
-                                     objective_from_header, parse_objective)
-from scheduler_patches.contract import MAX_EXPECTED_RETURN_S
-
-Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_CHARS)]
-Weight = Annotated[float, Meta(ge=0.0, le=MAX_NUMBER)]
-
-
-class Workflow(Struct, forbid_unknown_fields=True):
-    """The workflow fields of one call; a field not given is ``UNSET``. The messages
-    name a field by where it came from: ``workflow.<field>`` or its header."""
-
-    program_id: Label | UnsetType = UNSET
-    workflow: Label | UnsetType = UNSET
-    stage: Label | UnsetType = UNSET
-    stage_index: Annotated[int, Meta(ge=0, le=MAX_STAGES - 1)] | UnsetType = UNSET
-    num_stages: Annotated[int, Meta(ge=1, le=MAX_STAGES)] | UnsetType = UNSET
-    final: bool | UnsetType = UNSET
-    budget: Weight | UnsetType = UNSET
-    weights: dict[str, Weight] | UnsetType = UNSET
-    attempt: Annotated[int, Meta(ge=1, le=MAX_STAGES)] | UnsetType = UNSET
-    tried_models: list[Annotated[str, Meta(min_length=1)]] | UnsetType = UNSET
-    checked: bool | UnsetType = UNSET
-    """The agent checks the program's final answer (its tests, a verifier) and tries again
-    when the check fails; ``false``: it has no check (``cascade`` then starts at the top)."""
-    objective: Any = UNSET
-    """Checked by ``router.vinelm.objective.parse_objective``."""
-    expected_return_s: Annotated[float, Meta(ge=0.0, le=MAX_EXPECTED_RETURN_S)] | UnsetType = UNSET
-    """Seconds from this call's end to the program's next call (the engine keeps the
-    program's KV cache about that long; ``scheduler_patches.contract``)."""
-
+from router.admission.convert import Fields, bad, convert, error
+from router.request import RequestError, Weight, Workflow
+from router.vinelm.objective import (Objective, ObjectiveError, objective_from_header,
+                                     parse_objective)
 
 WORKFLOW_FIELDS: tuple[str, ...] = Workflow.__struct_fields__
 """The workflow fields, in the order the messages list them."""
@@ -53,6 +27,14 @@ its expected return keep the program's KV cache): used only from trusted callers
 (``router.auth``); an untrusted caller's are dropped and the router predicts alone."""
 
 HEADER_PREFIX = "x-hetserve-"
+
+_ABSENT = object()
+_NOT_NULL: dict[str, Any] = {
+    name: Union[tuple(t for t in get_args(hint) if t is not NoneType)]
+    for name, hint in get_type_hints(Workflow, include_extras=True).items()
+    if NoneType in get_args(hint) and name != "objective"}
+"""The type, without None, of each field whose default is None: a client's null there is
+a 400, as any value of a wrong type (a null objective: ``parse_objective`` says so)."""
 
 _FIELDS = Fields(
     expected={"tried_models": "an array of strings", "weights": "an object of name -> number"},
@@ -99,9 +81,10 @@ def _header_value(name: str, raw: str) -> Any:
     return raw
 
 
-def parse_workflow(body_value: Any, headers: Mapping[str, str]) -> dict[str, Any]:
-    """The workflow fields given, from ``X-Hetserve-*`` headers overridden by the body's
-    ``workflow`` object (an object or None: the body's struct checks that)."""
+def parse_workflow(body_value: Any, headers: Mapping[str, str]) -> Workflow:
+    """The workflow of ``X-Hetserve-*`` headers overridden by the body's ``workflow``
+    object (an object or None: the body's struct checks that). A null is not a value: it
+    is a 400, as any value of the wrong type."""
     merged: dict[str, Any] = {}
     params: dict[str, str] = {}
     given = {k.lower(): v for k, v in headers.items() if k.lower().startswith(HEADER_PREFIX)}
@@ -114,7 +97,7 @@ def parse_workflow(body_value: Any, headers: Mapping[str, str]) -> dict[str, Any
         raise bad(f"unknown header '{unknown[0]}'; workflow headers are "
                   + ", ".join(header_name(n) for n in WORKFLOW_FIELDS), unknown[0])
     if not merged and not body_value:
-        return {}
+        return Workflow()
     if body_value:
         for key in body_value:
             params[key] = f"workflow.{key}"
@@ -126,16 +109,29 @@ def parse_workflow(body_value: Any, headers: Mapping[str, str]) -> dict[str, Any
         return params.get(str(parts[0]), f"workflow.{parts[0]}") + "".join(
             f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[1:])
 
+    objective = merged.pop("objective", _ABSENT)
+    null = next((k for k, v in merged.items() if v is None and k in _NOT_NULL), None)
+    if null is not None:  # msgspec reports the first bad field in order: one before it first
+        convert(dict(takewhile(lambda kv: kv[0] != null, merged.items())), Workflow, param,
+                _FIELDS)
+        raise _null(null, param)
     wf = convert(merged, Workflow, param, _FIELDS)
-    out = {name: value for name in WORKFLOW_FIELDS
-           if (value := getattr(wf, name)) is not UNSET}
-    if "objective" in out:
-        out["objective"] = _objective(out["objective"], params["objective"])
-    index, stages = out.get("stage_index"), out.get("num_stages")
+    if objective is not _ABSENT:
+        wf = msgspec.structs.replace(wf, objective=_objective(objective, params["objective"]))
+    index, stages = wf.stage_index, wf.num_stages
     if index is not None and stages is not None and index >= stages:
         raise bad(f"'workflow.stage_index' ({index}) must be < 'workflow.num_stages' "
                   f"({stages})", "workflow.stage_index")
-    return out
+    return wf
+
+
+def _null(name: str, param: Callable[[list[str | int]], str]) -> RequestError:
+    """The 400 of a null ``name``: what msgspec says of a null where its type takes none."""
+    try:
+        msgspec.convert(None, _NOT_NULL[name])
+    except msgspec.ValidationError as exc:
+        return error(f"{exc} - at `$.{name}`", {name: None}, param, _FIELDS)
+    raise AssertionError(f"{name} takes null")
 
 
 def _objective(value: Any, param: str) -> Objective:

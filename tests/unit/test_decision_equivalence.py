@@ -25,7 +25,8 @@ import msgspec
 from engine_ext.telemetry import BlockStored, KVEventBatch, SchedulerSnapshot, encode_snapshot
 from router.dispatch.core import RouterCore
 from router.state.kv_hash import BlockHasher
-from router.types import Decision, RoutingRequest, WorkflowMeta
+from router.request import Workflow
+from router.types import Decision, RoutingRequest
 from tests.remote_cluster import remote_cluster
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "decisions.json"
@@ -81,11 +82,11 @@ def _request(i: int, rng: random.Random, prefixes: list[list[int]], engines: int
     ids = rng.choice(prefixes)[:rng.choice((BLOCK, 2 * BLOCK, 4 * BLOCK))] + \
         [rng.randrange(3, 4000) for _ in range(rng.randrange(0, 40))]
     stages = rng.randrange(1, 5)
-    meta = WorkflowMeta(program_id=f"p{rng.randrange(12)}" if rng.random() < 0.8 else None,
-                        workflow="w", stage_index=rng.randrange(stages), num_stages=stages,
-                        budget=rng.choice((None, None, 1e-5, 3e-5, 1e-3)),
-                        weights=rng.choice(({}, {}, {"quality": 2.0, "latency": 1.0},
-                                            {"cost": 1.0})))
+    meta = Workflow(program_id=f"p{rng.randrange(12)}" if rng.random() < 0.8 else None,
+                    workflow="w", stage_index=rng.randrange(stages), num_stages=stages,
+                    budget=rng.choice((None, None, 1e-5, 3e-5, 1e-3)),
+                    weights=rng.choice(({}, {}, {"quality": 2.0, "latency": 1.0},
+                                        {"cost": 1.0})))
     model = rng.choice((None,) * 6 + MODELS[:min(engines, len(MODELS))])
     return RoutingRequest(request_id=f"q{i}", requested_model=model, prompt_token_ids=ids,
                           num_prompt_tokens=len(ids), max_tokens=rng.choice((None, 64, 256)),

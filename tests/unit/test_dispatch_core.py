@@ -14,7 +14,8 @@ from engine_ext.telemetry import BlockStored, KVEventBatch
 from router.dispatch.core import RouterCore
 from router.policies.routebalance import AdaptiveWindow
 from router.predictors.base import PredictorSet, QualityLength
-from router.types import NoEngineAvailable, RoutingRequest, WorkflowMeta
+from router.request import Workflow
+from router.types import NoEngineAvailable, RoutingRequest
 from tests.remote_cluster import remote_cluster
 from tests.unit.test_state_engines import snap_frames
 
@@ -54,7 +55,7 @@ def window(core: RouterCore) -> AdaptiveWindow:
 
 def rr(rid: str, **wf: Any) -> RoutingRequest:
     return RoutingRequest(request_id=rid, requested_model=None, num_prompt_tokens=10,
-                          max_tokens=10, workflow=WorkflowMeta(**wf))
+                          max_tokens=10, workflow=Workflow(**wf))
 
 
 async def _gather(core: RouterCore, n: int) -> list[Any]:

@@ -23,7 +23,8 @@ from router.state.inflight import InflightLedger, InflightRecord
 from router.state.kv_hash import BlockHasher
 from router.state.programs import ProgramTable
 from router.state.view import Candidates, EngineView, StateView, engine_view
-from router.types import ClusterInfo, Decision, RoutingRequest, WorkflowMeta
+from router.request import Workflow
+from router.types import ClusterInfo, Decision, RoutingRequest
 from scheduler_patches.contract import PRIORITY_MAX
 
 BLOCK = 4
@@ -87,7 +88,7 @@ def req(rid: str = "r", tokens: Sequence[int] = (), model: str | None = None,
         max_tokens: int | None = None, **workflow: Any) -> RoutingRequest:
     return RoutingRequest(request_id=rid, requested_model=model,
                           prompt_token_ids=list(tokens), num_prompt_tokens=len(tokens),
-                          max_tokens=max_tokens, workflow=WorkflowMeta(**workflow))
+                          max_tokens=max_tokens, workflow=Workflow(**workflow))
 
 
 # ---- tests of the interface ----
@@ -145,13 +146,13 @@ def test_priority_follows_the_contract(tokens: float | None, expected: int | Non
 
 
 def test_workflow_final_and_remaining_stages() -> None:
-    assert WorkflowMeta(stage_index=2, num_stages=3).is_final
-    assert not WorkflowMeta(stage_index=1, num_stages=3).is_final
-    assert WorkflowMeta(final=True).is_final
-    assert not WorkflowMeta(program_id="p").is_final
-    assert WorkflowMeta(stage_index=1, num_stages=4).remaining_stages == 3
-    assert WorkflowMeta().remaining_stages is None
-    assert WorkflowMeta(tried_models=["a"]).tried_models == ("a",)
+    assert Workflow(stage_index=2, num_stages=3).is_final
+    assert not Workflow(stage_index=1, num_stages=3).is_final
+    assert Workflow(final=True).is_final
+    assert not Workflow(program_id="p").is_final
+    assert Workflow(stage_index=1, num_stages=4).remaining_stages == 3
+    assert Workflow().remaining_stages is None
+    assert Workflow(tried_models=["a"]).tried_models == ("a",)
 
 
 @pytest.mark.parametrize("name,needle", [

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from router.types import NoEngineAvailable, RoutingRequest, WorkflowMeta
+from router.request import Workflow
+from router.types import NoEngineAvailable, RoutingRequest
 from router.vinelm.estimate import EstimationSettings, annotate
 from router.vinelm.objective import Objective
 from router.vinelm.profiling import cascade_sample
@@ -37,7 +38,7 @@ def world() -> World:
 def call(i: int, stage: str, at: float, objective: Objective | None = LATENCY,
          program: str = "p", **kw: Any) -> RoutingRequest:
     return RoutingRequest(request_id=f"{program}-{i}", requested_model=None, arrival_time=at,
-                          workflow=WorkflowMeta(program_id=program, workflow="solve",
+                          workflow=Workflow(program_id=program, workflow="solve",
                                                 stage=stage, stage_index=i,
                                                 objective=objective, **kw))
 
@@ -129,7 +130,7 @@ def test_calls_that_do_not_fit_the_template_are_errors(req: RoutingRequest,
 def test_unknown_workflow_is_an_error() -> None:
     w = world()
     policy = w.build("vinelm", STATIC)
-    r = RoutingRequest("r", None, workflow=WorkflowMeta(workflow="other", objective=LATENCY))
+    r = RoutingRequest("r", None, workflow=Workflow(workflow="other", objective=LATENCY))
     with pytest.raises(ValueError, match="'other' has no VineLM template"):
         w.decide(policy, r)
 

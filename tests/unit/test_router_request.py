@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from router.admission.parse import context_error, parse_request
 from router.admission.workflow import WORKFLOW_FIELDS, header_name, parse_workflow
 from router.proxy import upstream_body
-from router.request import ParsedRequest, RequestError
+from router.request import ParsedRequest, RequestError, Workflow
 from router.upstream import StreamResult, completion_tokens, relay_events
 
 CHAT = {"model": "tiny-a", "messages": [{"role": "user", "content": "hi"}]}
@@ -37,7 +37,7 @@ def rejected(kind: str, raw: bytes, headers: dict[str, str] | None = None,
 def test_chat_minimal() -> None:
     p = chat(CHAT)
     assert (p.kind, p.model, p.stream, p.max_tokens, p.workflow) == ("chat", "tiny-a", False,
-                                                                     None, {})
+                                                                     None, Workflow())
     assert p.messages == CHAT["messages"] and p.body == CHAT
 
 
@@ -140,6 +140,16 @@ BAD = [
      400, "invalid_value", "workflow.attempt", ">= 1"),
     ("chat", b'{"workflow": {"stage_index": 3, "num_stages": 3}, "messages": [{"role": '
      b'"user", "content": "x"}]}', 400, "invalid_value", "workflow.stage_index", "must be <"),
+    ("chat", b'{"workflow": {"stage": null}, "messages": [{"role": "user", "content": "x"}]}',
+     400, "invalid_type", "workflow.stage", "'workflow.stage' must be a string, got null"),
+    ("chat", b'{"workflow": {"budget": null}, "messages": [{"role": "user", "content": "x"}]}',
+     400, "invalid_type", "workflow.budget", "'workflow.budget' must be a number, got null"),
+    ("chat", b'{"workflow": {"stage_index": "1", "final": null}, "messages": [{"role": '
+     b'"user", "content": "x"}]}', 400, "invalid_type", "workflow.stage_index",
+     "must be an integer, got string"),
+    ("chat", b'{"workflow": {"final": null, "stage_index": "1"}, "messages": [{"role": '
+     b'"user", "content": "x"}]}', 400, "invalid_type", "workflow.final",
+     "'workflow.final' must be a boolean, got null"),
     ("completion", b"{}", 400, "missing_field", "prompt", "'prompt' is required"),
     ("completion", b'{"prompt": ""}', 400, "invalid_value", "prompt", "must not be empty"),
     ("completion", b'{"prompt": []}', 400, "invalid_value", "prompt", "must not be empty"),
@@ -172,7 +182,8 @@ def test_workflow_from_body() -> None:
     wf = {"program_id": "p1", "workflow": "swe", "stage": "plan", "stage_index": 0,
           "num_stages": 3, "final": False, "budget": 2, "weights": {"quality": 0.5},
           "attempt": 2, "tried_models": ["tiny-b"], "checked": True}
-    assert chat({**CHAT, "workflow": wf}).workflow == {**wf, "budget": 2.0}
+    assert chat({**CHAT, "workflow": wf}).workflow == Workflow(**{
+        **wf, "budget": 2.0, "tried_models": ("tiny-b",)})
 
 
 def test_workflow_from_headers() -> None:
@@ -182,16 +193,15 @@ def test_workflow_from_headers() -> None:
                "X-Hetserve-Budget": "0.25", "X-Hetserve-Attempt": "3",
                "X-Hetserve-Tried-Models": "tiny-a, tiny-b", "X-Hetserve-Checked": "no",
                "X-Hetserve-Weights": "quality=0.6,latency=0.4"}
-    assert chat(CHAT, headers).workflow == {
-        "program_id": "p9", "workflow": "qa", "stage": "answer", "stage_index": 1,
-        "num_stages": 2, "final": True, "budget": 0.25, "attempt": 3,
-        "tried_models": ["tiny-a", "tiny-b"], "checked": False,
-        "weights": {"quality": 0.6, "latency": 0.4}}
+    assert chat(CHAT, headers).workflow == Workflow(
+        program_id="p9", workflow="qa", stage="answer", stage_index=1, num_stages=2,
+        final=True, budget=0.25, attempt=3, tried_models=("tiny-a", "tiny-b"), checked=False,
+        weights={"quality": 0.6, "latency": 0.4})
 
 
 def test_body_overrides_headers() -> None:
     wf = parse_workflow({"stage": "b"}, {"X-Hetserve-Stage": "a", "X-Hetserve-Program-Id": "p"})
-    assert wf == {"stage": "b", "program_id": "p"}
+    assert wf == Workflow(stage="b", program_id="p")
 
 
 def test_every_field_has_a_header() -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from router.dispatch.core import RouterCore
 from router.state.programs import ProgramTable
-from router.types import Decision, RoutingRequest, WorkflowMeta
+from router.request import Workflow
+from router.types import Decision, RoutingRequest
 from tests.unit.test_state_engines import make_core, view
 
 
@@ -16,7 +17,7 @@ def stage(core: RouterCore, rid: str, index: int, stages: int = 3,
           program: str = "p") -> Decision:
     return asyncio.run(core.routing.route(RoutingRequest(
         request_id=rid, requested_model=None, num_prompt_tokens=10, max_tokens=10,
-        workflow=WorkflowMeta(program_id=program, stage_index=index, num_stages=stages))))
+        workflow=Workflow(program_id=program, stage_index=index, num_stages=stages))))
 
 
 def test_table_assign_complete_expire() -> None:

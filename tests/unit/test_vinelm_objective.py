@@ -8,14 +8,13 @@ from typing import Any
 import pytest
 
 from router.admission.parse import parse_request
-from router.request import RequestError
-from router.types import WorkflowMeta
+from router.request import RequestError, Workflow
 from router.vinelm.objective import Objective
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def parse(objective: Any = None, headers: dict[str, str] | None = None) -> dict[str, Any]:
+def parse(objective: Any = None, headers: dict[str, str] | None = None) -> Workflow:
     body: dict[str, Any] = {"messages": MESSAGES}
     if objective is not None:
         body["workflow"] = {"workflow": "math", "objective": objective}
@@ -23,13 +22,12 @@ def parse(objective: Any = None, headers: dict[str, str] | None = None) -> dict[
 
 
 def test_objectives_in_the_body_and_in_a_header() -> None:
-    assert parse({"kind": "min_cost", "min_accuracy": 0.8})["objective"] == \
+    assert parse({"kind": "min_cost", "min_accuracy": 0.8}).objective == \
         Objective("min_cost", min_accuracy=0.8)
-    assert parse({"kind": "max_accuracy", "max_cost": 2, "max_latency_s": 30})["objective"] \
+    assert parse({"kind": "max_accuracy", "max_cost": 2, "max_latency_s": 30}).objective \
         == Objective("max_accuracy", max_cost=2.0, max_latency_s=30.0)
     wf = parse(headers={"X-Hetserve-Objective": "max_accuracy, max_latency_s=12.5"})
-    assert wf["objective"] == Objective("max_accuracy", max_latency_s=12.5)
-    assert WorkflowMeta(**wf).objective == wf["objective"]
+    assert wf.objective == Objective("max_accuracy", max_latency_s=12.5)
 
 
 @pytest.mark.parametrize("objective,param,needle", [
