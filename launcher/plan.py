@@ -26,8 +26,7 @@ from launcher.settings import ENGINE_FLAGS, STOCK_ENGINE_FLAGS, LaunchConfig
 from router.auth import KeysError, engine_key
 from router.config.addresses import http_url
 from router.config.cluster import RouterConfig
-from router.config.engines import (EngineConfig, EngineInstance, LocalEngine,
-                                   default_kv_cache_bytes)
+from router.config.engines import EngineConfig, EngineInstance, LocalEngine
 from router.dispatch.peers import sync_endpoints
 
 RESOLVED_NAME = "cluster.resolved.toml"
@@ -42,6 +41,10 @@ NODE_PORT = "<node-port>"
 LISTEN_FD = "<listen-fd>"
 """Stands in a router worker's command line for the descriptor of the port's socket,
 which the launcher binds when it starts (``launcher.listener``)."""
+TINY_KV_CACHE_BYTES = 64 * 2**20
+"""Default CPU KV cache of a built-in tiny model (``builtin:tiny-*``)."""
+CPU_KV_CACHE_BYTES = 2**30
+"""Default CPU KV cache of any other model."""
 _MAX_IPC_PATH = 107  # bytes in sockaddr_un.sun_path, less the NUL
 
 @dataclass(frozen=True)
@@ -242,6 +245,13 @@ def stock_engine_argv(python: str, e: LocalEngine, inst: EngineInstance,
     if e.load_format is None and (fmt := load_format(e.model)):
         argv += ["--load-format", fmt]
     return argv + _engine_flags(e, STOCK_ENGINE_FLAGS, gpu)
+
+
+def default_kv_cache_bytes(model: str | None) -> int:
+    """CPU KV cache size for an engine that does not set ``kv_cache_bytes``."""
+    if model is not None and model.startswith("builtin:tiny-"):
+        return TINY_KV_CACHE_BYTES
+    return CPU_KV_CACHE_BYTES
 
 
 def _engine_flags(e: LocalEngine, flags: dict[str, str], gpu: bool) -> list[str]:

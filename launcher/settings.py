@@ -18,7 +18,7 @@ from pydantic.dataclasses import dataclass
 from router.config.addresses import LOOPBACK
 from router.config.cluster import (ClusterConfig, ConfigError, absolute, decode_tables,
                                    read_cluster_file)
-from router.config.engines import HETSERVE_ONLY_KEYS, LocalEngine, replica_chunks
+from router.config.engines import HETSERVE_ONLY_KEYS, LocalEngine
 from router.settings import (STRICT, Count, Name, Positive, PositiveInt, SettingsError, check,
                              decode, encode)
 
@@ -211,6 +211,12 @@ class LaunchConfig(ClusterConfig):
                 check(f"engines.{e.name}.cpus", c not in owner,
                       f"core {c} is also given to engines.{owner.get(c)}")
                 owner[c] = e.name
+
+
+def replica_chunks(items: list[int], n: int) -> list[list[int]]:
+    """``items`` (GPUs or cores) split evenly over ``n`` replicas, in order."""
+    size = len(items) // n
+    return [items[i * size:(i + 1) * size] for i in range(n)]
 
 
 def load_launch_config(path: str | os.PathLike[str]) -> LaunchConfig:

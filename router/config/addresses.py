@@ -43,11 +43,6 @@ HttpUrl = Annotated[str, AfterValidator(_http_url)]
 """``http(s)://HOST:PORT``, a path allowed."""
 
 
-def url_port(url: str) -> int:
-    """The port of an ``HttpUrl``."""
-    return urlsplit(url).port or 0
-
-
 def loopback_url_port(url: str) -> int | None:
     """The port of this machine an ``HttpUrl`` names (none: another host's)."""
     parts = urlsplit(url)

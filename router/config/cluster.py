@@ -38,9 +38,7 @@ class ConfigError(ValueError):
 
     def __init__(self, source: str, key: str, problem: str) -> None:
         super().__init__(f"{source}: {key}: {problem}")
-        self.source = source
-        self.key = key
-        self.problem = problem
+        self.source, self.key, self.problem = source, key, problem
 
 
 @dataclass(frozen=True, config=STRICT)
@@ -181,7 +179,8 @@ class ClusterConfig:
         vLLM engine has no telemetry endpoint, and a remote one may have no KV events)."""
         out = []
         for e in self.engines:
-            ports, tele, kv = e.ports, e.telemetry_endpoints, e.kv_events_endpoints
+            ports = e.ports
+            tele, kv = e.per_replica("telemetry_endpoint"), e.per_replica("kv_events_endpoint")
             stock = e.kind == "vllm"
             for k, values, needed in (("port", ports, True),
                                       ("telemetry_endpoint", tele, not stock),
@@ -369,19 +368,16 @@ def decode_tables(data: dict[str, Any],
     router = decode(RouterConfig, top.router, "router")
     engines = [decode_engine(raw, i, base_dir) for i, raw in enumerate(top.engines)]
     router = dataclasses.replace(
-        router,
-        uds=absolute(router.uds, base_dir),
-        sync_dir=absolute(router.sync_dir, base_dir),
-        api_keys_file=absolute(router.api_keys_file, base_dir),
-        admin_keys_file=absolute(router.admin_keys_file, base_dir),
-        trusted_keys_file=absolute(router.trusted_keys_file, base_dir),
-        telemetry_keys_dir=absolute(router.telemetry_keys_dir, base_dir),
-        predictors={k: os.path.normpath(base_dir / Path(v).expanduser())
-                    for k, v in router.predictors.items()},
+        router, **{k: absolute(getattr(router, k), base_dir) for k in _PATH_KEYS},
+        predictors={k: absolute(v, base_dir) for k, v in router.predictors.items()},
         policies={name: _absolute_paths(table, base_dir)
-                  for name, table in router.policies.items()},
-    )
+                  for name, table in router.policies.items()})
     return router, engines
+
+
+_PATH_KEYS = ("uds", "sync_dir", "api_keys_file", "admin_keys_file", "trusted_keys_file",
+              "telemetry_keys_dir")
+"""The keys of ``[router]`` that name files, relative to the cluster file."""
 
 
 def absolute(path: str | None, base_dir: Path) -> str | None:

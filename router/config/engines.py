@@ -9,19 +9,18 @@ file's (``router.config.cluster``). ``decode_engine`` picks the class by ``url``
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import os
-from collections.abc import Collection
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field
 from pydantic.dataclasses import dataclass
 
+from engine_ext.builtin_models import BUILTIN_MODELS, PREFIX as BUILTIN_PREFIX
 from engine_ext.telemetry import publisher_binds
-from router.config.addresses import LOOPBACK, HttpUrl, url_port
+from router.config.addresses import LOOPBACK, HttpUrl
 from router.settings import (NAME_PATTERN, STRICT, Count, Name, Niceness, Port, PositiveInt,
                              SettingsError, Verified, check, decode, suggest)
 
@@ -48,11 +47,6 @@ RESERVED_MODEL_NAMES = ("auto",)
 """Served model names the router keeps for itself."""
 MAX_NODE_CHARS = 1024
 """Longest ``node`` of an engine (where it runs: an address and a Ray node id)."""
-BUILTIN_PREFIX = "builtin:"
-TINY_KV_CACHE_BYTES = 64 * 2**20
-"""Default CPU KV cache of a built-in tiny model (``builtin:tiny-*``)."""
-CPU_KV_CACHE_BYTES = 2**30
-"""Default CPU KV cache of any other model."""
 
 
 def _endpoint(value: str) -> str:
@@ -126,26 +120,17 @@ class _Engine(Verified):
         return priority_wire(self.kind, self.sched_policy or
                              ("fcfs" if self.kind == "vllm" else "stjf"))
 
-    @property
-    def telemetry_endpoints(self) -> list[str] | None:
-        """One telemetry endpoint per replica."""
-        return _per_replica(self.telemetry_endpoint, self.replicas)
-
-    @property
-    def kv_events_endpoints(self) -> list[str] | None:
-        """One KV-event endpoint per replica."""
-        return _per_replica(self.kv_events_endpoint, self.replicas)
+    def per_replica(self, key: str) -> list[str] | None:
+        """One endpoint per replica of ``key`` (``telemetry_endpoint``, ...)."""
+        value = getattr(self, key)
+        return value if value is None or isinstance(value, list) else [value] * self.replicas
 
     def endpoints(self) -> list[tuple[str, str, str]]:
         """Each replica's telemetry and KV-event endpoint: (key, owner, endpoint), the
         owner naming the replica when there are several."""
-        out = []
-        for k, values in (("telemetry_endpoint", self.telemetry_endpoints),
-                          ("kv_events_endpoint", self.kv_events_endpoints)):
-            for i, ep in enumerate(values or []):
-                out.append((k, f"engines.{self.name}.{k}"
-                            + (f" (replica {i})" if len(values or []) > 1 else ""), ep))
-        return out
+        return [(k, f"engines.{self.name}.{k}" + (f" (replica {i})" if self.replicas > 1
+                                                  else ""), ep)
+                for k in _ENDPOINT_KEYS for i, ep in enumerate(self.per_replica(k) or [])]
 
     def verify(self) -> None:
         check("served_model_name", self.served_model_name not in RESERVED_MODEL_NAMES,
@@ -266,9 +251,10 @@ class LocalEngine(_Engine):
               f"larger than the {len(gpus)} GPUs given in gpus")
         check("gpus", len(gpus) == tp * self.replicas, f"gives {len(gpus)} GPUs; "
               f"{self.replicas} replicas x tensor_parallel_size {tp} need {tp * self.replicas}")
-        for r, chunk in enumerate(replica_chunks(gpus, self.replicas)):
-            check("gpus", len(set(chunk)) == len(chunk),
-                  f"replica {r} is given the same GPU twice: {chunk}")
+        for r in range(self.replicas):
+            chunk = gpus[r * tp:(r + 1) * tp]
+            check("gpus", len(set(chunk)) == tp, f"replica {r} is given the same GPU twice: "
+                  f"{chunk}")
 
     def _verify_cpus(self) -> None:
         if self.cpus is None:
@@ -294,7 +280,7 @@ class RemoteEngine(_Engine):
     @property
     def ports(self) -> list[int]:
         """The port of its URL."""
-        return [url_port(self.url)]
+        return [urlsplit(self.url).port or 0]
 
     def verify(self) -> None:
         for k in _ENDPOINT_KEYS if self.kind == "hetserve" else ():
@@ -361,32 +347,14 @@ def decode_engine(raw: Any, index: int, base_dir: Path) -> EngineConfig:
     return dataclasses.replace(e, model=_resolve_model(f"{path}.model", e.model, base_dir))
 
 
-def default_kv_cache_bytes(model: str | None) -> int:
-    """CPU KV cache size for an engine that does not set ``kv_cache_bytes``."""
-    if model is not None and model.startswith(BUILTIN_PREFIX + "tiny-"):
-        return TINY_KV_CACHE_BYTES
-    return CPU_KV_CACHE_BYTES
-
-
-def replica_chunks(items: list[int], n: int) -> list[list[int]]:
-    """``items`` (GPUs or cores) split evenly over ``n`` replicas, in order."""
-    size = len(items) // n
-    return [items[i * size:(i + 1) * size] for i in range(n)]
-
-
-def _per_replica(value: str | list[str] | None, replicas: int) -> list[str] | None:
-    return value if value is None or isinstance(value, list) else [value] * replicas
-
-
 def _resolve_model(key: str, spec: str, base_dir: Path) -> str:
     """The model spec, with a local path made absolute; raise if it cannot exist."""
     if spec.startswith(BUILTIN_PREFIX):
-        known = _builtin_models()
         name = spec[len(BUILTIN_PREFIX):]
-        if known is not None and name not in known:
+        if name not in BUILTIN_MODELS:
             raise SettingsError(key, f"unknown built-in model {spec!r}"
-                                f"{suggest(name, known, BUILTIN_PREFIX)}; available: "
-                                + ", ".join(BUILTIN_PREFIX + n for n in known))
+                                f"{suggest(name, BUILTIN_MODELS, BUILTIN_PREFIX)}; available: "
+                                + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS))
         return spec
     path = base_dir / Path(spec).expanduser()
     if spec.startswith(("/", "./", "../", "~")) or spec in (".", "..") or path.exists():
@@ -395,10 +363,3 @@ def _resolve_model(key: str, spec: str, base_dir: Path) -> str:
                                 f"(looked for {os.path.normpath(path)})")
         return os.path.normpath(path)
     return spec
-
-
-def _builtin_models() -> Collection[str] | None:
-    if importlib.util.find_spec("engine_ext.builtin_models") is None:
-        return None
-    return getattr(importlib.import_module("engine_ext.builtin_models"), "BUILTIN_MODELS",
-                   None)

@@ -20,9 +20,9 @@ from typing import Any
 
 from engine_ext.serve import build_parser
 from kernels_bench.lib.model_config import kv_bytes_per_token, model_config
+from launcher.plan import default_kv_cache_bytes
 from router.config.cluster import ClusterConfig
-from router.config.engines import (RETENTION_KEYS, STOCK_SCHED_POLICIES, LocalEngine,
-                                   default_kv_cache_bytes)
+from router.config.engines import RETENTION_KEYS, STOCK_SCHED_POLICIES, LocalEngine
 
 CPU_BLOCK_SIZE = 128
 """vLLM's block size on CPU when none is given (``vllm/platforms/cpu.py``; 16 on CUDA)."""
