@@ -9,11 +9,12 @@ one from the keys of the table it knows. They are read once, when a scheduler st
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import ConfigDict, ValidationError
 
-ENGINE_POLICIES = ("stjf", "fcfs", "priority", "mlfq")
+EnginePolicy = Literal["stjf", "fcfs", "priority", "mlfq"]
+ENGINE_POLICIES = get_args(EnginePolicy)
 """Engine scheduler policies: ours (stjf, mlfq) and vLLM's own (fcfs, priority)."""
 
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)

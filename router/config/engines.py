@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field
@@ -23,18 +23,17 @@ from engine_ext.telemetry import publisher_binds
 from router.config.addresses import LOOPBACK, HttpUrl
 from router.settings import (NAME_PATTERN, STRICT, Count, Name, Niceness, Port, PositiveInt,
                              SettingsError, Verified, check, decode, suggest)
+from scheduler_patches.protected import RetentionSettings
+from scheduler_patches.settings import ENGINE_POLICIES as SCHED_POLICIES
+from scheduler_patches.settings import EnginePolicy as SchedPolicy
 
-SchedPolicy = Literal["stjf", "fcfs", "priority", "mlfq"]
-SCHED_POLICIES = get_args(SchedPolicy)
-"""Engine scheduler policies (``engine_ext.serve --sched-policy``)."""
 EngineKind = Literal["hetserve", "vllm"]
 """``hetserve``: vLLM with hetserve's scheduler and telemetry (``python -m engine_ext.serve``);
 ``vllm``: an unmodified vLLM OpenAI server, read by scraping its ``/metrics``
 (``router.dispatch.scraper``) and by vLLM's own KV events."""
 STOCK_SCHED_POLICIES = ("fcfs", "priority")
 """The schedulers of stock vLLM (its ``--scheduling-policy``)."""
-RETENTION_KEYS = ("retention_ttl_s", "retention_slack", "max_protected_programs",
-                  "max_protected_fraction", "retention_ttl_only", "admit_returning_first")
+RETENTION_KEYS = (*RetentionSettings.__pydantic_fields__, "admit_returning_first")
 """Engine keys of KV retention (``scheduler_patches.protected.RetentionSettings``) and of
 the admission that uses it (``scheduler_patches.program_admission.AdmissionSettings``); a
 replay's policy spec may set them per spec (``@max_protected_programs=0``)."""
