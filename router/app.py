@@ -18,18 +18,20 @@ import asyncio
 import gc
 import logging
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
-from router.admission.admit import Admission
+from router.admission.admit import Admission, request_id
 from router.admission.served import served_models
 from router.auth import Keys, load_keys
 from router.config.cluster import ClusterConfig
 from router.dispatch.core import RouterCore
+from router.engine_client import EngineClient
 from router.metrics import RouterMetrics
 from router.predictors.base import PredictorSet
 from router.proxy import Proxy
+from router.request import Kind
 from router.routes.admin import AdminRoutes
 from router.routes.http import MAX_BODY_BYTES, openai_errors
 from router.routes.openai import OpenAIRoutes
@@ -63,10 +65,14 @@ def close_configured_predictors(predictors: PredictorSet) -> None:
 
 
 class Front:
-    """What the routes share (``app[FRONT]``): the core, admission and the proxy."""
+    """What the routes share (``app[FRONT]``): the core, admission and the proxy, and the
+    request path through them (``handle``)."""
 
     def __init__(self, config: ClusterConfig, core: RouterCore | None = None,
-                 worker: int | None = None) -> None:
+                 worker: int | None = None, engine_client: EngineClient | None = None,
+                 request_ids: Callable[[], str] = request_id) -> None:
+        """``engine_client``: how requests reach the engines (None: HTTP,
+        ``router.upstream``); ``request_ids``: the request ids admission gives."""
         r = config.router
         self.config = config
         self.keys = Keys(load_keys(r.api_keys_file, r.api_keys_env, "router API keys"),
@@ -79,14 +85,33 @@ class Front:
         self.models = served_models(config)
         self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
         self.admission = Admission(r, self.keys, self.models, self.tokenizers, self.metrics,
-                                   self.core.routing.wall_clock)
-        self.proxy = Proxy(r, self.core, self.metrics)
+                                   self.core.routing.wall_clock, request_ids)
+        self.proxy = Proxy(r, self.core, self.metrics, engine_client)
         self.created = int(time.time())
 
-    def prepare(self) -> None:
-        """What routing needs, blocking and with no socket: the tokenizers loaded and the
-        policy built (ValueError: bad settings). ``startup`` runs it, then starts the
-        core's streams; the twin (``kernels_bench.lab.twin``) runs only this."""
+    async def handle(self, kind: Kind, headers: Mapping[str, str],
+                     read: Callable[[], Awaitable[bytes]],
+                     request: web.BaseRequest | None = None) -> web.StreamResponse:
+        """One generation request, as its route hands it on: admitted (authenticated
+        before ``read`` gives its body, decoded, tokenized when needed), routed and
+        forwarded; the engine's answer. RequestError when refused. ``request``: the HTTP
+        request a streamed answer is written to."""
+        parsed, routing = await self.admission.admit(kind, headers, read)
+        return await self.proxy.serve(request, parsed, routing)
+
+    async def start(self) -> None:
+        """Ready to route: the tokenizers loaded and the policy built off the event loop
+        (ValueError: bad settings), the core's telemetry started, the engine client
+        opened."""
+        await asyncio.to_thread(self._load)
+        await self.core.start()
+        self.proxy.start()
+
+    async def stop(self) -> None:
+        await self.proxy.close()
+        await self.core.stop()
+
+    def _load(self) -> None:
         self.tokenizers.load()
         if not self.tokenizers.same_tokenizer(list(self.models)):
             log.warning("served models use different tokenizers: 'auto' requests are "
@@ -95,15 +120,12 @@ class Front:
         self.admission.tokenize_always = self.core.build_policy().uses_prompt
 
     async def startup(self, _app: web.Application) -> None:
-        await asyncio.to_thread(self.prepare)
-        await self.core.start()
-        self.proxy.start()
+        await self.start()
         gc.collect()
         gc.freeze()  # tokenizers, templates, predictors: never garbage, never scanned again
 
     async def cleanup(self, _app: web.Application) -> None:
-        await self.proxy.close()
-        await self.core.stop()
+        await self.stop()
         close_configured_predictors(self.core.routing.predictors)
 
 
@@ -117,7 +139,7 @@ def create_app(config: ClusterConfig, core: RouterCore | None = None,
     front = Front(config, core, worker)
     r = config.router
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
-    OpenAIRoutes(r, front.keys, front.admission, front.proxy, front.core, front.metrics,
+    OpenAIRoutes(r, front.keys, front.admission, front.handle, front.core, front.metrics,
                  front.created).add_to(app)
     AdminRoutes(r, front.keys, front.core, front.proxy).add_to(app)
     app.on_startup.append(front.startup)

@@ -2,10 +2,11 @@
 
 Per attempt: ask the core for a decision (its failures as RequestError), send the
 client's body with the chosen ``model``, ``priority`` and ``max_tokens`` to that engine
-(``router.upstream``), relay its answer or SSE stream, and report the request's end to the
-core exactly once (success, engine error, client disconnect or abort). An engine that
-could not be reached or closed the connection without a byte of an answer is marked down
-and the request re-dispatched, at most ``MAX_ROUTE_ATTEMPTS`` times in all.
+through the engine client (``router.engine_client``; live: ``router.upstream``), relay
+its answer or SSE stream, and report the request's end to the core exactly once (success,
+engine error, client disconnect or abort). An engine that could not be reached or closed
+the connection without a byte of an answer is marked down and the request re-dispatched,
+at most ``MAX_ROUTE_ATTEMPTS`` times in all.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 import math
 from typing import Any, Iterable
 
-import aiohttp
 import msgspec
 from aiohttp import web
 
@@ -23,11 +23,11 @@ from router.auth import engine_key
 from router.config.cluster import RouterConfig
 from router.config.engines import EngineInstance, PriorityWire
 from router.dispatch.core import RouterCore
+from router.engine_client import EngineCall, EngineClient, EngineReply, StreamResult
 from router.metrics import RouterMetrics
 from router.request import ParsedRequest, RequestError, Workflow, overloaded
 from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest
-from router.upstream import (StreamResult, StreamTimeouts, Upstream, UpstreamError,
-                             completion_tokens)
+from router.upstream import StreamTimeouts, Upstream, UpstreamError, completion_tokens
 from scheduler_patches.contract import PRIORITY_MAX, RETAIN_PREFIX, XARGS_FIELD, RetentionHint
 
 MAX_ROUTE_ATTEMPTS = 3
@@ -53,37 +53,42 @@ class _Completion:
 class Proxy:
     """Forwards admitted requests: decision, engine call, relay, retry elsewhere."""
 
-    def __init__(self, settings: RouterConfig, core: RouterCore,
-                 metrics: RouterMetrics) -> None:
+    def __init__(self, settings: RouterConfig, core: RouterCore, metrics: RouterMetrics,
+                 client: EngineClient | None = None) -> None:
+        """``client``: the engine client; None: ``router.upstream.Upstream``, opened by
+        ``start``."""
         self.settings, self.core, self.metrics = settings, core, metrics
         self.engine_auth = engine_auth(core.membership.instances.values())
         """The ``Authorization`` value of each engine that requires an API key."""
-        self.upstream: Upstream | None = None
+        self.client = client
 
     def start(self) -> None:
-        """Open the connection pool to the engines (in the serving loop)."""
-        r = self.settings
-        self.upstream = Upstream(r.request_timeout_s, r.max_inflight,
-                                 StreamTimeouts(r.stream_first_byte_timeout_s,
-                                                r.stream_stall_timeout_s))
+        """Open the connection pool to the engines (in the serving loop), unless a client
+        was given."""
+        if self.client is None:
+            r = self.settings
+            self.client = Upstream(r.request_timeout_s, r.max_inflight,
+                                   StreamTimeouts(r.stream_first_byte_timeout_s,
+                                                  r.stream_stall_timeout_s))
 
     async def close(self) -> None:
-        if self.upstream is not None:
-            await self.upstream.aclose()
+        if self.client is not None:
+            await self.client.aclose()
 
     def forget(self, instance: str) -> None:
         """A removed engine's key is dropped."""
         self.engine_auth.pop(instance, None)
 
-    async def serve(self, request: web.Request, parsed: ParsedRequest,
+    async def serve(self, request: web.BaseRequest | None, parsed: ParsedRequest,
                     routing: RoutingRequest) -> web.StreamResponse:
-        """The engine's answer to ``request``, re-dispatched while ``redispatch`` says so;
-        RequestError when routing or the last attempt fails."""
+        """The engine's answer, re-dispatched while ``redispatch`` says so; RequestError
+        when routing or the last attempt fails. ``request``: the HTTP request a streamed
+        answer is written to (None: a caller without one, whose requests do not stream)."""
         attempt = 1
         while True:
             completion = _Completion(self.core, await self.route(routing))
             try:
-                return await self._forward(request, parsed, routing.request_id, completion)
+                return await self._forward(request, parsed, routing, completion)
             except UpstreamError as exc:
                 if not redispatch(exc) or attempt == MAX_ROUTE_ATTEMPTS:
                     raise exc.error() from None
@@ -116,9 +121,10 @@ class Proxy:
             log.warning("marking engine %s down: %s", instance, exc)
             self.core.membership.mark_engine(instance, False, str(exc), probe=True)
 
-    async def _forward(self, request: web.Request, parsed: ParsedRequest, request_id: str,
-                       completion: _Completion) -> web.StreamResponse:
-        decision = completion.decision
+    async def _forward(self, request: web.BaseRequest | None, parsed: ParsedRequest,
+                       routing: RoutingRequest, completion: _Completion
+                       ) -> web.StreamResponse:
+        decision, request_id = completion.decision, routing.request_id
         inst = self.core.membership.instances.get(decision.instance)
         priority, max_tokens = engine_settings(
             parsed, decision, "hetserve" if inst is None else inst.priority_wire)
@@ -129,14 +135,15 @@ class Proxy:
         if auth is not None:
             headers["authorization"] = auth
         response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}
-        assert self.upstream is not None
+        call = EngineCall(parsed, routing, decision, priority, max_tokens, path, body, headers)
+        assert self.client is not None
         try:
-            resp = await self.upstream.open(decision.instance, decision.url.rstrip("/") + path,
-                                            body, headers, parsed.stream)
-            if parsed.stream and resp.status == 200:
-                return await self._relay(request, completion, resp, parsed.include_usage,
+            reply = await self.client.send(call)
+            if parsed.stream and reply.status == 200:
+                assert request is not None, "a streamed answer needs the HTTP request"
+                return await self._relay(request, completion, reply, parsed.include_usage,
                                          response_headers)
-            content = await self.upstream.read(decision.instance, resp)
+            content = await reply.read()
         except UpstreamError as exc:
             self._upstream_failed(completion, exc)
             raise
@@ -146,25 +153,23 @@ class Proxy:
         except BaseException:
             completion.finish(0, "aborted")
             raise
-        error = None if resp.status < 400 else f"engine answered {resp.status}"
+        error = None if reply.status < 400 else f"engine answered {reply.status}"
         completion.finish(completion_tokens(content) if error is None else 0, error)
-        response_headers["content-type"] = resp.headers.get("content-type", "application/json")
-        return web.Response(body=content, status=resp.status, headers=response_headers)
+        response_headers["content-type"] = reply.content_type
+        return web.Response(body=content, status=reply.status, headers=response_headers)
 
-    async def _relay(self, request: web.Request, completion: _Completion,
-                     resp: aiohttp.ClientResponse, keep_usage: bool,
+    async def _relay(self, request: web.BaseRequest, completion: _Completion,
+                     reply: EngineReply, keep_usage: bool,
                      headers: dict[str, str]) -> web.StreamResponse:
         """Relay an engine's SSE stream; report its end exactly once. A failure after
         the first byte ends the stream with an OpenAI error event and no ``[DONE]``."""
         result = StreamResult()
-        instance = completion.decision.instance
         out = web.StreamResponse(status=200, headers={**headers,
                                                       "content-type": "text/event-stream"})
         error: str | None = "aborted"
         try:
             await out.prepare(request)
-            assert self.upstream is not None
-            async for event in self.upstream.events(instance, resp, result, keep_usage):
+            async for event in reply.events(result, keep_usage):
                 await out.write(event)
             await out.write_eof()
             error = None
@@ -181,7 +186,7 @@ class Proxy:
                 raise
         finally:
             completion.finish(result.output_tokens, error)
-            resp.release()
+            reply.cancel()
         return out
 
     def _auth(self, instance: str) -> str | None:

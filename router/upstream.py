@@ -1,4 +1,5 @@
-"""Proxying to engines: one pooled aiohttp client session, SSE relayed event by event.
+"""The live engine client (``router.engine_client``): one pooled aiohttp client session,
+SSE relayed event by event.
 
 aiohttp's connector hands out pooled connections at a cost that does not grow with the
 number of open ones (httpx's pool checked every pooled socket per request: docs/performance.md).
@@ -17,6 +18,7 @@ from typing import AsyncIterator, Callable, Literal, Mapping
 import aiohttp
 import msgspec
 
+from router.engine_client import EngineCall, StreamResult
 from router.request import RequestError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -67,15 +69,6 @@ def _is_timeout(exc: BaseException) -> bool:
         exc, aiohttp.ConnectionTimeoutError)
 
 
-@dataclass
-class StreamResult:
-    """What a relayed response told about its generation."""
-
-    output_tokens: int = 0
-    """``usage.completion_tokens``, else (stream cut short) the number of data events."""
-    usage_seen: bool = False
-
-
 @dataclass(frozen=True)
 class StreamTimeouts:
     """Silences a streamed response may have (``[router] stream_*_timeout_s``)."""
@@ -85,7 +78,8 @@ class StreamTimeouts:
 
 
 class Upstream:
-    """Pooled HTTP client for every engine (create it inside the running event loop)."""
+    """Pooled HTTP client for every engine, an ``EngineClient`` (create it inside the
+    running event loop)."""
 
     def __init__(self, read_timeout_s: float, max_connections: int,
                  stream: StreamTimeouts) -> None:
@@ -110,6 +104,12 @@ class Upstream:
 
     async def aclose(self) -> None:
         await self._session.close()
+
+    async def send(self, call: EngineCall) -> HttpReply:
+        """``call`` POSTed to its engine (``open``); the reply with its body unread."""
+        engine = call.decision.instance
+        resp = await self.open(engine, call.url, call.body, call.headers, call.parsed.stream)
+        return HttpReply(self, engine, resp)
 
     async def open(self, engine: str, url: str, body: bytes, headers: Mapping[str, str],
                    stream: bool = False) -> aiohttp.ClientResponse:
@@ -176,6 +176,26 @@ class Upstream:
             raise _map(exc, engine) from None
         finally:
             resp.release()
+
+
+class HttpReply:
+    """An engine's HTTP response as an ``EngineReply``."""
+
+    def __init__(self, upstream: Upstream, engine: str, resp: aiohttp.ClientResponse) -> None:
+        self._upstream, self._engine, self._resp = upstream, engine, resp
+        self.status = resp.status
+        self.content_type = resp.headers.get("content-type", "application/json")
+
+    async def read(self) -> bytes:
+        return await self._upstream.read(self._engine, self._resp)
+
+    def events(self, result: StreamResult, keep_usage: bool) -> AsyncIterator[bytes]:
+        return self._upstream.events(self._engine, self._resp, result, keep_usage)
+
+    def cancel(self) -> None:
+        """Release the response: a body not read to its end closes the connection,
+        which vLLM's server takes as the request's abort."""
+        self._resp.release()
 
 
 class _Usage(msgspec.Struct):

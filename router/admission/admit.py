@@ -36,21 +36,21 @@ class Admission:
 
     def __init__(self, settings: RouterConfig, keys: Keys, models: Mapping[str, ServedModel],
                  tokenizers: Tokenizers, metrics: RouterMetrics,
-                 wall_clock: Callable[[], float]) -> None:
+                 wall_clock: Callable[[], float],
+                 request_ids: Callable[[], str] = request_id) -> None:
+        """``request_ids``: each admitted request's id."""
         self.settings, self.keys, self.models = settings, keys, models
         self.tokenizers, self.metrics, self.wall_clock = tokenizers, metrics, wall_clock
         self.tokenize_always = True
         """Tokenize every prompt (the policy reads it); else only when it may not fit."""
-        self.new_request_id: Callable[[], str] = request_id
-        """Request ids (the twin numbers its requests)."""
+        self.request_ids = request_ids
 
     async def admit(self, kind: Kind, headers: Mapping[str, str],
                     read: Callable[[], Awaitable[bytes]]
                     ) -> tuple[ParsedRequest, RoutingRequest]:
         """A request authenticated (before ``read`` gives its body), validated, tokenized
         (when the policy reads the prompt, or it may not fit) and made the core's
-        request; RequestError (4xx) otherwise. The twin (``kernels_bench.lab.twin``) calls
-        this as the HTTP route does."""
+        request; RequestError (4xx) otherwise."""
         arrival = self.wall_clock()
         trusted = self.keys.check_api(headers)
         parsed = parse_request(kind, await read(), headers,
@@ -60,7 +60,7 @@ class Admission:
             self.metrics.untrusted_fields.labels(name).inc()
         self._check_per_model(parsed)
         return parsed, _routing_request(parsed, await self._prompt(parsed), arrival,
-                                        self.new_request_id())
+                                        self.request_ids())
 
     def _check_per_model(self, parsed: ParsedRequest) -> None:
         """Every model named in ``per_model`` must be served here (also in a

@@ -17,6 +17,7 @@ from router.dispatch.routing import Routing
 from router.policies.base import Policy
 from router.predictors.base import PredictorSet
 from router.state.cluster import ClusterState
+from router.telemetry_source import TelemetrySource
 
 
 class RouterCore:
@@ -24,14 +25,16 @@ class RouterCore:
 
     def __init__(self, config: ClusterConfig, predictors: PredictorSet | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time, worker: int | None = None) -> None:
+                 wall_clock: Callable[[], float] = time.time, worker: int | None = None,
+                 telemetry: TelemetrySource | None = None) -> None:
         """``worker``: this process's index among ``config.router.workers`` router
-        processes serving one port (``router.dispatch.peers``); None for a lone router."""
+        processes serving one port (``router.dispatch.peers``); None for a lone router.
+        ``telemetry``: where the engines' telemetry comes from (``Membership``)."""
         r = config.router
         self.state = ClusterState(config.instances(), r.heartbeat_timeout_s,
                                   r.scheduler_stall_timeout_s, r.program_ttl_s,
                                   r.scrape_timeout_s, r.sole_engine_timeout_s, wall_clock)
-        self.membership = Membership(config, self.state, clock, worker)
+        self.membership = Membership(config, self.state, clock, worker, telemetry)
         self.routing = Routing(r, self.state, predictors or PredictorSet(),
                                self.membership.peers, self.membership.prober, clock, wall_clock)
 

@@ -1,9 +1,11 @@
 """The OpenAI routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, and
 ``/health`` (readiness: 503 while no engine is up), ``/live`` (liveness: the router
-answers) and ``/metrics``. A generation route bounds the requests in flight, admits the
-request (``router.admission``) and hands it to the proxy (``router.proxy``)."""
+answers) and ``/metrics``. A generation route bounds the requests in flight and hands the
+request to the front's ``handle`` (``router.app``: admission, then the proxy)."""
 
 from __future__ import annotations
+
+from typing import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -12,9 +14,13 @@ from router.auth import Keys
 from router.config.cluster import RouterConfig
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
-from router.proxy import Proxy
 from router.request import AUTO_MODEL, Kind, RequestError, overloaded
 from router.routes.http import ClientDisconnected, error_response, json_response, read_body
+
+Handle = Callable[[Kind, Mapping[str, str], Callable[[], Awaitable[bytes]], web.BaseRequest],
+                  Awaitable[web.StreamResponse]]
+"""A generation request's path after its route (``router.app.Front.handle``): headers,
+the body's reader and the HTTP request in; the answer out, RequestError when refused."""
 
 CLIENT_CLOSED = 499
 """Status counted for a request whose client left before the answer (never sent)."""
@@ -24,9 +30,9 @@ class OpenAIRoutes:
     """The handlers of the OpenAI API and the plain endpoints."""
 
     def __init__(self, settings: RouterConfig, keys: Keys, admission: Admission,
-                 proxy: Proxy, core: RouterCore, metrics: RouterMetrics,
+                 handle: Handle, core: RouterCore, metrics: RouterMetrics,
                  created: int) -> None:
-        self.settings, self.keys, self.admission, self.proxy = settings, keys, admission, proxy
+        self.settings, self.keys, self.admission, self.handle = settings, keys, admission, handle
         self.core, self.metrics, self.created = core, metrics, created
         self.inflight = 0
         """Generation requests being handled (``[router] max_inflight`` bounds it)."""
@@ -54,9 +60,8 @@ class OpenAIRoutes:
         self.inflight += 1
         status = CLIENT_CLOSED
         try:
-            parsed, routing = await self.admission.admit(kind, request.headers,
-                                                         lambda: read_body(request.content))
-            response = await self.proxy.serve(request, parsed, routing)
+            response = await self.handle(kind, request.headers,
+                                         lambda: read_body(request.content), request)
             status = response.status
             return response
         except RequestError as exc:

@@ -113,10 +113,11 @@ def test_the_router_hears_every_engine_and_indexes_its_kv_blocks(
     body["messages"][-1]["content"] = " ".join(f"fact {i} holds." for i in range(200))
 
     async def go() -> list[Any]:
-        router.start()
+        await router.start()
         first = await router.send(body)
         second = await router.send(body)
         await asyncio.sleep(3.0)  # idle: heartbeats keep both engines up
+        await router.stop()
         return [first, second]
 
     try:
@@ -144,7 +145,9 @@ def test_charged_costs_delay_the_engine_by_exactly_that(trace: Trace, profiles: 
         body = stage_body(Job("w0", trace.runs[0], 0.0), 1, 0, [], [],
                           ClientSettings({"tiny-a": "small", "tiny-b": "large"}))
         try:
+            loop.run_until_complete(router.start())
             res = loop.run_until_complete(router.send(body))
+            loop.run_until_complete(router.stop())
         finally:
             loop.close()
         assert res.error is None
@@ -163,8 +166,10 @@ def test_a_refused_call_fails_alone_with_the_routers_error(trace: Trace,
                       ClientSettings({"tiny-a": "small", "tiny-b": "large"}))
     bad = {**body, "per_model": {"max_tokens": {"nope": 3}}}
     try:
+        loop.run_until_complete(router.start())
         res = loop.run_until_complete(router.send(bad))
         ok = loop.run_until_complete(router.send(body))
+        loop.run_until_complete(router.stop())
     finally:
         loop.close()
     assert res.error is not None and res.error.startswith("HTTP 400") and "nope" in res.error

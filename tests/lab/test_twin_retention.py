@@ -108,7 +108,9 @@ def test_the_twin_router_hands_the_engine_its_retention_hint(profiles: Path) -> 
             "workflow": {"program_id": "w0.1", "stage_index": 0, "num_stages": 2,
                          "final": False, "expected_return_s": 4.0}}
     try:
+        loop.run_until_complete(router.start())
         res = loop.run_until_complete(router.send(body))
+        loop.run_until_complete(router.stop())
     finally:
         loop.close()
     assert res.error is None and res.cached_tokens == 0

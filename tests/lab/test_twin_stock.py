@@ -21,6 +21,7 @@ from kernels_bench.lab.twin.run import run_config
 from kernels_bench.lab.twin.sim import Simulator
 from kernels_bench.lab.twin.step_time import StepTimeModel
 from router.config.cluster import load_cluster_config
+from router.state.vllm_metrics import VllmMetrics
 from tests.lab.twin_helpers import REPLAY_PROFILES, REPLAY_TOML, write_profile
 from tests.replay_fixture import tiny_trace
 
@@ -48,15 +49,15 @@ def test_a_stock_engines_view_changes_only_at_scrapes(tmp_path: Path) -> None:
     bodies = [stage_body(Job(f"w{i}", run, 0.0), 1, 0, [], [], settings)
               for i, run in enumerate(trace.runs[:6])]
     gauges: dict[tuple[str, float], tuple[int, int]] = {}  # the engines' at each scrape
-    subscriber = router.core.membership.snapshots
-    feed = subscriber.feed
+    sink = router.core.membership.subscriptions  # the router's telemetry sink
+    apply = sink.scraped
 
-    def scraped(frames: list[bytes]) -> None:
-        m = sim.engines[frames[0].decode()].metrics
-        gauges[frames[0].decode(), sim.now()] = (m.running, m.waiting)
-        feed(frames)
+    def scraped(engine: str, seq: int, sent: float, reading: VllmMetrics) -> None:
+        m = sim.engines[engine].metrics
+        gauges[engine, sim.now()] = (m.running, m.waiting)
+        apply(engine, seq, sent, reading)
 
-    subscriber.feed = scraped  # type: ignore[method-assign]
+    sink.scraped = scraped  # type: ignore[method-assign]
     seen: list[tuple[str, float, float, tuple[int, int], tuple[int, int]]] = []
 
     def look() -> None:  # every 10 ms, 3.5 ms off the scrapes' grid
@@ -68,12 +69,13 @@ def test_a_stock_engines_view_changes_only_at_scrapes(tmp_path: Path) -> None:
         loop.call_later(0.01, look)
 
     async def go() -> None:
-        router.start()
+        await router.start()
         loop.call_later(0.0035, look)
         for body in bodies:
             await asyncio.sleep(0.013)
             asyncio.ensure_future(router.send(body))
         await asyncio.sleep(3.0)
+        await router.stop()
 
     try:
         loop.run_until_complete(go())

@@ -164,8 +164,9 @@ def simulate(task: RunTask) -> dict[str, Any]:
         client = AgenticClient(task.client, router.send, loop.time)
 
         async def go() -> None:
-            router.start()
+            await router.start()
             await client.run(task.jobs)
+            await router.stop()
 
         loop.run_until_complete(go())
     finally:

@@ -14,6 +14,8 @@ Composed of one part per job, each in its own module or class:
 
 ``Membership`` starts and stops them (over one ZeroMQ context) and answers the admin
 verdicts of the launcher and operators: a change applied here, then versioned and shared.
+Given a telemetry source (``router.telemetry_source``), it starts that source into the
+``Subscriptions`` instead of their ZeroMQ subscriptions and scrapes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from router.state.cluster import ClusterState
 from router.state.engine_versions import Version
 from router.state.stats import RouterStats
 from router.state.view import EngineView, engine_view
+from router.telemetry_source import TelemetrySource
 
 log = logging.getLogger("hetserve.router")
 SWEEPS_PER_TIMEOUT = 10
@@ -50,9 +53,12 @@ class Membership:
     """The engines routed to: its parts started together, and the admin verdicts."""
 
     def __init__(self, config: ClusterConfig, state: ClusterState,
-                 clock: Callable[[], float] = time.monotonic, worker: int | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, worker: int | None = None,
+                 telemetry: TelemetrySource | None = None) -> None:
         """``worker``: this process's index among ``config.router.workers`` router
-        processes serving one port (``router.dispatch.peers``); None for a lone router."""
+        processes serving one port (``router.dispatch.peers``); None for a lone router.
+        ``telemetry``: where the engines' telemetry comes from; None: the engines'
+        ZeroMQ streams and ``/metrics``."""
         r = config.router
         self.state, self.clock = state, clock
         instances = config.instances()
@@ -69,21 +75,26 @@ class Membership:
         subs = self.subscriptions
         self.snapshots, self.kv_events, self.scraper = subs.snapshots, subs.kv_events, subs.scraper
         self.versions, self.peers = self.sync.versions, self.sync.peers
+        self.telemetry = telemetry
         self._zap: AsyncioAuthenticator | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Subscribe to every engine's telemetry and KV events, link the peers, probe."""
+        """Subscribe to every engine's telemetry and KV events (or start the telemetry
+        source), link the peers, probe."""
         self._ctx = zmq.asyncio.Context()
         curve = self.subscriptions.curve
-        if curve is not None:  # ZAP: only the engines' key gets a connection
+        if curve is not None and self.telemetry is None:  # ZAP: only the engines' key
             self._zap = AsyncioAuthenticator(self._ctx, log=log)
             self._zap.start()
             self._zap.configure_curve_callback("*", curve)
         try:
-            await self.subscriptions.start(self._ctx, [i.name for i in self.instances.values()
-                                                       if i.kind == "vllm"])
+            if self.telemetry is None:
+                await self.subscriptions.start(self._ctx, [
+                    i.name for i in self.instances.values() if i.kind == "vllm"])
+            else:
+                await self.telemetry.start(self.subscriptions)
             if self.peers is not None:
                 await self.peers.start(self._ctx)
         except ValueError:
@@ -107,6 +118,8 @@ class Membership:
             self._sweeper = None
         await self.prober.stop()
         await self.subscriptions.stop()
+        if self.telemetry is not None:
+            await self.telemetry.stop()
         if self.peers is not None:
             await self.peers.stop()
         if self._zap is not None:

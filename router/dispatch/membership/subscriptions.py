@@ -5,6 +5,8 @@ CURVE-authenticated when the cluster has keys: ``Membership`` owns the context a
 authenticator); stock vLLM engines (``kind = "vllm"``) publish no telemetry and are
 scraped instead (``router.dispatch.scraper``), each scrape read as the snapshot it would
 have published. Engines added and removed at run time are subscribed and unsubscribed here.
+``Subscriptions`` is the router's ``TelemetrySink`` (``router.telemetry_source``): a source
+given to the core in their place feeds the same decoders and state updates.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ Unused = list[tuple[StreamSubscriber, str]]
 
 
 class Subscriptions:
-    """Telemetry and KV-event subscriptions and stock-engine scrapes, into the state."""
+    """Telemetry and KV-event subscriptions and stock-engine scrapes, into the state (a
+    ``TelemetrySink``)."""
 
     def __init__(self, r: RouterConfig, state: ClusterState,
                  instances: Iterable[EngineInstance], urls: dict[str, str],
@@ -118,6 +121,17 @@ class Subscriptions:
         st.failed_snapshot_frames, st.failed_kv_frames = snap.errors, kv.errors
         return st
 
+    def snapshot_frames(self, frames: list[bytes]) -> None:
+        self.snapshots.feed(frames)
+
+    def kv_event_frames(self, frames: list[bytes]) -> None:
+        self.kv_events.feed(frames)
+
+    def scraped(self, engine: str, seq: int, sent: float, reading: VllmMetrics) -> None:
+        if engine in self.state.table.engines:
+            self._apply_snapshot(stock_snapshot(engine, seq, sent, reading,
+                                                self.state.ledger.load(engine)))
+
     # The decoders pass only well-formed frames of configured engines (a snapshot's
     # engine_id is its topic) that the sequence rule accepts (engine_ext.telemetry).
 
@@ -128,10 +142,7 @@ class Subscriptions:
         counters.snapshot_gaps, counters.snapshot_resyncs = seqs.gaps, seqs.resyncs
 
     def _on_scrape(self, name: str, sent: float, reading: VllmMetrics) -> None:
-        """A stock engine's ``/metrics``, as the snapshot it would have published."""
-        if name in self.state.table.engines:
-            self._apply_snapshot(stock_snapshot(name, self.scraper.scrapes[name]["ok"], sent,
-                                                reading, self.state.ledger.load(name)))
+        self.scraped(name, self.scraper.scrapes[name]["ok"], sent, reading)
 
     def _apply_snapshot(self, snap: SchedulerSnapshot) -> None:
         state, name = self.state, snap.engine_id
