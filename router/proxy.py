@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import msgspec
 from aiohttp import web

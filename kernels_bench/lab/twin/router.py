@@ -16,11 +16,11 @@ twins into the router's two seams to engines:
   ``scrape_interval_s`` of virtual time its ``/metrics`` reading (``EngineTwin.metrics``,
   with no delay) is handed to the sink as a scrape's.
 
-Not run: HTTP, SSE relaying (a call is sent unstreamed) and the engines' API servers (their tokenization,
-detokenization and streaming), modelled as a fixed ``request_overhead_s`` per call. The
-router's own work on a call (tokenizing, predicting, deciding) is measured in wall time and
-charged to the virtual clock when ``charge_decision`` is on (then a run is no longer
-bit-for-bit repeatable).
+Not run: HTTP, SSE relaying (a call is sent unstreamed) and the engines' API servers
+(their tokenization, detokenization and streaming), modelled as a fixed
+``request_overhead_s`` per call. The router's own work on a call (tokenizing, predicting,
+deciding) is measured in wall time and charged to the virtual clock when
+``charge_decision`` is on (then a run is no longer bit-for-bit repeatable).
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ class _Call:
 
 
 _call: ContextVar[_Call] = ContextVar("twin call")
+"""The call of the task that sent it: ``Front.handle`` runs the engine client's ``send``
+in that task, which records the router's answer into the call's result."""
 
 
 class TwinRouter:
