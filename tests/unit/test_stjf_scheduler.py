@@ -236,3 +236,30 @@ def test_going_idle_publishes_state_and_finished_at_once(tmp_path):
         s.shutdown()
         sub.close(linger=0)
         ctx.term()
+
+
+def test_each_scheduler_reads_its_settings_from_the_hetserve_table():
+    s = make_scheduler(STJFScheduler, hetserve={
+        "engine_id": "e1", "starvation_threshold": 7, "quantum": 5, "max_promotions": 2,
+        "telemetry_interval_ms": 0, "mlfq_levels": 9})
+    assert (s.aging.settings.starvation_threshold, s.aging.settings.quantum,
+            s.aging.settings.max_promotions, s.engine_id) == (7, 5, 2, "e1")
+    m = make_scheduler(MLFQScheduler, hetserve={"mlfq_levels": 2, "quantum": 5})
+    assert (m.mlfq.mlfq_levels, m.mlfq.mlfq_base_quantum) == (2, 64)
+    with pytest.raises(ValueError, match=r"^additional_config\.hetserve\.quantum: .*got '8'"):
+        make_scheduler(STJFScheduler, hetserve={"quantum": "8"})
+
+
+@pytest.mark.parametrize("flags, key", [
+    (["--starvation-threshold", "0"], "starvation_threshold"),
+    (["--max-promotions", "-1"], "max_promotions"),
+    (["--mlfq-levels", "0"], "mlfq_levels"),
+    (["--retention-slack", "0.5"], "retention_slack"),
+    (["--telemetry-interval-ms", "-1"], "telemetry_interval_ms"),
+])
+def test_engine_server_refuses_a_bad_setting_before_vllm_starts(flags, key):
+    from engine_ext.serve import build_parser, vllm_argv
+
+    ns, rest = build_parser().parse_known_args(["--model", "/models/m", *flags])
+    with pytest.raises(ValueError, match=rf"^additional_config\.hetserve\.{key}: "):
+        vllm_argv(ns, rest)
