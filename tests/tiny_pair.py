@@ -1,28 +1,49 @@
 """Two real engines, ``a-0`` (``tiny-a``) and ``b-0`` (``tiny-b``, which requires an API key),
 shared by the modules (integration and lab) that put a router in front of them (fixture
-``tiny_pair`` in tests/conftest.py): one start of the pair for the session
-instead of one per module. A module that kills an engine leaves it dead; the next module
-to ask for the pair gets it started again (``TinyPair.revive``)."""
+``tiny_pair`` in tests/conftest.py): one start of the pair for the session instead of one
+per module. Their command lines and environments are the launcher's own
+(``launcher.planner.make_plan`` with ``--only a --only b`` on the cluster file
+``CLUSTER``), so the tests run exactly what ``python -m launcher`` would. A module that
+kills an engine leaves it dead; the next module to ask for the pair gets it started again
+(``TinyPair.revive``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomli_w
+
+from launcher.devices import Devices
+from launcher.plan import Plan
+from launcher.planner import make_plan
+from launcher.settings import load_launch_config
+from router.config.engines import EngineInstance
 from tests.engine_proc import free_port, kill_group, spawn, wait_healthy
 
 ENGINE_HEALTH_TIMEOUT_S = 240.0
 """Two engines starting together on 2 shared cores take about 40 s; leave room."""
 MAX_MODEL_LEN = 1024
-ENGINES = {"a": ("tiny-a", "0"), "b": ("tiny-b", "1")}
-"""Engine name -> (served model, CPU core)."""
+ENGINES = {"a": "tiny-a", "b": "tiny-b"}
+"""Engine name -> served model."""
 ENGINE_KEY = ("HS_TEST_ENGINE_KEY", "hs-test-engine-key")
 """Engine ``b`` requires this API key (vLLM's VLLM_API_KEY); a router sends it from this
 variable (``api_key_env``), so every test that reaches ``b`` also tests that."""
+
+
+def cluster_file(ports: dict[str, int]) -> dict[str, object]:
+    """The pair's cluster file: what an operator would write for it."""
+    return {"router": {"policy": "round_robin"}, "engines": [{
+        "name": name, "model": f"builtin:{model}", "served_model_name": model,
+        "port": ports[name], "max_num_seqs": 8, "max_model_len": MAX_MODEL_LEN,
+        "dtype": "float32", "enforce_eager": True, "kv_cache_bytes": 64 * 2**20,
+        "extra_args": ["--enable-prompt-tokens-details"],
+        **({"api_key_env": ENGINE_KEY[0]} if name == "b" else {})}
+        for name, model in ENGINES.items()]}
 
 
 @dataclass
@@ -30,43 +51,44 @@ class TinyPair:
     d: Path
     """Short folder (ipc:// and unix socket paths are limited) of the engines' sockets and
     logs; routers in front of the pair may put their own files here."""
-    ports: dict[str, int]
+    plan: Plan
+    """The launcher's plan of the two engines (no router)."""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
+    def instance(self, name: str) -> EngineInstance:
+        """Engine ``name``'s one replica (``a-0``, ``b-0``) as the plan resolved it."""
+        return next(i for i in self.plan.config.instances() if i.engine == name)
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {name: self.instance(name).port for name in ENGINES}
+
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.ports[name]}"
+        return self.instance(name).url
+
+    def log(self, name: str) -> Path:
+        return self.d / f"{self.instance(name).name}.log"
 
     def engines_toml(self) -> str:
-        """``[[engines]]`` tables of the pair for a router's cluster file."""
-        lines = []
-        for name, (model, _) in ENGINES.items():
-            lines += ["[[engines]]", f'name = "{name}"', f'served_model_name = "{model}"',
-                      f'model = "builtin:{model}"', f"port = {self.ports[name]}",
-                      f'telemetry_endpoint = "ipc://{self.d}/{name}-0.telemetry"',
-                      f'kv_events_endpoint = "ipc://{self.d}/{name}-0.kv"',
-                      f"max_model_len = {MAX_MODEL_LEN}"]
-            lines += [f'api_key_env = "{ENGINE_KEY[0]}"', ""] if name == "b" else [""]
-        return "\n".join(lines)
+        """``[[engines]]`` tables of the pair for a router's cluster file: the plan's
+        resolved entries (ports, telemetry and KV-event endpoints filled in)."""
+        entries = [{k: v for k, v in {
+            "name": i.engine, "model": i.model, "served_model_name": i.served_model_name,
+            "port": i.port, "telemetry_endpoint": i.telemetry_endpoint,
+            "kv_events_endpoint": i.kv_events_endpoint, "max_model_len": i.max_model_len,
+            "api_key_env": i.api_key_env}.items() if v is not None}
+            for i in self.plan.config.instances()]
+        return tomli_w.dumps({"engines": entries})
 
     def revive(self) -> None:
         """Start every engine that is not running (all of them at first), then wait until
         each serves."""
-        for name, (model, core) in ENGINES.items():
+        for name, p in zip(ENGINES, self.plan.engines, strict=True):
             if name in self.procs and self.procs[name].poll() is None:
                 continue
-            self.procs[name] = spawn([
-                sys.executable, "-m", "engine_ext.serve", "--model", f"builtin:{model}",
-                "--engine-id", f"{name}-0", "--served-model-name", model,
-                "--telemetry-endpoint", f"ipc://{self.d}/{name}-0.telemetry",
-                "--kv-events-endpoint", f"ipc://{self.d}/{name}-0.kv",
-                "--host", "127.0.0.1", "--port", str(self.ports[name]), "--dtype", "float32",
-                "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
-                "--enable-prompt-tokens-details",
-                "--kv-cache-memory-bytes", str(64 * 2**20), "--enforce-eager",
-            ], self.d / f"{name}.log", {"VLLM_CPU_OMP_THREADS_BIND": core,
-                                        **({"VLLM_API_KEY": ENGINE_KEY[1]} if name == "b" else {})})
+            self.procs[name] = spawn(p.spec.argv, p.spec.log_path, p.spec.env)
         for name, proc in self.procs.items():
-            wait_healthy(self.url(name), proc, self.d / f"{name}.log", ENGINE_HEALTH_TIMEOUT_S)
+            wait_healthy(self.url(name), proc, self.log(name), ENGINE_HEALTH_TIMEOUT_S)
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -75,6 +97,12 @@ class TinyPair:
 
 
 def new_pair() -> TinyPair:
-    """A pair not yet started (``revive`` starts it)."""
-    return TinyPair(Path(tempfile.mkdtemp(prefix="hs-pair-", dir="/tmp")),
-                    {name: free_port() for name in ENGINES})
+    """A pair not yet started (``revive`` starts it): its engines planned by the launcher
+    on CPU cores 0 and 1, their API key in this process's environment."""
+    d = Path(tempfile.mkdtemp(prefix="hs-pair-", dir="/tmp"))
+    os.environ.setdefault(*ENGINE_KEY)
+    (d / "cluster.toml").write_text(tomli_w.dumps(cluster_file(
+        {name: free_port() for name in ENGINES})))
+    plan = make_plan(load_launch_config(d / "cluster.toml"), Devices(gpus=[], cpus=[0, 1]),
+                     d, only=list(ENGINES))
+    return TinyPair(d, plan)

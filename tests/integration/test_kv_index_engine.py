@@ -66,7 +66,7 @@ class StoredEvents:
 def engine(tiny_pair: TinyPair) -> EngineProc:
     tiny_pair.revive()
     d = tiny_pair.d
-    return EngineProc(ENGINE_ID, tiny_pair.ports["a"], tiny_pair.procs["a"], d / "a.log",
+    return EngineProc(ENGINE_ID, tiny_pair.ports["a"], tiny_pair.procs["a"], tiny_pair.log("a"),
                       f"ipc://{d}/{ENGINE_ID}.telemetry", f"ipc://{d}/{ENGINE_ID}.kv")
 
 
