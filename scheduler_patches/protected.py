@@ -37,6 +37,10 @@ from scheduler_patches.contract import MAX_EXPECTED_RETURN_S
 from scheduler_patches.settings import STRICT, from_table
 
 
+MAX_PROTECTED_PROGRAMS = 1_000_000
+"""Most programs ``max_protected_programs`` may allow."""
+
+
 @pydantic.dataclasses.dataclass(frozen=True, config=STRICT)
 class RetentionSettings:
     """KV retention settings (keys of the ``hetserve`` table of ``additional_config``).
@@ -50,7 +54,7 @@ class RetentionSettings:
     retention_slack: Annotated[float, Field(ge=1, le=1000)] = 2.0
     """A hint with an expected return R is protected for ``min(retention_ttl_s,
     retention_slack * R)``: a late return still finds its prefix."""
-    max_protected_programs: Annotated[int, Field(ge=0, le=1_000_000)] = 256
+    max_protected_programs: Annotated[int, Field(ge=0, le=MAX_PROTECTED_PROGRAMS)] = 256
     """Programs protected at once; 0 turns retention off."""
     max_protected_fraction: Annotated[float, Field(gt=0, le=1)] = 0.5
     """Protected blocks (counted once per program that holds them) are at most this

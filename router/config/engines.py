@@ -23,7 +23,8 @@ from engine_ext.telemetry import publisher_binds
 from router.config.addresses import LOOPBACK, HttpUrl
 from router.settings import (NAME_PATTERN, STRICT, Count, Name, Niceness, Port, PositiveInt,
                              SettingsError, Verified, check, decode, suggest)
-from scheduler_patches.protected import RetentionSettings
+from scheduler_patches.contract import MAX_EXPECTED_RETURN_S
+from scheduler_patches.protected import MAX_PROTECTED_PROGRAMS, RetentionSettings
 from scheduler_patches.settings import ENGINE_POLICIES as SCHED_POLICIES
 from scheduler_patches.settings import EnginePolicy as SchedPolicy
 
@@ -180,12 +181,12 @@ class LocalEngine(_Engine):
     max_promotions: Count | None = None
     mlfq_levels: PositiveInt | None = None
     mlfq_base_quantum: PositiveInt | None = None
-    retention_ttl_s: Annotated[float, Field(ge=0, le=86_400)] | None = None
+    retention_ttl_s: Annotated[float, Field(ge=0, le=MAX_EXPECTED_RETURN_S)] | None = None
     """Longest KV retention of a returning program after its call (s; 0: off; the
     engine's default 30): ``scheduler_patches.protected.RetentionSettings``."""
     retention_slack: Annotated[float, Field(ge=1, le=1000)] | None = None
     """Retention lasts this many times the call's expected return, within the TTL (2)."""
-    max_protected_programs: Count | None = None
+    max_protected_programs: Annotated[int, Field(ge=0, le=MAX_PROTECTED_PROGRAMS)] | None = None
     """Programs whose KV cache is retained at once (0: off; default 256)."""
     max_protected_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     """Share of the KV pool retained blocks may hold (default 0.5)."""
