@@ -1,8 +1,9 @@
 """The router in front of an unmodified vLLM server beside a patched engine.
 
 One module-scoped cluster: ``stock-0``, vLLM's own OpenAI server (``vllm serve``, the
-``vllm`` command of the project's environment, with the priority scheduler and vLLM's KV
-events to an ipc socket) and ``patched-0`` (``python -m engine_ext.serve``), both serving ``tiny-a``, and
+``vllm`` command of the project's environment, with the priority scheduler, vLLM's KV
+events to an ipc socket, its dev mode (``/pause``, ``/resume``), load tracking (``/load``)
+and request log, all stock vLLM) and ``patched-0`` (``python -m engine_ext.serve``), both serving ``tiny-a``, and
 ``python -m router`` (``dynamo``, KV-aware) over both as remote engines: the stock one
 ``kind = "vllm"``, read by scraping its ``/metrics``. The tests run in file order; the
 last one kills the stock engine and starts it again.
@@ -42,27 +43,16 @@ HEALTH_TIMEOUT_S = 240.0
 """Two engines starting together on 2 shared cores take about 40 s; leave room."""
 MODEL = "tiny-a"
 MAX_NUM_SEQS = 1
-STOCK_MAX_MODEL_LEN = 32768
-"""Room for a request long enough (``HOLD_TOKENS``) to hold the slot while others queue
-behind it whatever vLLM's API server's delays. Past the tiny model's 4,096 positions
-(``VLLM_ALLOW_LONG_MAX_MODEL_LEN``): its rotary embedding extends, its text is noise either
-way, and 32,768 tokens of its KV (1 KiB each) fit the engine's 64 MiB."""
-HOLD_TOKENS = 32000
-"""A 4,000-token holder (about 20 s here) ended before /metrics showed the queue behind it
-in all 3 tries on CI's machine; the holder is abandoned once the queue is seen, so a
-longer one costs nothing."""
+"""The stock engine's slots: with one, the order its requests finish in is the order it
+served them (the priority test)."""
 SCRAPE_INTERVAL_MS, SCRAPE_TIMEOUT_S = 100, 15.0
 LOAD_TIMEOUT_S = 180.0
 """The longest the load on the stock engine lasts, waiting for the router to see it (one
 idle-machine run here saw it waiting at 84 s and not yet running at 90 s: vLLM's gauges
 lag its engine by tens of seconds while its API server streams long answers)."""
-PRIORITY_TRIES = 3
-"""Tries of the priority test whose holding request may end, or whose queue may not form
-within ``PRIORITY_STAGE_S``, before /metrics shows it (a busy machine); each try that saw
-the queue is judged."""
-PRIORITY_STAGE_S = 120.0
-"""The longest a try of the priority test waits for each stage of its queue (here the
-last stage was once seen 99 s after the try began, and once not within 60 s)."""
+ARRIVAL_TIMEOUT_S = 120.0
+"""The longest the priority test waits for its requests to reach the paused stock engine's
+engine core (through the router; a second or two here)."""
 KV_EVENT_TIMEOUT_S = 60.0
 """A prompt's blocks reach the router's index well within a second here; CI's busier
 machine once missed 10 s (its cause unrecorded: a miss now says what the router knew)."""
@@ -119,20 +109,25 @@ class Cluster:
 
 
 def _spawn(argv: list[str], log: Path, core: str) -> subprocess.Popen[bytes]:
-    return spawn(argv, log, {"VLLM_CPU_OMP_THREADS_BIND": core,
-                             "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    return spawn(argv, log, {"VLLM_CPU_OMP_THREADS_BIND": core})
+
+
+def _spawn_stock(d: Path, port: int) -> subprocess.Popen[bytes]:
+    """Unmodified vLLM, as an operator runs it (no hetserve module on its command line), in
+    its dev mode (``VLLM_SERVER_DEV_MODE``: ``/pause``, ``/resume``) on core 0."""
+    return spawn(_stock_argv(d, port), d / "stock.log",
+                 {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_SERVER_DEV_MODE": "1"})
 
 
 def _stock_argv(d: Path, port: int) -> list[str]:
-    """Unmodified vLLM, as an operator runs it (no hetserve module on its command line)."""
     return [str(Path(sys.executable).parent / "vllm"), "serve",
             resolve_model(f"builtin:{MODEL}"), "--served-model-name", MODEL,
             "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
             "--scheduling-policy", "priority", "--max-num-seqs", str(MAX_NUM_SEQS),
             "--kv-events-config", json.dumps({
                 "enable_kv_cache_events": True, "publisher": "zmq",
-                "endpoint": f"ipc://{d}/stock.kv", "topic": "stock-0"}), *TINY_ENGINE_ARGS,
-            "--max-model-len", str(STOCK_MAX_MODEL_LEN)]
+                "endpoint": f"ipc://{d}/stock.kv", "topic": "stock-0"}),
+            "--enable-server-load-tracking", "--enable-log-requests", *TINY_ENGINE_ARGS]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -156,7 +151,7 @@ def cluster() -> Iterator[Cluster]:
     urls = {n: f"http://127.0.0.1:{p}" for n, p in ports.items()}
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        procs["stock"] = _spawn(_stock_argv(d, ports["stock"]), d / "stock.log", "0")
+        procs["stock"] = _spawn_stock(d, ports["stock"])
         procs["patched"] = _spawn([
             sys.executable, "-m", "engine_ext.serve", "--model", f"builtin:{MODEL}",
             "--engine-id", "patched-0", "--served-model-name", MODEL,
@@ -271,94 +266,59 @@ def test_a_repeated_long_prompt_lands_on_the_engine_holding_it(cluster: Cluster,
 
 
 def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None:
-    """With the patched engine out of routing, a long streamed request holds the stock
-    engine's one slot while three low-priority requests and then a high-priority one
-    queue behind it; the long one is then abandoned (vLLM aborts it, so its API server
-    has no long answer to finish: that stalls it for seconds here and would reorder what
-    the client sees), and the high-priority request finishes before every low one. A try
-    whose holding request ended before the queue was seen, or that did not see it within
-    ``PRIORITY_STAGE_S``, is run again (``PRIORITY_TRIES``); when no try sees it (a
-    machine slow enough that vLLM's gauges lag by minutes) the order is not judged and
-    the test is skipped, saying so, after checking what needs no queue."""
+    """With the patched engine out of routing and the stock engine paused (vLLM's
+    ``/pause?mode=keep``: its scheduler takes requests in and does not step), three
+    low-priority requests and then a high-priority one go through the router. Its API
+    server logs "Added request" once it has sent a request to its engine core; ``/resume``
+    reaches the core over the same socket, after them, so all four wait in the scheduler
+    when it starts (its ``/load``, requests in its handlers, is no such sign: a run that
+    resumed 1 s after ``/load`` counted four saw the high one served last). With one slot
+    (``MAX_NUM_SEQS``) the order they finish in is the order it served them: the high one,
+    sent last, first. The pause lasts seconds, far from the router's scheduler stall
+    timeout (30 s)."""
+    stock, log = cluster.urls["stock"], cluster.d / "stock.log"
+    done: list[str] = []
+
+    def send(tag: str, priority: int, max_tokens: int) -> httpx.Response:
+        r = cluster.complete(f"priority {tag}", max_tokens, priority=priority)
+        done.append(tag)
+        return r
+
+    def load() -> int:
+        return httpx.get(stock + "/load", timeout=10).json()["server_load"]
+
+    def added() -> int:
+        """Requests the stock engine sent to its core since the pause."""
+        with log.open("rb") as f:
+            f.seek(mark)
+            return f.read().count(b"Added request")
+
+    def why() -> str:
+        return f"(load {load()}; added since the pause {added()}; finished: {done})"
+
+    mark = log.stat().st_size
+    _until(lambda: load() == 0, 60, why)
     cluster.admin("patched-0", "down")
-    stop = threading.Event()
     try:
-        done: list[str] = []
-
-        def send(tag: str, priority: int, max_tokens: int) -> httpx.Response:
-            r = cluster.complete(f"priority {tag}", max_tokens, priority=priority)
-            done.append(tag)
-            return r
-
-        def hold() -> str:
-            """Streams until the stop; says how it ended (its status, lines read)."""
-            with httpx.stream("POST", cluster.router + "/v1/completions", timeout=300, json={
-                    "model": MODEL, "prompt": "priority hold", "max_tokens": HOLD_TOKENS,
-                    "ignore_eos": True, "stream": True, "priority": 5}) as r:
-                lines = 0
-                for lines, _ in enumerate(r.iter_lines(), 1):
-                    if stop.is_set():
-                        break
-                return f"holder {r.status_code}, {lines} lines"
-
-        def why() -> str:
-            return (f"stock engine running, waiting: {cluster.stock_metrics()[:2]}; router "
-                    f"in flight: {cluster.gauge('hetserve_engine_inflight_requests', 'stock-0')}"
-                    f"; finished: {done}")
-
-        def held(check: Callable[[], bool], holder: concurrent.futures.Future[str]) -> bool:
-            """Until ``check`` holds (True), or the holding stream ended first or the queue
-            was not seen within ``PRIORITY_STAGE_S`` (False: on 2 busy cores vLLM's /metrics
-            can answer so late that the holding request is over before the queue behind it
-            is seen, and CI's machine once saw 1 of 3 requests queued for 60 s; that try
-            shows nothing, and says what it saw)."""
-            start = time.monotonic()
-            while not check():
-                if holder.done() or time.monotonic() - start > PRIORITY_STAGE_S:
-                    misses.append(f"({why()}; holder done: {holder.done()})")
-                    return False
-                time.sleep(0.02)
-            return True
-
-        tries: list[str] = []  # per try: the last stage seen, and when
-        misses: list[str] = []  # per try that showed nothing: what the engine and router saw
-        for _ in range(PRIORITY_TRIES):
-            done.clear()
-            stop.clear()
-            with concurrent.futures.ThreadPoolExecutor(6) as pool:
-                _until(lambda: cluster.stock_metrics()[:2] == (0, 0), 60)
-                start = time.monotonic()
-                holder = pool.submit(hold)
-                jobs: list[concurrent.futures.Future[httpx.Response]] = []
-                stage = "none"
-                seen = held(lambda: cluster.stock_metrics().running == 1, holder)
-                if seen:
-                    stage = "holder running"
-                    jobs = [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
-                    seen = held(lambda: cluster.stock_metrics().waiting == 3, holder)
-                if seen:
-                    stage = "3 low waiting"
-                    jobs.append(pool.submit(send, "high", 1, 20))  # 0: none, sent last
-                    seen = held(lambda: cluster.stock_metrics()[:2] == (1, 4), holder)
-                at = time.monotonic() - start
-                stop.set()
-                tries.append(f"{stage} at {at:.1f} s, {holder.result()}")
-                responses = [j.result() for j in jobs]
-            if seen:
-                break
-        print("priority tries (last stage seen):", tries, misses)
-        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
-        if seen:
-            assert responses[-1].headers["x-hetserve-priority"] == "1"
-            assert done.index("high") < min(done.index(f"low{i}") for i in range(3)), done
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            httpx.post(stock + "/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
+            mark = log.stat().st_size
+            try:
+                jobs = [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
+                _until(lambda: added() == 3, ARRIVAL_TIMEOUT_S, why)
+                jobs.append(pool.submit(send, "high", 1, 20))  # 1: the best (0 is none)
+                _until(lambda: added() == 4, ARRIVAL_TIMEOUT_S, why)
+            finally:
+                httpx.post(stock + "/resume", timeout=30).raise_for_status()
+            responses = [j.result() for j in jobs]
+        assert [r.status_code for r in responses] == [200] * 4, [r.text for r in responses]
+        assert {r.headers["x-hetserve-engine"] for r in responses} == {"stock-0"}
+        assert responses[-1].headers["x-hetserve-priority"] == "1"
+        print("finished in order:", done)
+        assert done[0] == "high", done
         unranked = cluster.complete("priority none", 4)  # no prediction: last, as STJF
         assert unranked.headers["x-hetserve-priority"] == str(PRIORITY_MAX), unranked.text
-        if not seen:  # the order needs the queue; what does not was checked above
-            pytest.skip(f"the order was not judged: the queue behind the holding request was "
-                        f"not seen in {PRIORITY_TRIES} tries (last stage seen per try: {tries};"
-                        f" what was seen: {misses})")
     finally:
-        stop.set()
         cluster.admin("patched-0", "up")
 
 
@@ -388,7 +348,7 @@ def test_the_stock_engine_killed_and_started_again(cluster: Cluster) -> None:
     assert codes == [200] * 12
     _until(lambda: not cluster.health()["stock-0"]["up"], SCRAPE_TIMEOUT_S + 5)
     port = int(cluster.urls["stock"].rsplit(":", 1)[1])
-    cluster.procs["stock"] = _spawn(_stock_argv(cluster.d, port), cluster.d / "stock.log", "0")
+    cluster.procs["stock"] = _spawn_stock(cluster.d, port)
     _wait_healthy(cluster.urls["stock"], cluster.procs["stock"], cluster.d / "stock.log")
     _until(lambda: cluster.health()["stock-0"]["up"], 30)
     cluster.admin("patched-0", "down")
