@@ -4,7 +4,8 @@ telemetry and KV events arrive, bad priorities are rejected without touching the
 
 Queues are built while the engine is paused (vLLM's ``/pause?mode=keep``, dev mode): the
 requests reach the scheduler's waiting queue and wait there, however slowly a loaded
-machine lets the client and the API server send them, and ``/resume`` starts serving.
+machine lets the client and the API server send them, and ``/resume`` starts serving once
+the API server has logged each as sent to the engine core (``--enable-log-requests``).
 A long request that is already running is no substitute: a busy engine on a 2-core
 machine can starve the client until that request has finished."""
 
@@ -81,18 +82,18 @@ class Collector:
 def engines(tmp_path_factory) -> Iterator[dict[str, EngineProc]]:
     """Both test engines, started at once (75 s here, against 93 s one after the other):
     ``stjf-e2e``, and ``stjf-aging`` with three promotion levels and a snapshot every step
-    (its test counts steps); both in dev mode with load tracking, for
+    (its test counts steps); both in dev mode with vLLM's request log, for
     ``_queue_while_paused``."""
     tmp: Path = tmp_path_factory.mktemp("engines")
     started = [
         spawn_engine(tmp, "stjf-e2e", extra=[
             "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
-            "--max-promotions", "1", "--max-model-len", "4096", "--enable-server-load-tracking",
+            "--max-promotions", "1", "--max-model-len", "4096", "--enable-log-requests",
         ], env={"VLLM_SERVER_DEV_MODE": "1"}),  # for /pause and /resume
         spawn_engine(tmp, "stjf-aging", extra=[
             "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
             "--max-promotions", "3", "--telemetry-interval-ms", "0",
-            "--enable-server-load-tracking",
+            "--enable-log-requests",
         ], env={"VLLM_SERVER_DEV_MODE": "1"}),
     ]
     try:
@@ -172,25 +173,32 @@ async def _wait_for(collector: Collector, predicate, timeout: float = 120,
         f"tasks {[(t.get_coro().__name__, t.done()) for t in watch]}")
 
 
-async def _queue_while_paused(client: httpx.AsyncClient, collector: Collector,
-                              requests: list, arrivals: int | None = None,
-                              ) -> tuple[list[asyncio.Task], int]:
-    """Pause the engine, send ``requests`` (coroutines), wait until the API server holds
-    ``arrivals`` requests (default: one per coroutine) and a moment more for them to reach
-    the scheduler, then resume. Returns the tasks and the last engine step before the
-    resume."""
+async def _queue_while_paused(client: httpx.AsyncClient, engine: EngineProc,
+                              collector: Collector, requests: list,
+                              arrivals: int | None = None) -> tuple[list[asyncio.Task], int]:
+    """Pause the engine, send ``requests`` (coroutines), wait until its API server has sent
+    ``arrivals`` requests (default: one per coroutine) to the engine core, then resume.
+    The API server logs "Added request" once it has sent one; ``/resume`` reaches the core
+    over the same socket, after them, so they are all in the scheduler when it starts.
+    Returns the tasks and the last engine step before the resume."""
     arrivals = len(requests) if arrivals is None else arrivals
     (await client.post("/pause", params={"mode": "keep"})).raise_for_status()
+    mark = engine.log_path.stat().st_size
+
+    def added() -> int:
+        with engine.log_path.open("rb") as f:
+            f.seek(mark)
+            return f.read().count(b"Added request")
+
     tasks = [asyncio.create_task(r) for r in requests]
     deadline = time.monotonic() + 120
-    while (await client.get("/load")).json()["server_load"] < arrivals:
+    while added() < arrivals:
         assert time.monotonic() < deadline, \
-            f"{arrivals} requests did not reach the API server in 120 s"
+            f"{added()} of {arrivals} requests reached the engine core in 120 s"
         for t in tasks:
             if t.done():
                 t.result()  # raises what went wrong
         await asyncio.sleep(0.05)
-    await asyncio.sleep(1.0)
     before = collector.snapshots[-1].step if collector.snapshots else -1
     (await client.post("/resume")).raise_for_status()
     return tasks, before
@@ -214,7 +222,7 @@ def test_service_order_follows_the_key(engine, collector):
 
             jobs = [job(name, prio) for name, prio in
                     [("p50", 50), ("p10", 10), ("none", None), ("p30", 30), ("p20", 20)]]
-            tasks, before = await _queue_while_paused(client, collector, jobs)
+            tasks, before = await _queue_while_paused(client, engine, collector, jobs)
             await asyncio.gather(*tasks)
             return done, before
 
@@ -252,8 +260,8 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
                 await asyncio.gather(*(short(i) for i in range(n_short)))
 
             tasks, before = await _queue_while_paused(
-                client, collector, [stream(), _complete(client, low_prompt, 2, 1_000_000)],
-                arrivals=outstanding + 1)
+                client, engine, collector,
+                [stream(), _complete(client, low_prompt, 2, 1_000_000)], outstanding + 1)
             await asyncio.gather(*tasks)
             # Every step's snapshot is sent before the idle heartbeat that follows it on
             # the same socket: wait for one, or the tail of the run may not be here yet.
@@ -320,7 +328,8 @@ def test_telemetry_reports_batch_and_waiting(engine, collector):
         long = _complete(client, "blocker", 4000, 1)
         short = [_complete(client, f"w{i}", 3, 5) for i in range(3)]
         first = collector.snapshots[-1].seq if collector.snapshots else -1
-        (blocker, *rest), before = await _queue_while_paused(client, collector, [long, *short])
+        (blocker, *rest), before = await _queue_while_paused(client, engine, collector,
+                                                              [long, *short])
         held = await _wait_for(collector, lambda s: s.step > before
                                and (s.batch_size, s.num_waiting) == (1, 3)
                                and 0 < s.pending_decode_tokens < 4000,
