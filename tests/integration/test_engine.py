@@ -282,8 +282,9 @@ def test_low_priority_request_is_served_within_the_aging_bound(aging_engine, agi
     # steps waiting and is admitted once the running short finishes (at most short_tokens
     # more steps). The wait is bracketed by the step before the resume (its arrival: the
     # engine does not step while paused) and the first step seen without it.
-    # Without aging (--max-promotions 0) it would wait until no short is left waiting: the
-    # whole stream, as long as the client keeps the queue fed.
+    # Without aging (--max-promotions 0) it waits until no short is left waiting: 109 steps
+    # of a 376-step stream when measured, admitted the moment the client let the queue run
+    # dry.
     bound = promotions * S + short_tokens
     print(f"low request waited {waited} steps (bound {bound}), admitted over "
           f"{admitted.num_waiting} waiting shorts")
