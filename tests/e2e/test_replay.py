@@ -64,7 +64,7 @@ def test_replay_end_to_end(tmp_path: Path) -> None:
         assert s["errors"] == 0 and s["workflows"] == 3 and s["engine_down_events"] == 0, run
         assert s["e2e_s"]["mean"] > 0 and s["queue_s"]["n"] >= s["calls"]
         assert abs(sum(v["calls"] for v in s["traffic"].values()) - 1) < 1e-9
-        assert s["router"]["cpu_s"] > 0 and 0 < s["router"]["decision_s_mean"] < 60
+        assert s["router"]["cpu_s"] > 0
         assert run["block_sizes"] == {"tiny-a-0": 128, "tiny-b-0": 128}  # vLLM's on CPU
 
     trace = load_trace(trace_path)
@@ -88,10 +88,17 @@ def test_replay_end_to_end(tmp_path: Path) -> None:
             assert c["priority"] == round(c["predicted_remaining_tokens"])
         else:
             assert c["priority"] is None
-    for run_ in summary["runs"]:  # engine side: vLLM's own count of generated tokens
+    for run_ in summary["runs"]:
+        mine = [c for c in calls if (c["policy"], c["fold"]) == (run_["policy"], run_["fold"])]
+        # engine side: vLLM's own count of generated tokens
         generated = sum(e["generation_tokens"] for e in run_["engines"].values())
-        assert generated == sum(c["output_tokens"] for c in calls
-                                if (c["policy"], c["fold"]) == (run_["policy"], run_["fold"]))
+        assert generated == sum(c["output_tokens"] for c in mine)
+        # the router's decisions (its histogram over the run) are each made inside one of
+        # the run's calls, before its first token: none longer than the longest such wait
+        longest = max((c["end_s"] if c["first_token_s"] is None else c["first_token_s"])
+                      - c["send_s"] for c in mine)
+        router = run_["summary"]["router"]
+        assert 0 < router["decision_s_mean"] <= longest, (router, longest)
 
     retried = 0
     for (policy, job_id), w in workflows.items():
