@@ -5,7 +5,7 @@ and the oracle on the same STJF engines (one engine start keeps it short), a han
 held-out workflows per fold, one retry for wrong answers. Metric arithmetic on a
 hand-made schedule is in tests/unit.
 
-    .venv/bin/python -m pytest tests/e2e/test_replay.py -m engine -v
+    .venv/bin/python -m pytest tests/lab/test_replay_live.py -m engine -v
 """
 
 from __future__ import annotations
