@@ -144,6 +144,13 @@ class PickerPolicy(Policy[S]):
         self.picker = build.picker(getattr(settings, "picker", self.default_picker))
         self.uses_prompt = type(self).uses_prompt or self.picker.uses_prompt
 
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: Any) -> Decision:
+        """The picker's engine among every candidate (a policy that chooses the model
+        first overrides this)."""
+        pick = self.picker.pick(req, cands, view)
+        return decision(req, pick.engine, self.name, info=pick.info)
+
 
 T = TypeVar("T")
 

@@ -4,14 +4,10 @@ every candidate."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import PickerPolicy, decision
+from router.policies.base import PickerPolicy
 from router.settings import STRICT
-from router.state.view import EngineView, StateView
-from router.types import Decision, RoutingRequest
 
 
 @pydantic_dataclass(frozen=True, config=STRICT)
@@ -24,8 +20,3 @@ class VllmBalancer(PickerPolicy[VllmSettings]):
     Settings = VllmSettings
     default_picker = "least_loaded"
     uses_prompt = False
-
-    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
-               pred: Any) -> Decision:
-        pick = self.picker.pick(req, cands, view)
-        return decision(req, pick.engine, self.name, info=pick.info)
