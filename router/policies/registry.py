@@ -1,34 +1,38 @@
 """Policies by name, settings validation (the config loader calls it) and construction
-(with the engine pickers they name, ``router.policies.pickers``)."""
+(with the engine pickers they name, ``router.policies.pickers``).
+
+Adding a policy: its module in this package, and its line ``"name": "module:Class"`` in
+``POLICIES``."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from router.policies.base import Policy
-from router.policies.cascade import Cascade
-from router.policies.chimera import Chimera
-from router.policies.dynamo import Dynamo
-from router.policies.laar import Laar
 from router.policies.inputs import INPUTS
-from router.policies.linear import Linear
-from router.policies.lmetric import LMetric
+from router.policies.parts import load
 from router.policies.pickers import PICKERS, Picker
-from router.policies.prefix_filter import PrefixFilter
-from router.policies.random_baseline import RandomPolicy
-from router.policies.random_mix import RandomMix
-from router.policies.round_robin import RoundRobin
-from router.policies.routebalance import RouteBalance
-from router.policies.shortest_queue import ShortestQueue
-from router.policies.vinelm import VineLM
-from router.policies.vllm_balancer import VllmBalancer
 from router.predictors.base import PredictorSet
 from router.settings import SettingsError, decode
 from router.types import ClusterInfo
 
-POLICIES: dict[str, type[Policy[Any]]] = {p.name: p for p in (
-    Chimera, LMetric, RouteBalance, Laar, RoundRobin, RandomPolicy, VllmBalancer,
-    ShortestQueue, Linear, PrefixFilter, Dynamo, VineLM, RandomMix, Cascade)}
+POLICIES: dict[str, type[Policy[Any]]] = load(__package__, Policy, {
+    "chimera": "chimera:Chimera",
+    "lmetric": "lmetric:LMetric",
+    "routebalance": "routebalance:RouteBalance",
+    "laar": "laar:Laar",
+    "round_robin": "round_robin:RoundRobin",
+    "random": "random_baseline:RandomPolicy",
+    "vllm": "vllm_balancer:VllmBalancer",
+    "shortest_queue": "shortest_queue:ShortestQueue",
+    "linear": "linear:Linear",
+    "filter": "prefix_filter:PrefixFilter",
+    "dynamo": "dynamo:Dynamo",
+    "vinelm": "vinelm:VineLM",
+    "random_mix": "random_mix:RandomMix",
+    "cascade": "cascade:Cascade",
+})
+"""Every policy by name, one line each (``"name": "module:Class"``, docs/policies.md)."""
 
 
 def validate_settings(name: str, table: Mapping[str, Any]) -> Any:

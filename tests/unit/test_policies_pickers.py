@@ -5,16 +5,20 @@ one registration line (docs/policies.md, "Add an engine picker")."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
 
 import router.policies.pickers
+import router.policies.pickers.registry
 from router.config.cluster import ConfigError, load_cluster_config
 from router.policies import POLICIES, validate_settings
 from router.policies.base import PickerPolicy
+from router.policies.parts import load
 from router.policies.pickers import PICKERS, Pick, Picker
+from router.policies.pickers.least_kv import LeastKv
 from router.policies.registry import build_policy
 from router.predictors.base import PredictorSet
 from router.state.view import EngineView, StateView
@@ -49,6 +53,27 @@ REQUEST: dict[str, Any] = {"program_id": "p", "objective": Objective("max_accura
 
 def test_every_picker_module_is_registered() -> None:
     assert registered(router.policies.pickers, Picker) == PICKERS
+
+
+def test_a_picker_is_registered_by_one_line() -> None:
+    """docs/policies.md, "Add an engine picker": its ``"name": "module:Class"`` line in
+    ``PICKERS``, no import of its module beside it."""
+    source = inspect.getsource(router.policies.pickers.registry)
+    for name, cls in PICKERS.items():
+        module = cls.__module__.rsplit(".", 1)[1]
+        assert source.count(f'"{name}": "{module}:{cls.__name__}",\n') == 1
+        assert f"{module} import" not in source
+
+
+def test_a_registry_line_naming_another_part_fails_at_load() -> None:
+    assert load("router.policies.pickers", Picker, {"least_kv": "least_kv:LeastKv"}) == {
+        "least_kv": LeastKv}
+    with pytest.raises(TypeError) as e:
+        load("router.policies.pickers", Picker, {"kv": "least_kv:LeastKv"})
+    assert str(e.value) == ("router.policies.pickers.least_kv:LeastKv is not a Picker "
+                            "named 'kv'")
+    with pytest.raises(TypeError, match="^router.policies.chimera:Chimera is not a Picker"):
+        load("router.policies", Picker, {"chimera": "chimera:Chimera"})
 
 
 def test_the_model_choosing_policies_take_a_picker() -> None:

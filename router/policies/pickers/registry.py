@@ -1,7 +1,7 @@
 """Engine pickers by name, and ``PickerName``: the type of a policy's ``picker`` setting.
 
-Adding a picker: its module in this package, and its line in ``PICKERS`` (docs/policies.md,
-"Add an engine picker")."""
+Adding a picker: its module in this package, and its line ``"name": "module:Class"`` in
+``PICKERS`` (docs/policies.md, "Add an engine picker")."""
 
 from __future__ import annotations
 
@@ -9,17 +9,15 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
+from router.policies.parts import load
 from router.policies.pickers.base import Picker
-from router.policies.pickers.least_kv import LeastKv
-from router.policies.pickers.least_loaded import LeastLoaded
-from router.policies.pickers.lmetric import LMetricPicker
 from router.settings import suggest
 
-PICKERS: dict[str, type[Picker]] = {p.name: p for p in (
-    LMetricPicker,
-    LeastLoaded,
-    LeastKv,
-)}
+PICKERS: dict[str, type[Picker]] = load(__package__, Picker, {
+    "lmetric": "lmetric:LMetricPicker",
+    "least_loaded": "least_loaded:LeastLoaded",
+    "least_kv": "least_kv:LeastKv",
+})
 
 
 def _known(name: str) -> str:
