@@ -37,7 +37,7 @@ peers: setup
 	$(PY) -m pip --disable-pip-version-check -q install -e ".[peers]"
 
 # The router's HTTP front under wrk load (apt-get install wrk), each router on one core,
-# beside vllm-router, smg and a Python pass-through: docs/performance.md.
+# beside vllm-router, smg and a Python pass-through: docs/research/performance.md.
 bench-front: peers
 	$(PY) -m kernels_bench front --repeats 2
 
@@ -56,7 +56,7 @@ bench-soak: setup
 # fifth of the problems); then a profile of the replay cluster's engines on this machine
 # and RouteBalance's TPOT heads trained on its telemetry (artifacts/profile/,
 # artifacts/tpot/, shared by the folds); kept while the data, the settings, the cluster
-# file and the machine are unchanged (docs/replay.md).
+# file and the machine are unchanged (docs/research/replay.md).
 artifacts: setup
 	$(PY) -m kernels_bench artifacts --folds 5 --profile examples/replay.toml
 
@@ -65,11 +65,11 @@ artifacts: setup
 # the policies below was chosen on them), Poisson arrivals at 3 workflows/s, cross-fitted:
 # each fold's runs replay 40 workflows of the problems its predictors held out (200 per
 # policy and repeat); Chimera as first shipped (semantic router, congestion latency) and
-# the two share-holding rules chosen on math 0-299 (docs/predictors.md "Holding the big
+# the two share-holding rules chosen on math 0-299 (docs/research/predictors.md "Holding the big
 # model's share": the KNN's, the primary, and the semantic router's), STJF engines, against
 # vLLM's balancer with FCFS engines and the random router at three shares of programs on
 # the 1.5B (the curve a learned router must lie above), interleaved repeats with 95%
-# intervals (docs/replay.md), then docs/results.md from it (with the intervals again
+# intervals (docs/research/replay.md), then docs/research/results.md from it (with the intervals again
 # without the problems the tau/delta_s sweep replayed). About 40 minutes on 2 cores.
 # REPLAY_POLICIES='... oracle chimera:fcfs chimera-static:stjf' adds oracle lengths, FCFS
 # engines and the static-prior ablation. The fast engine replays Qwen2.5-Coder-0.5B's runs
@@ -89,4 +89,4 @@ replay: artifacts
 		--model-map $(REPLAY_MODEL_MAP) --policies $(REPLAY_POLICIES) --artifacts artifacts \
 		--rates 3 --arrival poisson --workflows 40 --seed 0 --priors-from-trace \
 		--repeats $(REPLAY_REPEATS)
-	$(PY) -m kernels_bench results --exclude-problems docs/results/tau-sweep-problems.json
+	$(PY) -m kernels_bench results --exclude-problems docs/research/results/tau-sweep-problems.json

@@ -33,7 +33,7 @@ LAB = {
     "vinelm": "VineLM: collect executions, profile tries, sparse-profiling experiments",
     "twin": "the replay on the digital twin: engine twins with profiled step times, the real "
             "router, a virtual clock",
-    "results": "docs/results.md from the latest replay",
+    "results": "docs/research/results.md from the latest replay",
     "faults": "engines and the router SIGKILLed and SIGSTOPped under load: requests "
               "completed, re-dispatched, failed clearly, lost",
     "soak": "a fault schedule repeated under load for a set duration, every process sampled "

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 def load_configured_predictors(config: ClusterConfig) -> PredictorSet | None:
     """The artifacts and profiles of ``[router.predictors]``, the learned ones behind the
     batched predictor service, or ``None`` when the file names none. ArtifactError (a
-    ValueError) on any mismatch (docs/predictors.md)."""
+    ValueError) on any mismatch (docs/research/predictors.md)."""
     if not config.router.predictors:
         return None
     from router.predictors.loader import load_cluster_predictors  # heavy: only if configured

@@ -5,7 +5,7 @@ several gzip members back to back, as the builder appends them). Line 1 is a
 :class:`Header`; every further line is a :class:`Unit`: one model's run of one workflow on
 one problem. :func:`load_trace` validates every line (an error names the file, the line,
 the unit's key and the bad field) and groups units into :class:`WorkflowRun` objects, one
-per (problem, workflow), holding each model's :class:`ModelRun`. See docs/traces.md.
+per (problem, workflow), holding each model's :class:`ModelRun`. See docs/research/traces.md.
 
 A unit is a model's greedy run (``sample`` absent: temperature 0, what every trace holds)
 or one of its sampled runs (``sample`` = k >= 0, with the header's ``settings["sampling"]``

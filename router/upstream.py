@@ -2,7 +2,7 @@
 SSE relayed event by event.
 
 aiohttp's connector hands out pooled connections at a cost that does not grow with the
-number of open ones (httpx's pool checked every pooled socket per request: docs/performance.md).
+number of open ones (httpx's pool checked every pooled socket per request: docs/research/performance.md).
 Transport failures become ``UpstreamError`` with the status the client gets:
 503 when the engine cannot be reached (the request never left the router, so the caller
 may route it elsewhere), 504 on a timeout, 502 when the connection broke mid-request.

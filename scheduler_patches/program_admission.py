@@ -46,7 +46,7 @@ class AdmissionSettings:
     """Program-aware admission (a key of the ``hetserve`` table of ``additional_config``).
 
     Off by default: it changes STJF's order under pressure and has not been measured to
-    help (docs/results-retention.md, "Admission that knows programs": in the twin's runs
+    help (docs/research/retention.md, "Admission that knows programs": in the twin's runs
     at 16k KV tokens per engine its pressure never held); on, for an A/B, where
     admissions evict returning programs.
     """

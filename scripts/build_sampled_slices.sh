@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Grow the sampled traces (docs/traces.md, "Sampled traces") in slices of problems, so that
+# Grow the sampled traces (docs/research/traces.md, "Sampled traces") in slices of problems, so that
 # a build stopped at any point leaves both Qwen models sampled on the same problems: for
 # each N of $SLICES, math then code, `trace build --problems N` with both models (the
 # builder runs the first N problems, one engine after the other, and skips every unit the

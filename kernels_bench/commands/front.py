@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-src", help="another checkout for hetserve@base:<policy>")
     parser.add_argument("--artifacts", type=Path, default=Path("bench_results/front_artifacts"),
                         help="trained predictors of chimera-trained (made once)")
-    parser.add_argument("--out", type=Path, default=Path("docs/performance/front.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/research/performance/front.json"))
     args = parser.parse_args(argv)
     for mode in args.modes:
         if mode not in ("plain", "stream"):

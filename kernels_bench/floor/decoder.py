@@ -7,7 +7,7 @@ output projection, RMSNorm, fused gate/up projection, SiLU x up, down projection
 the final norm, the LM head on each sequence's last token and an argmax. Left out:
 rotary embeddings, Qwen2's q/k/v biases and the embedding lookup (the input is a hidden
 state): element-wise work beside the GEMMs. Follows ``step_probe.py``, the script that
-measured the first floor (docs/twin/floors/README.md).
+measured the first floor (docs/research/twin/floors/README.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ The file: ``{"device", "torch", "dtype", "repeats", "decode": [{model, batch, co
 eager_ms, graph_ms, gemm_ms, attention_ms}], "prefill": [{model, prompt_tokens, ms,
 ms_per_token, graph_ms, gemm_ms, attention_ms}]}``, times in ms (means over ``--repeats``
 calls after 3 untimed ones); ``model`` is the shape's name (``model_config.shape_name``).
-The format of docs/twin/floors/h200-2026-11-26.json, which adds the roofline per cell;
+The format of docs/research/twin/floors/h200-2026-11-26.json, which adds the roofline per cell;
 ``python -m kernels_bench.lab.twin.floor`` turns it into twin profiles and a table against the
 roofline. Not measured: vLLM's own per-step work (scheduling, input preparation, sampling),
 paged attention kernels, tensor parallelism.

@@ -63,7 +63,7 @@ class ChimeraSettings:
     tau: NonNegative = 0.2
     """Latency slack tau of Algorithm 1 (``select_model``; default chosen here: the paper's
     value could not be checked offline). A cluster tunes it on training problems
-    (docs/replay.md, "Choosing tau and delta_s")."""
+    (docs/research/replay.md, "Choosing tau and delta_s")."""
     delta_s: Fraction = 0.05
     """Confidence margin delta_s of Algorithm 1 (``select_model``; as for tau)."""
     sticky: bool = True
@@ -80,23 +80,23 @@ class ChimeraSettings:
     quality: Literal["semantic_router", "knn"] = "semantic_router"
     """Where q[m] comes from: the semantic router (the paper's), or the quality estimate of
     the KNN estimator (``router.predictors.knn``, RouteBalance section 4.2), which on math
-    recognises a problem's template (docs/predictors.md, "Math's templates")."""
+    recognises a problem's template (docs/research/predictors.md, "Math's templates")."""
     latency: Literal["congestion", "finish"] = "congestion"
     """The latency Algorithm 1 compares: ``congestion``, the paper's L[m]
     (``model_latency``); ``finish``, the program's expected finish time on m
     (``finish_times``: L[m] plus its own predicted tokens at one decode step each), so
-    that delta_s separates the models on an idle cluster too (docs/predictors.md,
+    that delta_s separates the models on an idle cluster too (docs/research/predictors.md,
     "Chimera's margin on finish times")."""
     target_share: Annotated[float, Field(gt=0, lt=1)] | None = None
     """Hold near this value the share of semantically routed first calls that Algorithm 1
     may send past m_fast (ours; None: the fixed delta_s). On ``latency = "finish"`` at low
     load m_fast is the faster model, so this is the slower (bigger) model's share, which
     sets the E2E per token; a fixed delta_s lets it drift with the problems' predicted
-    gains (docs/predictors.md, "Holding the big model's share"). Per decision delta_s is
+    gains (docs/research/predictors.md, "Holding the big model's share"). Per decision delta_s is
     the (1 - target_share) quantile of the predicted gains of the last ``share_window``
     such calls (``ShareMargin``), delta_s itself before the first. The slack tau still
     gates each call, so it holds at most about that share: on the CPU pair, whose slow
-    engine is 6.5x slower per token, 0.30 held 0.09 (docs/results.md)."""
+    engine is 6.5x slower per token, 0.30 held 0.09 (docs/research/results.md)."""
     share_window: Annotated[int, Field(ge=1, le=100_000)] = 200
     """How many recent predicted gains ``target_share``'s quantile is taken over."""
     static_prior: bool = False
@@ -164,7 +164,7 @@ class ShareMargin:
     exchangeable gains the next one exceeds the k-th smallest of n with probability
     (n + 1 - k) / (n + 1), so the share holds from a few calls on, where the usual
     p(n - 1) positions send about 1 / (n + 1) too many (measured in the tuning runs,
-    docs/predictors.md). ``initial`` while the position lies outside the n gains seen
+    docs/research/predictors.md). ``initial`` while the position lies outside the n gains seen
     (the first calls: n < (1 - share) / share, or share / (1 - share) for a share above a
     half)."""
 

@@ -2,5 +2,5 @@
 
 The trained predictors (``semantic``, ``length``, ``knn``, ``tpot``, ``capability``), their
 artifacts, the batched service and ``loader.load_predictors`` are described in
-docs/predictors.md. This package imports nothing heavy: the policies import ``base``.
+docs/research/predictors.md. This package imports nothing heavy: the policies import ``base``.
 """

@@ -6,7 +6,7 @@ ModernBERT-large, which Chimera used, on a machine that has it) or a model2vec s
 
 Two kinds (``build_encoder`` / ``load_encoder`` pick by the spec or the folder):
 - ``Encoder``: a transformer, mean or CLS pooled; tens of milliseconds per prompt on a
-  CPU core (docs/performance.md);
+  CPU core (docs/research/performance.md);
 - ``StaticEncoder``: a model2vec static embedding table, the normalised mean of the
   prompt's token vectors; ``minilm-static`` distils MiniLM into one (model2vec's
   ``distill_from_model``, offline, about 20 s on 2 cores) when a predictor is trained.

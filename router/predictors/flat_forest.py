@@ -9,7 +9,7 @@ operations per level, each paying numpy's call overhead). Each leaf holds one va
 training time: here a quantile of the training targets that fall in it, so the forest
 predicts the mean over trees of the leaf quantiles (quantile-forest's
 ``aggregate_leaves_first=False``), not the quantile of the pooled leaf samples of a
-quantile regression forest; docs/predictors.md measures what that changes.
+quantile regression forest; docs/research/predictors.md measures what that changes.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 class KnnSettings:
     encoder: str = MINILM_STATIC
     """Sentence encoder: ``minilm-static`` (RouteBalance's all-MiniLM-L6-v2 distilled to a
-    static table, a lookup per prompt: docs/predictors.md, Encoders), ``minilm`` (the
+    static table, a lookup per prompt: docs/research/predictors.md, Encoders), ``minilm`` (the
     transformer itself, RouteBalance's), ``lexical`` (ours: hashed word n-grams with the
     numbers masked, ``router.predictors.lexical``), or a local Hugging Face or model2vec
     folder."""
@@ -52,12 +52,12 @@ class KnnSettings:
     temperature: float = 0.0
     """0: RouteBalance's inverse-distance weights. T > 0 (ours): w_i = exp((s_i - s_max) / T)
     (``neighbour_weights``), so the nearest prompt dominates: on math, a problem of the same
-    template (docs/predictors.md, "Math's templates")."""
+    template (docs/research/predictors.md, "Math's templates")."""
     band: float = 0.0
     """0: off. b > 0 (ours): w_i = 1 for the neighbours with s_i >= s_max - b, 0 for the
     rest (``neighbour_weights``): those about as similar as the nearest count equally, so on
     math the problems of one template are pooled as the template ceiling pools them
-    (docs/predictors.md, "How far math can be predicted"). Not with a temperature."""
+    (docs/research/predictors.md, "How far math can be predicted"). Not with a temperature."""
 
     def __post_init__(self) -> None:
         finite = 0 <= self.temperature < float("inf") and 0 <= self.band < float("inf")

@@ -8,7 +8,7 @@ of the user prompt reduced by truncated SVD. The median is the prediction; any o
 quantile is available for SLO use (``quantiles``).
 
 Departures from the paper, on by default because they ranked better on a validation split
-inside the training problems (docs/predictors.md, Results): the stage index as a numeric
+inside the training problems (docs/research/predictors.md, Results): the stage index as a numeric
 column, a log target and half the features per split. ``LengthSettings(stage_index=False,
 log_target=False, max_features=1.0)`` is the paper's predictor, and what an artifact whose
 metadata lacks these keys was trained as (``LEGACY``).
@@ -76,7 +76,7 @@ class LengthSettings:
     """Serve ``quantile`` from the forest flattened into arrays (``flat_forest.FlatForest``:
     the mean over trees of each leaf's quantile, well under a millisecond per request)
     instead of the quantile regression forest's pooled leaf samples (about 20 ms at batch
-    1); other quantiles always come from the latter. Issue 33; docs/predictors.md."""
+    1); other quantiles always come from the latter. Issue 33; docs/research/predictors.md."""
     seed: int = 0
 
 

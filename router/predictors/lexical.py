@@ -8,7 +8,7 @@ span them) are hashed into ``DIMS`` buckets; each bucket weighs 1 + log(count) t
 inverse document frequency log((1 + n) / (1 + df)) + 1 over the n training prompts (the
 one thing fitted, saved with the artifact); the vector is L2-normalised. Prompts made
 from one template with other names and numbers, as the math suite's are, then lie far
-closer to each other than to any other template's (docs/predictors/quality/latency-plan.md,
+closer to each other than to any other template's (docs/research/predictors/quality/latency-plan.md,
 "A lexical KNN"). Stateless hashing: no vocabulary to ship, the same buckets in every
 process.
 """

@@ -12,7 +12,7 @@ Two ways to train, by the encoder's kind (``encoder.build_encoder``):
   forward pass) is fine-tuned the same way, its table as a trainable bag of token vectors
   (mean, L2-normalised, times ``static_scale``) under the head, with its own learning
   rates and epochs (chosen on validation splits inside the training problems,
-  docs/predictors.md); the scale is folded into the saved head, so serving is
+  docs/research/predictors.md); the scale is folded into the saved head, so serving is
   ``sigmoid(head(embed(text)))`` as for any encoder.
 """
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SemanticSettings:
     encoder: str = MINILM_STATIC
-    """``minilm-static`` (MiniLM distilled to a static table: docs/predictors.md, Encoders),
+    """``minilm-static`` (MiniLM distilled to a static table: docs/research/predictors.md, Encoders),
     ``minilm`` (fine-tuned MiniLM), or a local Hugging Face or model2vec folder. Chimera
     section 4 used ModernBERT-large (not available offline here)."""
     pooling: str = "mean"

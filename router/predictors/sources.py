@@ -1,6 +1,6 @@
 """Training data by name: ``--data`` values of ``router.train`` and ``router.evaluate``.
 
-- a workflow trace (``router/trace_format.py``, docs/traces.md; ``.jsonl[.gz]``
+- a workflow trace (``router/trace_format.py``, docs/research/traces.md; ``.jsonl[.gz]``
   whose first line is the trace header): every stage of every model's run;
 - a stage-records file (``records.write_jsonl``);
 - ``synthetic:N``: the SYNTHETIC fixture over N math and up to N code problems

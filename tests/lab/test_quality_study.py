@@ -119,10 +119,10 @@ def test_the_template_ceiling_predicts_a_row_by_the_other_problems_of_its_templa
 
 
 def test_quality_study_signals_on_the_shipped_traces_are_the_committed_ones() -> None:
-    committed = json.loads((ROOT / "docs/predictors/quality/study.json").read_text())
+    committed = json.loads((ROOT / "docs/research/predictors/quality/study.json").read_text())
     signals = committed["workflow_signals"]
-    confidence = json.loads((ROOT / "docs/predictors/quality/confidence.json").read_text())
-    programs = json.loads((ROOT / "docs/predictors/quality/programs.json").read_text())
+    confidence = json.loads((ROOT / "docs/research/predictors/quality/confidence.json").read_text())
+    programs = json.loads((ROOT / "docs/research/predictors/quality/programs.json").read_text())
     assert study.workflow_signals(study.TRACES, 1000, ("math",), confidence, programs) == {
         "math": signals["math"]}
     # the noise ceiling of the shipped sampled traces (regenerate study.json when they grow)

@@ -107,7 +107,7 @@ def test_sample_seeds_are_distinct_per_run_and_the_same_in_every_process() -> No
              for w in ("solve", "plan_solve") for m in ("m1", "m2") for k in range(4)}
     assert len(seeds) == 2 * 2 * 2 * 2 * 4
     assert all(0 <= x < 2**31 for x in seeds)
-    digest = hashlib.sha256(b"0|gsm_symbolic/0/3|solve|m|1").digest()  # docs/traces.md
+    digest = hashlib.sha256(b"0|gsm_symbolic/0/3|solve|m|1").digest()  # docs/research/traces.md
     assert sample_seed(0, "gsm_symbolic/0/3", "solve", "m", 1) == \
         int.from_bytes(digest[:4], "big") % 2**31
     assert stage_seed(2**31 - 1, 2) == 1

@@ -1,5 +1,5 @@
 """``python -m kernels_bench replay``: compare routing and scheduling policies by replaying
-a workflow trace through a real cluster. See docs/replay.md."""
+a workflow trace through a real cluster. See docs/research/replay.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m kernels_bench results``: docs/results.md from a replay (the page:
+"""``python -m kernels_bench results``: docs/research/results.md from a replay (the page:
 ``replay.results``)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
                                 description=results.__doc__.split("\n\n")[0])
     p.add_argument("--run", type=Path, help=f"replay output folder (default: the latest "
                    f"under {RESULTS_ROOT})")
-    p.add_argument("--out", type=Path, default=Path("docs/results.md"))
+    p.add_argument("--out", type=Path, default=Path("docs/research/results.md"))
     p.add_argument("--exclude-problems", type=Path, metavar="FILE",
                    help="also give the intervals without these problems (a JSON list of "
                    "problem ids), e.g. those a setting was tuned on")

@@ -1,6 +1,6 @@
 """``python -m kernels_bench twin``: the serving replay on the digital twin (engine twins
 with profiled step times, the real router, a virtual clock). Same options and outputs as
-``kernels_bench replay``, plus the twin's; see docs/twin.md."""
+``kernels_bench replay``, plus the twin's; see docs/research/twin.md."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a profile per engine entry, DIR/<entry>.json (python -m "
                    "kernels_bench profile on the engines, python -m "
                    "kernels_bench.lab.twin.roofline or kernels_bench.lab.twin.floor for a GPU); "
-                   "e.g. docs/twin/profiles")
+                   "e.g. docs/research/twin/profiles")
     g.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
                    help="runs simulated at once, a process each (default: 2 or the CPUs)")
     g.add_argument("--jitter", action="store_true",

@@ -8,7 +8,7 @@
     python -m kernels_bench vinelm experiment --config cluster.toml --workflow math --out DIR
 
 The templates, prices and profiling settings come from the cluster file's
-``[router.policies.vinelm]`` table (docs/vinelm.md).
+``[router.policies.vinelm]`` table (docs/research/vinelm.md).
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
 """Serving replay: compare policies by replaying workflow traces through a real cluster
-(``python -m kernels_bench replay``; docs/replay.md)."""
+(``python -m kernels_bench replay``; docs/research/replay.md)."""

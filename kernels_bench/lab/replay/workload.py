@@ -13,7 +13,7 @@ each stage anew, so a stage may go to another model than the one before it. The 
 - **quality**: an attempt is correct, with the trace's score, as the run of the model
   that served its final stage; its expected score is that model's mean score over its
   sampled runs, where the trace has samples;
-- **samples**: where the trace holds sampled runs of a model (docs/traces.md), each job
+- **samples**: where the trace holds sampled runs of a model (docs/research/traces.md), each job
   replays one of them in place of the greedy run (``draw_samples``: a seeded draw per
   job and model, the same for every policy), so lengths, texts and outcome all come from
   that one recorded run; without samples the greedy run is replayed, as always;

@@ -3,7 +3,7 @@ item 4, a signal the workflow can produce; program-aided answering, as in PAL).
 
     python -m kernels_bench.lab.studies.program_check [--trace data/traces/math.jsonl.gz]
         [--cluster data/traces/qwen-cpu.toml] [--engine qwen2.5-coder-0.5b-instruct]
-        [--out docs/predictors/quality/programs.json] [--report]
+        [--out docs/research/predictors/quality/programs.json] [--report]
 
 Starts one engine of the cluster file (``kernels_bench.lab.trace.engines.engine_session``, as
 the trace builder does) and asks it once per math problem of the traces, greedily, for a
@@ -113,7 +113,7 @@ def main() -> None:
                    help="cluster file that names the engine (default %(default)s)")
     p.add_argument("--engine", default="qwen2.5-coder-0.5b-instruct",
                    help="the engine to start, which writes the programs (default %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("docs/predictors/quality/programs.json"),
+    p.add_argument("--out", type=Path, default=Path("docs/research/predictors/quality/programs.json"),
                    help="results, resumed when present (default %(default)s)")
     p.add_argument("--report", action="store_true",
                    help="judge the file's programs against the traces and stop")

@@ -7,7 +7,7 @@
 Rows: the first stage of every (problem, workflow) of the shipped math and code traces
 (``--trace``), labelled by whether the 0.5B and the 1.5B Qwen run of that workflow was
 right: P(correct), the share of right sampled runs, where the trace has samples of it
-(docs/traces.md), else the greedy run's 1 / 0. Candidates train on these labels and the
+(docs/research/traces.md), else the greedy run's 1 / 0. Candidates train on these labels and the
 routing metric scores every choice (predicted, random, oracle) on them. Every
 number is on held-out problems: the five folds of the artifacts (``Split.fold(0, k, 5)``)
 each train on four fifths of the problems and predict the fifth; the held-out predictions
@@ -49,12 +49,12 @@ calls on the 1.5B, APGR, bootstrap over problems).
   and the code rows, the math rows split by whether a training problem of their fold
   instantiates the same GSM-symbolic template, and how the gain of two problems of one
   template correlates.
-- **Confirmation** (``--confirm FILE``, docs/predictors/quality/confirm-plan.md): the
+- **Confirmation** (``--confirm FILE``, docs/research/predictors/quality/confirm-plan.md): the
   predictors ``CONFIRM`` fixed there, trained once on every row of ``--trace`` and
   reported on FILE's problems (none of them in ``--trace``), into ``confirm.json``.
 
 Writes ``study.json``, ``learning-curve.png`` and ``signals.png`` (each signal's share of
-the oracle's gain recovered at each share) in ``--out`` (docs/predictors/quality/);
+the oracle's gain recovered at each share) in ``--out`` (docs/research/predictors/quality/);
 ``--signals-only`` recomputes only the signals and the ceiling into an existing
 ``study.json``.
 """
@@ -97,19 +97,19 @@ from router.trace_format import ModelRun, load_trace
 
 TRACES = ["data/traces/math.jsonl.gz", "data/traces/code.jsonl.gz"]
 SAMPLED = ["data/traces/math-sampled.jsonl.gz", "data/traces/code-sampled.jsonl.gz"]
-"""Traces with sampled runs (docs/traces.md): the noise ceiling's rows (``ceiling``)."""
+"""Traces with sampled runs (docs/research/traces.md): the noise ceiling's rows (``ceiling``)."""
 MODEL_MAP = "tiny-a=qwen2.5-coder-0.5b-instruct,tiny-b=qwen2.5-coder-1.5b-instruct"
 SMALL, BIG = "tiny-a", "tiny-b"
 TRACE_MATH = ("plan_solve_verify_solve", "plan_solve", "solve")
-"""The math suite's workflows (docs/traces.md)."""
+"""The math suite's workflows (docs/research/traces.md)."""
 TRACE_CODE = ("plan_code_qa_code", "plan_code", "code")
 """The code suite's workflows."""
 FOLDS = 5
 INNER = 4
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
-CONFIDENCE = Path("docs/predictors/quality/confidence.json")
+CONFIDENCE = Path("docs/research/predictors/quality/confidence.json")
 """Where ``kernels_bench/lab/studies/small_confidence.py`` writes by default."""
-PROGRAMS = Path("docs/predictors/quality/programs.json")
+PROGRAMS = Path("docs/research/predictors/quality/programs.json")
 """Where ``kernels_bench/lab/studies/program_check.py`` writes by default."""
 
 
@@ -214,7 +214,7 @@ def knn(feature: str, k: int, temperature: float | None = None) -> Fit:
     """The gain of the k most similar training prompts of the same workflow: their mean,
     or with ``temperature`` T each weighted by exp((s - s_max) / T) (s: the cosine
     similarity of the embeddings; ``knn.neighbour_weights``), so that the nearest counts
-    most (on math, a problem of the same template: docs/predictors.md, "Math's
+    most (on math, a problem of the same template: docs/research/predictors.md, "Math's
     templates")."""
     def fit(d: Data, tr: np.ndarray, te: np.ndarray) -> np.ndarray:
         e = d.features[feature]
@@ -659,7 +659,7 @@ def nearest_same_template(d: Data, feature: str) -> float | None:
 
 def template_ceiling(d: Data, boot: int, draws: int = 30) -> dict:
     """What knowing each math problem's template is worth (the k-NN's nearest training
-    problem is of the same template on 99-100% of rows: docs/predictors.md): the routing
+    problem is of the same template on 99-100% of rows: docs/research/predictors.md): the routing
     report of ``template_mean_gain`` over all other problems of each row's template, and
     its mean APGR at most m of them (``CEILING_INSTANCES``, ``draws`` seeded draws each).
     Also the share of math rows where only the small model is right, which bounds what
@@ -690,11 +690,11 @@ CONFIRM: dict[str, Fit] = {
     "k-NN weighted by similarity, static MiniLM, T=0.01": knn("static", 10, 0.01),
     "semantic router (default)": semantic,
 }
-"""docs/predictors/quality/confirm-plan.md's predictors, as fixed there."""
+"""docs/research/predictors/quality/confirm-plan.md's predictors, as fixed there."""
 
 
 def confirm(d: Data, new: np.ndarray, boot: int) -> dict:
-    """docs/predictors/quality/confirm-plan.md: each of ``CONFIRM`` trained on the rows
+    """docs/research/predictors/quality/confirm-plan.md: each of ``CONFIRM`` trained on the rows
     outside ``new`` (a mask), reported on the ``new`` rows and, for math rows, on those of
     a template the training rows have and of one they do not; the primary's APGR minus the
     default's, paired bootstrap over problems."""
@@ -758,7 +758,7 @@ def main() -> None:
                    help="bootstrap draws of problems (default 1000)")
     p.add_argument("--trace", nargs="+", default=TRACES,
                    help="trace files (default: the shipped math and code traces)")
-    p.add_argument("--out", type=Path, default=Path("docs/predictors/quality"))
+    p.add_argument("--out", type=Path, default=Path("docs/research/predictors/quality"))
     p.add_argument("--confidence", type=Path, default=CONFIDENCE,
                    help="the small model's token log-probabilities of its runs "
                         "(kernels_bench.lab.studies.small_confidence; default %(default)s, "
@@ -778,7 +778,7 @@ def main() -> None:
                         "problem); the workflow signals, which compare workflows, and the "
                         "noise ceiling are then not computed")
     p.add_argument("--confirm", type=Path, metavar="FILE",
-                   help="only the confirmation of docs/predictors/quality/confirm-plan.md: "
+                   help="only the confirmation of docs/research/predictors/quality/confirm-plan.md: "
                         "train on --trace, report on FILE's problems (none of --trace's) "
                         "into --out's confirm.json")
     args = p.parse_args()

@@ -1,4 +1,4 @@
-"""What sampled decoding costs on one engine, against greedy (issue 30, docs/traces.md).
+"""What sampled decoding costs on one engine, against greedy (issue 30, docs/research/traces.md).
 
     python -m kernels_bench.lab.studies.sampling_cost [--cluster data/traces/qwen-cpu.toml]
         [--engine qwen2.5-coder-0.5b-instruct] [--settings greedy p95 p100 k50 ...]

@@ -1,5 +1,5 @@
 """Choose the static semantic router's training settings on validation splits inside the
-training problems only (docs/predictors.md, "Encoders").
+training problems only (docs/research/predictors.md, "Encoders").
 
     python -m kernels_bench.lab.studies.select_semantic [--seeds 1 2 3] [--out FILE]
 
@@ -33,7 +33,7 @@ GRID = {"static_lr": [3e-4, 1e-3, 3e-3, 1e-2], "static_epochs": [5, 10, 20]}
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--out", type=Path, default=Path("docs/predictors/select-semantic.json"))
+    p.add_argument("--out", type=Path, default=Path("docs/research/predictors/select-semantic.json"))
     args = p.parse_args()
     records = serve_as(load_records(TRACES), parse_model_map([MODEL_MAP]))
     models = models_of(records)

@@ -3,7 +3,7 @@
 
     python -m kernels_bench.lab.studies.small_confidence [--trace data/traces/math.jsonl.gz ...]
         [--cluster data/traces/qwen-cpu.toml] [--engine qwen2.5-coder-0.5b-instruct]
-        [--out docs/predictors/quality/confidence.json] [--report]
+        [--out docs/research/predictors/quality/confidence.json] [--report]
 
 Starts one engine of the cluster file (``kernels_bench.lab.trace.engines.engine_session``: the
 launcher's command, placement and environment). For every (problem, workflow) of the
@@ -136,7 +136,7 @@ def main() -> None:
     p.add_argument("--engine", default="qwen2.5-coder-0.5b-instruct",
                    help="the engine to start, whose model's runs are scored "
                         "(default %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("docs/predictors/quality/confidence.json"),
+    p.add_argument("--out", type=Path, default=Path("docs/research/predictors/quality/confidence.json"),
                    help="results, resumed when present (default %(default)s)")
     p.add_argument("--report", action="store_true", help="print the file's summary and stop")
     a = p.parse_args()

@@ -1,5 +1,5 @@
 """Synthetic long-context agent programs as a trace (``python -m kernels_bench trace
-agent``), to measure KV retention where prefill is dear (docs/results-retention.md,
+agent``), to measure KV retention where prefill is dear (docs/research/retention.md,
 "Long-context agents").
 
 One problem per program, workflow ``agent``: stage 0 reads a context (a repository or a

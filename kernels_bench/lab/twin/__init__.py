@@ -6,5 +6,5 @@ hetserve's engine or a stock vLLM server);
 engine profile; ``roofline``: modelled GPU profiles in the same format; ``floor``: GPU
 profiles from a measured floor plus a stated overhead; ``telemetry``: its
 snapshots and KV events as wire frames; ``sim``: the discrete-event core; ``request``:
-requests and their timestamps. docs/twin.md.
+requests and their timestamps. docs/research/twin.md.
 """

@@ -1,7 +1,7 @@
 """Twin profiles from a measured floor: a GPU's measured step times plus a stated engine
 overhead, so a GPU profiled once with ``python -m kernels_bench kernels`` runs in the twin.
 
-A floor file (``kernels_bench.floor.measure``; docs/twin/floors/) holds, per model shape,
+A floor file (``kernels_bench.floor.measure``; docs/research/twin/floors/) holds, per model shape,
 decode step times by batch and context and prefill times by prompt length, measured in
 plain torch: the GPU work of a step without vLLM's own per-step work. ``floor_file``
 writes the ``<entry>.json`` that ``kernels_bench profile`` measures and
@@ -30,7 +30,7 @@ overhead) per shape, batch and context, and per prompt length.
 
 CLI: ``python -m kernels_bench.lab.twin.floor profile --floor FILE --gpu PRESET --model SPEC
 --entry NAME --overhead-ms X --out FILE`` and ``... table --floor FILE --gpu PRESET
-[--model SHAPE=SPEC ...] [--plot FILE]``. docs/twin.md, "A measured floor".
+[--model SHAPE=SPEC ...] [--plot FILE]``. docs/research/twin.md, "A measured floor".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python -m kernels_bench.lab.twin.report DIR...``: one compact table per twin replay, as
-docs/twin.md shows its scenarios: per policy and rate, mean E2E and score with their 95%
+docs/research/twin.md shows its scenarios: per policy and rate, mean E2E and score with their 95%
 intervals, both against the baseline (a *finding* when the interval excludes
 no-difference), the traffic split, the engines' busy fraction and the router's time per
 call, and the twin's own speed."""

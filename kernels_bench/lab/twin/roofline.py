@@ -5,7 +5,7 @@ engine (``<entry>.json``, the file ``step_time.load_profile`` reads), but every 
 comes from ``step_seconds``: weight and KV bytes over memory bandwidth, FLOPs over peak,
 plus a fixed per-step overhead, for a named GPU preset and the model's shape from its
 ``config.json``. The file says so (``"modelled": "roofline <preset>"``); a measured file
-of the same entry replaces it with no other change. docs/twin.md, "Modelled GPU profiles".
+of the same entry replaces it with no other change. docs/research/twin.md, "Modelled GPU profiles".
 
 CLI: ``python -m kernels_bench.lab.twin.roofline --model builtin:NAME|PATH --gpu h100-sxm
 [--tp N] --entry NAME --out FILE``.

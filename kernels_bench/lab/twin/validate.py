@@ -1,5 +1,5 @@
 """``python -m kernels_bench.lab.twin.validate``: the twin against live replays of the same
-configuration, per policy and rate (docs/twin.md, "Validation").
+configuration, per policy and rate (docs/research/twin.md, "Validation").
 
 Per (policy, rate) both hold: mean E2E with its 95% interval (``replay.intervals``: the
 bootstrap over repeats and workflows), mean queueing time, TTFT and TPOT (means over the

@@ -43,7 +43,7 @@ class LMetricSettings:
     count_arriving: bool = False
     """b_i + 1 in ``lmetric_score`` instead of LMETRIC's b_i. With b_i an idle engine
     scores 0 whatever it must prefill, so a program's next call leaves the engine that
-    caches its prefix for any idle one (docs/results-retention.md, "Engine-sticky")."""
+    caches its prefix for any idle one (docs/research/retention.md, "Engine-sticky")."""
 
 
 def new_prefill_tokens(prompt: int, cached: int, queued_prefill: int) -> int:
