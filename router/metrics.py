@@ -80,6 +80,13 @@ class _CoreCollector(Collector):
                                   value=stats.engine_down_events)
         yield CounterMetricFamily("hetserve_programs_expired", "workflow programs dropped "
                                   "after the TTL", value=stats.programs_expired)
+        moves = CounterMetricFamily("hetserve_program_moves", "calls of a program routed "
+                                    "away from the engine its last call went to (guardrail: "
+                                    "that engine was overloaded; policy: the policy chose "
+                                    "another, or it was not a candidate)", labels=["reason"])
+        for reason in ("guardrail", "policy"):
+            moves.add_metric([reason], stats.program_moves[reason])
+        yield moves
         yield GaugeMetricFamily("hetserve_programs", "workflow programs in the program "
                                 "table (running, or waiting for their next stage)",
                                 value=len(self._core.state.programs))
@@ -215,6 +222,12 @@ class RouterMetrics:
         self.untrusted_fields = Counter(
             "hetserve_untrusted_fields_ignored", "ranking fields (workflow position, "
             "client priority) an untrusted API key sent, dropped", ["field"], registry=reg)
+        self.programs_found = Counter(
+            "hetserve_programs_found", "calls by how their program was found (workflow: "
+            "hetserve's own id; agentic_context, session, prompt_cache_key, "
+            "metadata_user_id: a client convention; previous_response: the Responses "
+            "chain; conversation: the call extends an earlier call's conversation; new: "
+            "a new program; none: no program)", ["source"], registry=reg)
         reg.register(_CoreCollector(core, policy))
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, _open_fds, ...
 

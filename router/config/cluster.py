@@ -115,7 +115,26 @@ class RouterConfig(Verified):
     """Generation requests the router handles at once (also its connections to engines);
     one more is answered 503 with ``retry-after`` at once instead of queueing."""
     program_ttl_s: Positive = 600.0
-    """A workflow program with no request for this long leaves the program table."""
+    """A workflow program with no request for this long leaves the program table (and
+    its conversations and stored responses the indexes of ``router.state.conversations``)."""
+    program_affinity: bool = True
+    """A program's call goes to the engine its last call went to (it holds the program's
+    prefix) unless ``affinity_*_threshold`` say that engine is overloaded; for the
+    policies that route programs (``Policy.program_affinity``), not the baselines."""
+    affinity_abs_threshold: Annotated[int, Field(ge=0)] = 64
+    """Guardrail: the program leaves its engine when that engine's requests (running plus
+    waiting) exceed the least loaded candidate's by more than this *and*
+    ``affinity_rel_threshold`` times over: SGLang's cache-aware rule and defaults
+    (``balance_abs_threshold``; ``router.policies.affinity.overloaded``)."""
+    affinity_rel_threshold: Annotated[float, Field(ge=1.0)] = 1.5
+    """Guardrail's relative part (SGLang's ``balance_rel_threshold``)."""
+    conversations: PositiveInt = 65_536
+    """Conversations remembered to find the program of a call that names none (it extends
+    one of them: ``router.state.conversations``)."""
+    find_conversations: bool = True
+    """Join a call with no program id to the program whose conversation it extends."""
+    stored_responses: PositiveInt = 65_536
+    """Responses-API response ids remembered with the engine that stored them."""
     api_keys_file: str | None = None
     """API keys of the OpenAI endpoints, one per line (``router.auth``); none: open."""
     api_keys_env: str | None = None

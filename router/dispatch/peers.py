@@ -6,7 +6,8 @@ subscribes to every engine's telemetry and KV events itself and keeps its own in
 ledger: load is read from the engines, so nothing of that needs sharing. Two things do:
 
 - the program table: a program's next stage may reach any worker, and must go to the
-  model its first stage got (Chimera's stickiness);
+  model its first stage got (Chimera's stickiness) and, load permitting, the engine its
+  last one did (``router.policies.affinity``);
 - engine marks by the launcher or an operator (``POST /admin/engines/...``), which reach
   one worker through the shared port.
 
@@ -78,10 +79,11 @@ _Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 
 
 class Routed(msgspec.Struct, tag="routed", array_like=True, frozen=True):
-    """A stage of ``program_id`` was routed to ``model``."""
+    """A stage of ``program_id`` was routed to ``model``, on engine ``engine``."""
 
     program_id: _Label
     model: _Name
+    engine: _Name | None = None
 
 
 class Completed(msgspec.Struct, tag="completed", array_like=True, frozen=True):

@@ -16,6 +16,7 @@ from router.config.cluster import RouterConfig
 from router.dispatch.collector import BatchCollector
 from router.dispatch.health_probe import HealthProber
 from router.dispatch.peers import Completed, Peers, Routed
+from router.policies.affinity import keep_home
 from router.policies.base import Policy
 from router.policies.registry import build_policy
 from router.predictors.base import PredictorSet
@@ -81,8 +82,9 @@ class Routing:
             preds = await self._predict([req])
             now = self.clock()
             view = self.state.view()
-            dec = self._commit(req, self.policy.decide(req, self._candidates(req, now), view,
-                                                       preds[0]), view, now)
+            cands = self._candidates(req, now)
+            dec = self._commit(req, self.policy.decide(req, cands, view, preds[0]), cands,
+                               view, now)
         self.state.stats.decision_latency_s.observe(self.clock() - t0)
         return dec
 
@@ -106,8 +108,9 @@ class Routing:
             except (ValueError, NoEngineAvailable) as exc:
                 out[i] = exc
         results = self._decide_each([reqs[i] for i in ok], cands, view, [preds[i] for i in ok])
-        for i, res in zip(ok, results):
-            out[i] = self._commit(reqs[i], res, view, now) if isinstance(res, Decision) else res
+        for i, c, res in zip(ok, cands, results):
+            out[i] = self._commit(reqs[i], res, c, view, now) if isinstance(res, Decision) \
+                else res
         return [out[i] for i in range(len(reqs))]
 
     async def _predict_each(self, reqs: Sequence[RoutingRequest]) -> list[Any]:
@@ -174,10 +177,15 @@ class Routing:
         ledger = self.state.ledger
         return Candidates(self._eligible(req), lambda e: engine_view(e, ledger, now))
 
-    def _commit(self, req: RoutingRequest, dec: Decision, view: StateView,
-                now: float) -> Decision:
-        """Record a decision (in-flight ledger, program table, counters)."""
-        state = self.state
+    def _commit(self, req: RoutingRequest, dec: Decision, cands: Candidates,
+                view: StateView, now: float) -> Decision:
+        """Record a decision (in-flight ledger, program table, counters), sent to its
+        program's engine first where affinity applies (``router.policies.affinity``)."""
+        state, r = self.state, self.settings
+        assert self.policy is not None
+        if r.program_affinity and self.policy.program_affinity and dec.program_id is not None:
+            dec = keep_home(req, dec, cands, view, r.affinity_abs_threshold,
+                            r.affinity_rel_threshold)
         engine = state.table[dec.instance]
         cached = view.cached_tokens(req, dec.instance)
         max_tokens = dec.max_tokens or req.max_tokens
@@ -189,9 +197,12 @@ class Routing:
             prefill_tokens=max(0, req.num_prompt_tokens - cached), decode_tokens=max_tokens,
             sent_wall=self.wall_clock()))
         if dec.program_id is not None:
-            state.programs.routed(dec.program_id, dec.model, now)
+            home = state.programs.engine(dec.program_id)
+            if home is not None and home != dec.instance:
+                state.stats.program_moves[dec.info.get("affinity", "policy")] += 1
+            state.programs.routed(dec.program_id, dec.model, now, dec.instance)
             if self.peers is not None:
-                self.peers.publish(Routed(dec.program_id, dec.model))
+                self.peers.publish(Routed(dec.program_id, dec.model, dec.instance))
         state.stats.decisions[(dec.policy, dec.model)] += 1
         state.open_requests[dec.instance] += 1
         return dataclasses.replace(dec, cached_tokens=cached)

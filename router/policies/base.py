@@ -89,6 +89,10 @@ class Policy(ABC, Generic[S]):
     against the source."""
     default_picker: ClassVar[str | None] = None
     """A ``PickerPolicy``'s engine picker when its settings name none."""
+    program_affinity: ClassVar[bool] = False
+    """Whether a program's calls go back to its last engine, load permitting
+    (``router.policies.affinity``, ``[router] program_affinity``): the policies that
+    route programs; not the baselines, which route each call as it comes."""
     window: BatchWindow | None = None
     """Set by batched policies: they implement ``decide_batch`` and a collector feeds
     them batches closed by this window."""

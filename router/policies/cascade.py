@@ -43,6 +43,7 @@ class CascadeSettings:
 
 class Cascade(PickerPolicy[CascadeSettings]):
     name = "cascade"
+    program_affinity = True
     Settings = CascadeSettings
     default_picker = "least_loaded"
     uses_prompt = False

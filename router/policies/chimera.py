@@ -196,6 +196,7 @@ class ShareMargin:
 
 class Chimera(PickerPolicy[ChimeraSettings]):
     name = "chimera"
+    program_affinity = True
     predictors_used = ("semantic_router", "length")
     Settings = ChimeraSettings
     inputs = frozenset({"model_inflight_tokens", "program_model"})

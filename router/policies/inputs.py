@@ -24,7 +24,7 @@ Input = Literal[
     "max_model_len", "waiting", "requests", "prefill_tokens", "decode_tokens",
     # StateView methods
     "matched_blocks", "cached_tokens", "prefix_hits", "prefix_class", "model_inflight_tokens",
-    "program_model",
+    "program_model", "program_engine",
 ]
 INPUTS: frozenset[str] = frozenset(get_args(Input))
 
@@ -45,7 +45,7 @@ ON_STOCK_VLLM: dict[str, Source] = {
     "inflight_requests": "router", "inflight_predicted_tokens": "router",
     "unreported_requests": "router", "unreported_prefill_tokens": "router",
     "unreported_decode_tokens": "router", "model_inflight_tokens": "router",
-    "program_model": "router", "last_seen_age_s": "router", "max_model_len": "router",
+    "program_model": "router", "program_engine": "router", "last_seen_age_s": "router", "max_model_len": "router",
 }
 """Where each input comes from on a stock vLLM engine (on a patched engine every input
 but the router's own is measured)."""

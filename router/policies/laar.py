@@ -63,6 +63,7 @@ def laar_cost(latency: float, quality: float) -> float:
 
 class Laar(PickerPolicy[LaarSettings]):
     name = "laar"
+    program_affinity = True
     predictors_used = ("capability",)
     Settings = LaarSettings
     default_picker = "lmetric"

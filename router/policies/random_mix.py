@@ -42,6 +42,7 @@ class RandomMixSettings:
 
 class RandomMix(PickerPolicy[RandomMixSettings]):
     name = "random_mix"
+    program_affinity = True
     Settings = RandomMixSettings
     default_picker = "least_loaded"
     uses_prompt = False

@@ -118,6 +118,7 @@ def engine_delay_s(decode_tokens: float, decode_ms_per_token: float,
 
 class VineLM(PickerPolicy[VineLMSettings]):
     name = "vinelm"
+    program_affinity = True
     Settings = VineLMSettings
     inputs = frozenset({"decode_tokens"})
     default_picker = "lmetric"

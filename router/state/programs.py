@@ -1,4 +1,5 @@
-"""Program table (Chimera section 3.5): the model each running workflow program uses.
+"""Program table (Chimera section 3.5): the model each running workflow program uses, and
+the engine its last call went to (the one holding its prefix: ``router.policies.affinity``).
 
 A program's first routed stage assigns its model; later stages reuse it (stickiness).
 The entry leaves when the final stage completes successfully, or expires when the
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class ProgramEntry:
     model: str
+    engine: str | None
     last_active: float
 
 
@@ -33,11 +35,19 @@ class ProgramTable:
         entry = self._programs.get(program_id) if program_id is not None else None
         return entry.model if entry else None
 
-    def routed(self, program_id: str, model: str, now: float) -> None:
-        """A stage of ``program_id`` was routed to ``model``."""
+    def engine(self, program_id: str | None) -> str | None:
+        """The engine of the program's last routed call (None: unknown)."""
+        entry = self._programs.get(program_id) if program_id is not None else None
+        return entry.engine if entry else None
+
+    def routed(self, program_id: str, model: str, now: float,
+               engine: str | None = None) -> None:
+        """A stage of ``program_id`` was routed to ``model`` (on ``engine``, when
+        known)."""
         entry = self._programs.get(program_id)
         if entry is None or entry.model != model:
-            entry = self._programs[program_id] = ProgramEntry(model, now)
+            entry = self._programs[program_id] = ProgramEntry(model, engine, now)
+        entry.engine = engine or entry.engine
         entry.last_active = now
 
     def completed(self, program_id: str, final: bool, error: bool, now: float) -> None:

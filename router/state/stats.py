@@ -65,5 +65,9 @@ class RouterStats:
     """One batched predictor call."""
     engine_down_events: int = 0
     programs_expired: int = 0
+    program_moves: Counter[str] = field(default_factory=Counter)
+    """Calls of a program routed away from the engine its last call went to, by why:
+    ``guardrail`` (its engine was overloaded, ``router.policies.affinity``), ``policy``
+    (the policy chose another model or engine, or the engine was not a candidate)."""
     policy_sources: dict[str, str] = field(default_factory=dict)
     """Policy input -> ``predictor`` or ``static_prior``."""

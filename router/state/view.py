@@ -192,3 +192,7 @@ class StateView:
 
     def program_model(self, program_id: str | None) -> str | None:
         return self._programs.model(program_id)
+
+    def program_engine(self, program_id: str | None) -> str | None:
+        """The engine the program's last call went to (it holds the program's prefix)."""
+        return self._programs.engine(program_id)

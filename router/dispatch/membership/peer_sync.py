@@ -79,7 +79,8 @@ class PeerSync:
         if isinstance(event, Routed):
             if not any(e.model == event.model for e in self.state.table.engines.values()):
                 raise ValueError(f"unknown model {event.model!r}")
-            programs.routed(event.program_id, event.model, now)
+            engine = event.engine if event.engine in self.state.table.engines else None
+            programs.routed(event.program_id, event.model, now, engine)
         elif isinstance(event, Completed):
             programs.completed(event.program_id, event.final, event.error, now)
         elif isinstance(event, State):
