@@ -12,6 +12,7 @@ import importlib
 import sys
 
 PRODUCT = {
+    "status": "where hetserve stands: each claim's number read from the JSON it cites",
     "scheduler": "schedule() cost: ours vs vLLM's, 10..10k waiting",
     "telemetry": "telemetry latency, rate, and step overhead on/off",
     "router": "routing decision latency per policy vs round_robin",
