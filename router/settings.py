@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import difflib
 import re
-import types
-from typing import (Annotated, Any, Collection, Literal, Mapping, TypeVar, Union, get_args,
-                    get_origin)
+from typing import Annotated, Any, Collection, Mapping, TypeVar
 
-from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 MAX_TEXT = 4096
 """Longest string any setting takes (paths, URLs, names)."""
@@ -49,16 +47,7 @@ MAX_WORKERS = 256
 to each other is below it)."""
 
 
-def _name(value: str) -> str:
-    if NAME_PATTERN.match(value) is None:
-        raise ValueError(f"{value[:80]!r}: use letters, digits, '_', '.' and '-', starting "
-                         "with a letter or digit")
-    if len(value) > MAX_NAME_CHARS:
-        raise ValueError(f"{value[:80]!r}...: at most {MAX_NAME_CHARS} characters")
-    return value
-
-
-Name = Annotated[str, AfterValidator(_name)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN.pattern, max_length=MAX_NAME_CHARS)]
 """A name (``NAME_PATTERN``): an engine's, a Ray namespace."""
 
 T = TypeVar("T")
@@ -134,106 +123,76 @@ def _shown(value: Any) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
-def describe_type(tp: Any) -> str:
-    """``an integer or a list of integers``: what a field takes, in words."""
-    tp, origin = _strip(tp), get_origin(_strip(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(describe_type(a) for a in get_args(tp) if a is not type(None))
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if origin is list:
-        return f"a list of {_plural(get_args(tp)[0])}"
-    if origin is dict:
-        inner = _strip(get_args(tp)[1])
-        return "a table" if inner is Any or get_origin(inner) is dict else \
-            f"a table of {_plural(inner)}"
-    return {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-            Any: "any value"}.get(tp, str(tp))
-
-
-def _plural(tp: Any) -> str:
-    return describe_type(tp).split(" ", 1)[1] + "s"
-
-
-def _strip(tp: Any) -> Any:
-    return get_args(tp)[0] if get_origin(tp) is Annotated else tp
-
-
 _ORDER = ("unexpected_keyword_argument", "missing", "value_error")
 _BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
            "less_than": "<"}
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
+             "bool_type": "true or false", "list_type": "a list", "dict_type": "a table"}
+"""What a pydantic type error expected, in the file's words."""
 
 
 def _translate(cls: type, table: Mapping[str, Any], path: str,
                errors: list[Any]) -> SettingsError:
     """The error to report: an unknown key, else a missing one, else a value (a bound
     broken before a type mismatch, since in a union the member of the value's own type
-    says what is wrong)."""
-    def rank(e: Any) -> int:
-        return _ORDER.index(e["type"]) if e["type"] in _ORDER else \
-            len(_ORDER) + e["type"].endswith("_type")
-
-    e = min(errors, key=rank)
-    kind, loc = e["type"], e["loc"]
-    fields = cls.__pydantic_fields__  # type: ignore[attr-defined]
+    says what is wrong; the mismatch deepest in the value, its union members together)."""
+    found = [(e, *_locate(table, e)) for e in errors]
+    e, parts, value = min(found, key=lambda f: (_ORDER.index(f[0]["type"]) if f[0]["type"]
+                                                in _ORDER else len(_ORDER) +
+                                                f[0]["type"].endswith("_type"), -len(f[1])))
+    kind, ctx, key = e["type"], e.get("ctx", {}), _join(path, parts)
     if kind == "value_error":  # a check of __post_init__ or a constrained type's
-        err = e.get("ctx", {}).get("error")
+        err = ctx.get("error")
         if isinstance(err, SettingsError):
             return SettingsError(f"{path}.{err.key}", err.problem)
-        return SettingsError(_join(path, _locate(fields, loc)[0] if loc else []), str(err))
+        return SettingsError(key, str(err))
     if kind == "unexpected_keyword_argument":
-        known = [f.alias or name for name, f in fields.items()]
-        hint = suggest(str(loc[0]), known)
-        return SettingsError(_join(path, loc), "unknown key" + (
-            hint or "; known keys: " + (", ".join(known) or "none")))
+        known = [f.alias or name for name, f in cls.__pydantic_fields__.items()]  # type: ignore[attr-defined]
+        return SettingsError(key, "unknown key" + (suggest(str(parts[-1]), known) or
+                                                   "; known keys: " + (", ".join(known) or "none")))
     if kind == "missing":
-        return SettingsError(_join(path, loc), "missing")
-    parts, tp = _locate(fields, loc)
-    value: Any = table
-    for part in parts:
-        value = value[part]
-    key = _join(path, parts)
+        return SettingsError(key, "missing")
     if kind in _BOUNDS:
-        bound = next(iter(e["ctx"].values()))
-        return SettingsError(key, f"must be {_BOUNDS[kind]} {bound}, got {_shown(value)}")
-    if kind == "finite_number":
-        return SettingsError(key, f"must be finite, got {value!r}")
-    if kind == "too_short":
-        return SettingsError(key, f"needs at least {e['ctx']['min_length']} entries, "
-                             f"got {len(value)}")
-    if kind == "string_too_long":
-        return SettingsError(key, f"must be at most {e['ctx']['max_length']} characters, "
-                             f"got {len(value)}")
-    if kind == "literal_error" and isinstance(value, str):
-        choices = [str(a) for a in get_args(_strip(tp))]
+        return SettingsError(key, f"must be {_BOUNDS[kind]} {next(iter(ctx.values()))}, "
+                             f"got {_shown(value)}")
+    problems = {
+        "finite_number": lambda: f"must be finite, got {value!r}",
+        "too_short": lambda: f"needs at least {ctx['min_length']} entries, got {len(value)}",
+        "string_too_long": lambda: f"must be at most {ctx['max_length']} characters, got "
+                                   f"{len(value)}",
+        "string_pattern_mismatch": lambda: f"must match {ctx['pattern']!r}, got "
+                                           f"{_shown(value)}"}
+    if kind in problems:
+        return SettingsError(key, problems[kind]())
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", ctx["expected"])
+        if not isinstance(value, str):
+            return SettingsError(key, f"expected one of {', '.join(map(repr, choices))}, "
+                                 f"got {describe_value(value)}")
         return SettingsError(key, f"unknown value {value[:40]!r}{suggest(value, choices)}; "
                              "one of " + ", ".join(choices))
-    if kind.endswith("_type") or kind == "literal_error":
-        return SettingsError(key, f"expected {describe_type(tp)}, "
-                             f"got {describe_value(value)}")
+    if kind.endswith("_type"):
+        expected = dict.fromkeys(_EXPECTED.get(f[0]["type"], f[0]["type"]) for f in found
+                                 if f[1] == parts and f[0]["type"].endswith("_type"))
+        return SettingsError(key, f"expected {' or '.join(expected)}, got "
+                             f"{describe_value(value)}")
     return SettingsError(key, str(e["msg"]))
 
 
-def _locate(fields: Mapping[str, Any], loc: tuple[Any, ...]) -> tuple[list[Any], Any]:
-    """The part of ``loc`` that names keys of the table (pydantic adds a tag for the
-    union member it tried: the error belongs to the union), and the type there."""
-    by_key = {f.alias or name: f for name, f in fields.items()}
-    field = by_key[loc[0]]
-    parts: list[Any] = [loc[0]]
-    tp: Any = field.annotation
-    for part in loc[1:]:
-        inner = _strip(tp)
-        if get_origin(inner) in (Union, types.UnionType):
-            members = [a for a in get_args(inner) if a is not type(None)]
-            if len(members) > 1:
-                break
-            inner = _strip(members[0])
-        args = get_args(inner)
-        tp = args[-1] if get_origin(inner) in (dict, list) else inner
-        parts.append(part)
-    members = [a for a in get_args(_strip(tp)) if a is not type(None)]
-    optional = get_origin(_strip(tp)) in (Union, types.UnionType) and len(members) == 1
-    return parts, members[0] if optional else tp
+def _locate(table: Any, error: Any) -> tuple[list[Any], Any]:
+    """The keys of the table an error's ``loc`` names (pydantic's tags for the union
+    member it tried skipped) and the value there."""
+    parts: list[Any] = []
+    value, loc = table, error["loc"]
+    for i, part in enumerate(loc):
+        if isinstance(value, (dict, list)) and (
+                part in value if isinstance(value, dict) else
+                isinstance(part, int) and 0 <= part < len(value)):
+            parts.append(part)
+            value = value[part]
+        elif error["type"] == "missing" and i == len(loc) - 1:
+            parts.append(part)
+    return parts, value
 
 
 def _join(path: str, parts: Any) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from engine_ext.builtin_models import BUILTIN_MODELS, PREFIX as BUILTIN_PREFIX
@@ -49,13 +49,7 @@ MAX_NODE_CHARS = 1024
 """Longest ``node`` of an engine (where it runs: an address and a Ray node id)."""
 
 
-def _endpoint(value: str) -> str:
-    if not value.startswith(("ipc://", "tcp://")):
-        raise ValueError(f"{value!r}: expected ipc://PATH or tcp://HOST:PORT")
-    return value
-
-
-Endpoint = Annotated[str, AfterValidator(_endpoint)]
+Endpoint = Annotated[str, Field(pattern=r"^(ipc|tcp)://")]
 """A ZeroMQ endpoint: ``ipc://PATH`` or ``tcp://HOST:PORT``."""
 _ENDPOINT_KEYS = ("telemetry_endpoint", "kv_events_endpoint")
 

@@ -123,7 +123,7 @@ def test_every_policy_accepts_its_defaults(name: str) -> None:
     ("chimera", {"sticky": 1}, "router.policies.chimera.sticky: expected true or false"),
     ("chimera", {"confidence": {"a": 1.5}}, "router.policies.chimera.confidence.a"),
     ("chimera", {"max_batch_size": {"a": 2.5}}, "router.policies.chimera.max_batch_size.a"),
-    ("chimera", {"confidence": [0.5]}, "chimera.confidence: expected a table of numbers"),
+    ("chimera", {"confidence": [0.5]}, "chimera.confidence: expected a table, got a list (of 1)"),
     ("random", {"seed": True}, "router.policies.random.seed: expected an integer, got a boolean"),
     ("laar", {"alpha": float("nan")}, "router.policies.laar.alpha: must be finite"),
     ("routebalance", {"w_quality": 0.5}, "must be 1 (the simplex)"),
