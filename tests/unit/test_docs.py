@@ -344,3 +344,71 @@ def test_command_flags(cmd: Command, resolved: dict[Command, tuple[str, set[str]
     name, accepted = resolved[cmd]
     unknown = [f for f in cmd.flags if f not in accepted | {"--help"}]
     assert not unknown, f"{cmd.where}: python -m {name} has no {', '.join(unknown)}"
+
+
+# ---------------------------------------------------------------- links and paths
+
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+_DOC_PATH = re.compile(r"(?<![\w/.$-])docs/[\w./{}*,$-]+")
+SUPERSEDED = "## Superseded pages"
+"""docs/research/README.md's section naming the pages removed or moved (old paths)."""
+
+
+def _prose(path: Path) -> str:
+    """The document without its fenced blocks and inline code (lines kept)."""
+    text = path.read_text(encoding="utf-8")
+    text = re.sub(r"^\s*```.*?^\s*```", lambda m: "\n" * m.group(0).count("\n"), text,
+                  flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file (a repeated heading gets ``-1``, ...)."""
+    seen: dict[str, int] = {}
+    out: set[str] = set()
+    for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", _prose_keep_code(path), re.M):
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def _prose_keep_code(path: Path) -> str:
+    """The document without its fenced blocks (inline code kept: it is part of headings)."""
+    return re.sub(r"^\s*```.*?^\s*```", lambda m: "\n" * m.group(0).count("\n"),
+                  path.read_text(encoding="utf-8"), flags=re.M | re.S)
+
+
+def test_links_resolve() -> None:
+    """Every relative link of README.md and docs/ names a file that exists, and a
+    ``#fragment`` into a Markdown file names one of its headings."""
+    broken = []
+    for path in DOCS:
+        text = _prose(path)
+        for m in _LINK.finditer(text):
+            target = m.group(1)
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):
+                continue
+            file, _, frag = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            where = f"{_rel(path)}:{text.count(chr(10), 0, m.start()) + 1}"
+            if not dest.exists():
+                broken.append(f"{where}: {target} (no such file)")
+            elif frag and dest.suffix == ".md" and frag not in anchors(dest):
+                broken.append(f"{where}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_doc_paths_exist() -> None:
+    """Every ``docs/...`` path the docs name, in prose or code, exists (pages moved into
+    docs/research/ leave no stale path behind)."""
+    missing = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8").split(SUPERSEDED)[0]
+        for n, line in enumerate(text.splitlines(), 1):
+            for m in _DOC_PATH.finditer(line):
+                name = m.group(0).rstrip(".,")
+                if not re.search(r"[{}*$]", name) and not (ROOT / name).exists():
+                    missing.append(f"{_rel(path)}:{n}: {name}")
+    assert not missing, "\n".join(missing)
