@@ -1,13 +1,10 @@
 """The cluster file as the router reads it: ``[router]``, ``[[engines]]``, the rules
-across them, and the loader.
+across them, and the loader (``[launcher]`` and ``[cluster]``: ``launcher.settings``).
 
-``[launcher]`` and ``[cluster]`` are the launcher's (``launcher.settings`` decodes them
-and checks the placement); here they only have to be tables. Relative paths in the file
-are relative to the file's folder. Ports and telemetry endpoints may be left out: the
-launcher assigns them and writes a *resolved* file (``to_toml``) in which every one is set;
-``instances()`` needs that resolved form. Every default address is loopback
-(``127.0.0.1``) or ``ipc://``. A bad file raises ``ConfigError``, whose message is
-``<file>: <key path>: <what is wrong>``.
+Paths are relative to the file's folder. Ports and telemetry endpoints left out are
+assigned by the launcher, which writes a *resolved* file (``to_toml``): ``instances()``
+needs it. Every default address is loopback or ``ipc://``. A bad file raises
+``ConfigError``: ``<file>: <key path>: <what is wrong>``.
 """
 
 from __future__ import annotations
@@ -27,7 +24,8 @@ from pydantic.dataclasses import dataclass
 from engine_ext.telemetry import is_loopback_endpoint, publisher_binds, subscriber_binds
 from router.config.addresses import (LOOPBACK, http_url, is_loopback, loopback_tcp_port,
                                      loopback_url_port)
-from router.config.engines import EngineConfig, EngineInstance, RemoteEngine, decode_engine
+from router.config.engines import (ENDPOINT_KEYS, EngineConfig, EngineInstance, RemoteEngine,
+                                   decode_engine)
 from router.policies.registry import validate_settings
 from router.settings import (MAX_WORKERS, STRICT, Port, Positive, PositiveInt, SettingsError,
                              Verified, check, decode, encode)
@@ -188,10 +186,7 @@ class ClusterConfig:
     engines: list[EngineConfig]
 
     def engine(self, name: str) -> EngineConfig:
-        for e in self.engines:
-            if e.name == name:
-                return e
-        raise KeyError(name)
+        return {e.name: e for e in self.engines}[name]
 
     def instances(self) -> list[EngineInstance]:
         """One ``EngineInstance`` per replica; needs every port and endpoint set (a stock
@@ -199,12 +194,9 @@ class ClusterConfig:
         out = []
         for e in self.engines:
             ports = e.ports
-            tele, kv = e.per_replica("telemetry_endpoint"), e.per_replica("kv_events_endpoint")
-            stock = e.kind == "vllm"
-            for k, values, needed in (("port", ports, True),
-                                      ("telemetry_endpoint", tele, not stock),
-                                      ("kv_events_endpoint", kv, not stock)):
-                if values is None and needed:
+            tele, kv = (e.per_replica(k) for k in ENDPOINT_KEYS)
+            for k, values in zip(("port", *ENDPOINT_KEYS), (ports, tele, kv)):
+                if values is None and (k == "port" or e.kind != "vllm"):
                     raise ConfigError(self.source, f"engines.{e.name}.{k}", "not set; the "
                                       "launcher assigns it (run the cluster with `python -m "
                                       "launcher`)")

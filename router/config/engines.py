@@ -1,10 +1,7 @@
 """``[[engines]]``: one entry per model deployment, local (``LocalEngine``, started by the
-launcher) or remote (``RemoteEngine``, one with a ``url``: only routed to); and
-``EngineInstance``, one engine process as the router sees it.
-
-The rules within one entry are its class's ``verify``; the rules across entries are the
-file's (``router.config.cluster``). ``decode_engine`` picks the class by ``url``.
-"""
+launcher) or remote (``RemoteEngine``, with a ``url``: only routed to; ``decode_engine``
+picks the class), each entry's rules in its ``verify``; ``EngineInstance``, one engine
+process as the router sees it."""
 
 from __future__ import annotations
 
@@ -51,7 +48,8 @@ MAX_NODE_CHARS = 1024
 
 Endpoint = Annotated[str, Field(pattern=r"^(ipc|tcp)://")]
 """A ZeroMQ endpoint: ``ipc://PATH`` or ``tcp://HOST:PORT``."""
-_ENDPOINT_KEYS = ("telemetry_endpoint", "kv_events_endpoint")
+ENDPOINT_KEYS = ("telemetry_endpoint", "kv_events_endpoint")
+"""An engine's ZeroMQ endpoints: scheduler snapshots, KV events."""
 
 
 PriorityWire = Literal["none", "hetserve", "stock"]
@@ -124,7 +122,7 @@ class _Engine(Verified):
         owner naming the replica when there are several."""
         return [(k, f"engines.{self.name}.{k}" + (f" (replica {i})" if self.replicas > 1
                                                   else ""), ep)
-                for k in _ENDPOINT_KEYS for i, ep in enumerate(self.per_replica(k) or [])]
+                for k in ENDPOINT_KEYS for i, ep in enumerate(self.per_replica(k) or [])]
 
     def verify(self) -> None:
         check("served_model_name", self.served_model_name not in RESERVED_MODEL_NAMES,
@@ -136,7 +134,7 @@ class _Engine(Verified):
             for k in HETSERVE_ONLY_KEYS:
                 check(k, getattr(self, k, None) is None, "a setting of hetserve's engine "
                       "patch; a stock vLLM engine (kind = \"vllm\") has none")
-        for k in _ENDPOINT_KEYS:
+        for k in ENDPOINT_KEYS:
             given = getattr(self, k)
             check(k, not isinstance(given, list) or len(given) == self.replicas,
                   f"gives {len(given or [])} endpoints for {self.replicas} replicas")
@@ -277,7 +275,7 @@ class RemoteEngine(_Engine):
         return [urlsplit(self.url).port or 0]
 
     def verify(self) -> None:
-        for k in _ENDPOINT_KEYS if self.kind == "hetserve" else ():
+        for k in ENDPOINT_KEYS if self.kind == "hetserve" else ():
             check(k, getattr(self, k) is not None, "required for a remote engine (one with "
                   "`url`): the endpoint its engine publishes to (or kind = \"vllm\" for a "
                   "stock vLLM server, read by its /metrics)")
