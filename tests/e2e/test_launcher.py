@@ -9,6 +9,8 @@ the router run once ``python -m router`` exists.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import signal
 import socket
@@ -257,6 +259,22 @@ def programs_follow_across_workers(cfg: LaunchConfig) -> None:
     assert metric(w0, "hetserve_programs") == metric(w1, "hetserve_programs") == 0
 
 
+def readme_request(base_url: str) -> None:
+    """README.md's "Keep it running", as a new user follows it: its launcher command is the
+    one these tests run, and its openai snippet, run as written but for the router's port
+    (8100 unless taken), gets an answer from one of the demo's models."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split(
+        "## Keep it running", 1)[1].split("\n## ", 1)[0]
+    assert "python -m launcher examples/demo.toml" in section
+    snippet = re.search(r"```python\n(.*?)```", section, re.S)
+    assert snippet is not None and "http://127.0.0.1:8100/v1" in snippet.group(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet.group(1).replace("http://127.0.0.1:8100/v1", base_url),
+                     "README.md", "exec"), {"__name__": "__readme__"})
+    assert out.getvalue().split()[0] in ("tiny-a", "tiny-b"), out.getvalue()
+
+
 def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path) -> None:
     """The demo cluster (its client runs in ``test_demo_flag``), with two router processes
     on one port (``workers = 2``) and CURVE on the telemetry plane: telemetry reaches both
@@ -276,6 +294,7 @@ def test_demo_cluster(launcher_factory: Callable[..., Launcher], tmp_path: Path)
     base_url = cfg.router_url() + "/v1"
     assert all(healthy(i.url) for i in cfg.instances()) and healthy(cfg.router_url())
     assert all(healthy(f"http://127.0.0.1:{p}") for p in cfg.router.worker_ports or [])
+    readme_request(base_url)
     servers = [la.engine_process(i.name) for i in cfg.instances()]
     assert None not in servers
     envs = [p.environ() for p in servers if p is not None]
