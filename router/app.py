@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
-from router.admission.admit import Admission, request_id
+from router.admission.admit import Admission
 from router.admission.served import served_models
 from router.auth import Keys, load_keys
 from router.config.cluster import ClusterConfig
@@ -31,7 +31,7 @@ from router.engine_client import EngineClient
 from router.metrics import RouterMetrics
 from router.predictors.base import PredictorSet
 from router.proxy import Proxy
-from router.request import Kind
+from router.request import Kind, request_id
 from router.routes.admin import AdminRoutes
 from router.routes.http import MAX_BODY_BYTES, openai_errors
 from router.routes.openai import OpenAIRoutes
@@ -85,8 +85,9 @@ class Front:
         self.models = served_models(config)
         self.tokenizers = Tokenizers({m.name: m.spec for m in self.models.values()})
         self.admission = Admission(r, self.keys, self.models, self.tokenizers, self.metrics,
+                                   self.core.state, self.core.routing.clock,
                                    self.core.routing.wall_clock, request_ids)
-        self.proxy = Proxy(r, self.core, self.metrics, engine_client)
+        self.proxy = Proxy(r, self.core, self.metrics, engine_client, request_ids)
         self.created = int(time.time())
 
     async def handle(self, kind: Kind, headers: Mapping[str, str],
@@ -139,8 +140,8 @@ def create_app(config: ClusterConfig, core: RouterCore | None = None,
     front = Front(config, core, worker)
     r = config.router
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
-    OpenAIRoutes(r, front.keys, front.admission, front.handle, front.core, front.metrics,
-                 front.created).add_to(app)
+    OpenAIRoutes(r, front.keys, front.admission, front.handle, front.proxy.pass_through,
+                 front.core, front.metrics, front.created).add_to(app)
     AdminRoutes(r, front.keys, front.core, front.proxy).add_to(app)
     app.on_startup.append(front.startup)
     app.on_cleanup.append(front.cleanup)

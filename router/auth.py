@@ -59,9 +59,12 @@ def engine_key(engine: str, var: str) -> str:
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:
-    """The key of an ``Authorization: Bearer <key>`` header, if any."""
+    """The key of an ``Authorization: Bearer <key>`` header, else of Anthropic's
+    ``x-api-key`` header, if any."""
     scheme, _, key = headers.get("authorization", "").partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+    if scheme.lower() == "bearer" and key.strip():
+        return key.strip()
+    return headers.get("x-api-key", "").strip() or None
 
 
 def _known(key: str | None, keys: frozenset[str]) -> bool:
@@ -91,7 +94,8 @@ class Keys:
         if _known(key, self.trusted):
             return True
         if not _known(key, self.api):
-            raise RequestError(401, "missing API key: send 'Authorization: Bearer <key>'"
+            raise RequestError(401, "missing API key: send 'Authorization: Bearer <key>' "
+                               "(or 'x-api-key: <key>')"
                                if key is None else "incorrect API key provided",
                                code="invalid_api_key")
         return False

@@ -22,8 +22,11 @@ class StreamResult:
     """What a relayed response told about its generation."""
 
     output_tokens: int = 0
-    """``usage.completion_tokens``, else (stream cut short) the number of data events."""
+    """``usage.completion_tokens`` (``output_tokens`` in the agents' APIs), else (stream
+    cut short) the number of events."""
     usage_seen: bool = False
+    response_id: str | None = None
+    """The Responses API's response id (its ``response.created`` event)."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,12 @@ class EngineCall:
     max_tokens: int | None
     """Its output bound, None: the engine's own (its context)."""
     path: str
-    """``/v1/chat/completions`` or ``/v1/completions``."""
+    """The API's path (``router.request.PATHS``), or a stored response's."""
     body: bytes
-    """The JSON body sent (``router.proxy.upstream_body``)."""
+    """The JSON body sent (``router.proxy.upstream_body``; empty for a GET)."""
     headers: Mapping[str, str]
+    method: str = "POST"
+    """``GET`` and ``DELETE`` only for a stored response (``Proxy.pass_through``)."""
 
     @property
     def url(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import msgspec
 from aiohttp import web
@@ -25,10 +25,18 @@ from router.config.engines import EngineInstance, PriorityWire
 from router.dispatch.core import RouterCore
 from router.engine_client import EngineCall, EngineClient, EngineReply, StreamResult
 from router.metrics import RouterMetrics
-from router.request import ParsedRequest, RequestError, Workflow, overloaded
+from router.request import (PATHS, Kind, ParsedRequest, RequestError, Workflow, overloaded,
+                            request_id)
+from router.state.conversations import StoredResponse
 from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest
-from router.upstream import StreamTimeouts, Upstream, UpstreamError, completion_tokens
-from scheduler_patches.contract import PRIORITY_MAX, RETAIN_PREFIX, XARGS_FIELD, RetentionHint
+from router.upstream import (StreamTimeouts, Upstream, UpstreamError, completion_tokens,
+                             response_id)
+from scheduler_patches.contract import (PRIORITY_HEADER, PRIORITY_MAX, RETAIN_PREFIX,
+                                        XARGS_FIELD, RetentionHint)
+
+AGENTIC_CONTEXT = "agentic_context"
+"""vllm-router's program context in ``vllm_xargs`` (an object, which vLLM's own
+``vllm_xargs`` refuses): read by admission, never forwarded."""
 
 MAX_ROUTE_ATTEMPTS = 3
 """Routing attempts per request when the chosen engine cannot be reached or fails before
@@ -54,10 +62,13 @@ class Proxy:
     """Forwards admitted requests: decision, engine call, relay, retry elsewhere."""
 
     def __init__(self, settings: RouterConfig, core: RouterCore, metrics: RouterMetrics,
-                 client: EngineClient | None = None) -> None:
+                 client: EngineClient | None = None,
+                 request_ids: Callable[[], str] = request_id) -> None:
         """``client``: the engine client; None: ``router.upstream.Upstream``, opened by
-        ``start``."""
+        ``start``. ``request_ids``: the ids of calls that pass through (admission gives
+        the routed ones theirs)."""
         self.settings, self.core, self.metrics = settings, core, metrics
+        self.request_ids = request_ids
         self.engine_auth = engine_auth(core.membership.instances.values())
         """The ``Authorization`` value of each engine that requires an API key."""
         self.client = client
@@ -87,6 +98,10 @@ class Proxy:
         attempt = 1
         while True:
             completion = _Completion(self.core, await self.route(routing))
+            if parsed.conversation and completion.decision.program_id is not None:
+                self.core.state.conversations.remember(
+                    parsed.conversation[-1], completion.decision.program_id,
+                    self.core.routing.clock())
             try:
                 return await self._forward(request, parsed, routing, completion)
             except UpstreamError as exc:
@@ -129,19 +144,22 @@ class Proxy:
         priority, max_tokens = engine_settings(
             parsed, decision, "hetserve" if inst is None else inst.priority_wire)
         body = upstream_body(parsed, decision.model, priority, max_tokens)
-        path = "/v1/chat/completions" if parsed.kind == "chat" else "/v1/completions"
+        path = PATHS[parsed.kind]
         headers = {"content-type": "application/json", "x-request-id": request_id}
+        if parsed.kind == "messages" and priority is not None:  # vLLM's Messages: no field
+            headers[PRIORITY_HEADER] = str(priority)
         auth = self._auth(decision.instance)
         if auth is not None:
             headers["authorization"] = auth
-        response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}
+        response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority),
+                            "x-hetserve-program-source": parsed.program_source}
         call = EngineCall(parsed, routing, decision, priority, max_tokens, path, body, headers)
         assert self.client is not None
         try:
             reply = await self.client.send(call)
             if parsed.stream and reply.status == 200:
                 assert request is not None, "a streamed answer needs the HTTP request"
-                return await self._relay(request, completion, reply, parsed.include_usage,
+                return await self._relay(request, completion, reply, parsed,
                                          response_headers)
             content = await reply.read()
         except UpstreamError as exc:
@@ -154,29 +172,69 @@ class Proxy:
             completion.finish(0, "aborted")
             raise
         error = None if reply.status < 400 else f"engine answered {reply.status}"
+        if error is None and parsed.kind == "responses":
+            self._stored(response_id(content), decision)
         completion.finish(completion_tokens(content) if error is None else 0, error)
         response_headers["content-type"] = reply.content_type
         return web.Response(body=content, status=reply.status, headers=response_headers)
 
+    async def pass_through(self, kind: Kind, instance: str, method: str, path: str,
+                           body: bytes) -> web.Response:
+        """A call that generates nothing (a stored response's retrieval, cancel or
+        deletion; Messages' token count) sent to ``instance`` as it came, its answer
+        returned whole; RequestError when the engine is down or fails."""
+        engine = self.core.state.table.engines.get(instance)
+        if engine is None or engine.down_reason is not None:
+            raise RequestError(503, f"engine '{instance}' is "
+                               f"{'removed' if engine is None else 'down'}; retry later",
+                               type_="service_unavailable", code="no_engine_available",
+                               retry_after_s=1)
+        rid = self.request_ids()
+        decision = Decision(rid, instance, engine.model, engine.url, "pass_through")
+        parsed = ParsedRequest(kind, {}, engine.model, False, False, None, "max_tokens")
+        headers = {"content-type": "application/json", "x-request-id": rid}
+        if (auth := self._auth(instance)) is not None:
+            headers["authorization"] = auth
+        assert self.client is not None
+        call = EngineCall(parsed, RoutingRequest(rid, engine.model), decision, None, None,
+                          path, body, headers, method)
+        try:
+            reply = await self.client.send(call)
+            content = await reply.read()
+        except UpstreamError as exc:
+            raise exc.error() from None
+        return web.Response(body=content, status=reply.status, headers={
+            "x-request-id": rid, "x-hetserve-engine": instance,
+            "content-type": reply.content_type})
+
+    def _stored(self, response: str | None, decision: Decision) -> None:
+        """A Responses-API response the decision's engine stored."""
+        if response is not None:
+            self.core.state.responses.stored(
+                response, StoredResponse(decision.instance, decision.model,
+                                         decision.program_id), self.core.routing.clock())
+
     async def _relay(self, request: web.BaseRequest, completion: _Completion,
-                     reply: EngineReply, keep_usage: bool,
+                     reply: EngineReply, parsed: ParsedRequest,
                      headers: dict[str, str]) -> web.StreamResponse:
         """Relay an engine's SSE stream; report its end exactly once. A failure after
-        the first byte ends the stream with an OpenAI error event and no ``[DONE]``."""
+        the first byte ends the stream with the API's error event (chat: no
+        ``[DONE]``)."""
         result = StreamResult()
         out = web.StreamResponse(status=200, headers={**headers,
                                                       "content-type": "text/event-stream"})
         error: str | None = "aborted"
         try:
             await out.prepare(request)
-            async for event in reply.events(result, keep_usage):
+            async for event in reply.events(result, parsed.include_usage
+                                            or parsed.kind in ("responses", "messages")):
                 await out.write(event)
             await out.write_eof()
             error = None
         except UpstreamError as exc:
             self._upstream_failed(completion, exc, result.output_tokens)
             try:
-                await out.write(b"data: " + _encode(exc.error().body()) + b"\n\n")
+                await out.write(stream_error(parsed, exc.error()))
                 await out.write_eof()
             except (ConnectionError, RuntimeError):
                 pass
@@ -185,6 +243,7 @@ class Proxy:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
+            self._stored(result.response_id, completion.decision)
             completion.finish(result.output_tokens, error)
             reply.cancel()
         return out
@@ -196,6 +255,18 @@ class Proxy:
         if auth is None and inst is not None and inst.api_key_env:
             auth = self.engine_auth[instance] = engine_auth([inst])[instance]
         return auth
+
+
+def stream_error(parsed: ParsedRequest, error: RequestError) -> bytes:
+    """The event that ends a stream cut by a failure, in the API's shape: Anthropic's
+    ``error`` event, the Responses API's ``error`` event, else an OpenAI error object."""
+    if parsed.kind == "messages":
+        return b"event: error\ndata: " + _encode(error.body("messages")) + b"\n\n"
+    if parsed.kind == "responses":
+        return b"event: error\ndata: " + _encode(
+            {"type": "error", "code": error.code, "message": error.message,
+             "param": error.param}) + b"\n\n"
+    return b"data: " + _encode(error.body()) + b"\n\n"
 
 
 def engine_settings(parsed: ParsedRequest, decision: Decision,
@@ -229,16 +300,16 @@ def upstream_body(
     body = {k: v for k, v in parsed.body.items()
             if k not in ("workflow", "priority", "per_model")}
     body["model"] = model
-    if priority is not None:
+    if priority is not None and parsed.kind != "messages":  # Messages: a header
         body["priority"] = priority
     if max_tokens is not None:
         body[parsed.max_tokens_param] = max_tokens
-    if parsed.stream:
+    if parsed.stream and parsed.kind in ("chat", "completion"):
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     xargs, hint = body.get(XARGS_FIELD), retention_for(parsed.workflow)
     if isinstance(xargs, dict) or (xargs is None and hint is not None):  # else: engine's 400
         body[XARGS_FIELD] = {**{k: v for k, v in (xargs or {}).items()
-                                if not k.startswith(RETAIN_PREFIX)},
+                                if not k.startswith(RETAIN_PREFIX) and k != AGENTIC_CONTEXT},
                              **(hint.xargs() if hint is not None else {})}
     return _encode(body)
 
@@ -274,7 +345,15 @@ def _decision_headers(decision: Decision, priority: int | None) -> dict[str, str
     predicted = decision.predicted_remaining_tokens
     return {"x-hetserve-model": decision.model, "x-hetserve-engine": decision.instance,
             "x-hetserve-policy": decision.policy,
+            "x-hetserve-program": _shown(decision.program_id),
             "x-hetserve-predicted-remaining-tokens":
                 str(round(predicted)) if predicted is not None and math.isfinite(predicted)
                 else "none",
             "x-hetserve-priority": "none" if priority is None else str(priority)}
+
+
+def _shown(program_id: str | None) -> str:
+    """A program id as a header value (a client's own, when it is one: printable ASCII)."""
+    if program_id is None:
+        return "none"
+    return program_id if program_id.isascii() and program_id.isprintable() else "unprintable"

@@ -4,6 +4,8 @@ bounds, and ``RequestError``: a 4xx or 5xx rendered as an OpenAI error object.
 
 from __future__ import annotations
 
+import itertools
+import os
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -13,7 +15,12 @@ from msgspec import Meta, Struct
 from router.vinelm.objective import MAX_NUMBER, Objective
 from scheduler_patches.contract import MAX_EXPECTED_RETURN_S
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "responses", "messages"]
+"""The generation APIs: OpenAI's chat completions, completions and Responses, and
+Anthropic's Messages."""
+PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions",
+                          "responses": "/v1/responses", "messages": "/v1/messages"}
+"""Each API's path, on the router and on the engines alike."""
 AUTO_MODEL = "auto"
 """``model`` value (or absent ``model``) that lets the policy choose the model."""
 MAX_TOKENS = 1 << 20
@@ -27,6 +34,16 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_LABEL_CHARS = 1024
 """Longest ``workflow.program_id``, ``workflow`` and ``stage`` (the program table keeps
 ids, router workers send them to each other)."""
+
+
+_ids = itertools.count(1)
+_ID_PREFIX = os.urandom(8).hex()
+
+
+def request_id() -> str:
+    """A new request id, unique across router processes and restarts: a random prefix
+    per process and a counter (``uuid4`` reads the OS's random source per call)."""
+    return f"{_ID_PREFIX}{next(_ids):x}"
 
 
 Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_CHARS)]
@@ -103,8 +120,12 @@ class RequestError(Exception):
         self.retry_after_s = retry_after_s
         """Sent as the ``retry-after`` header: the client may try again that much later."""
 
-    def body(self) -> dict[str, Any]:
-        """``{"error": {"message", "type", "param", "code"}}``."""
+    def body(self, kind: Kind | None = None) -> dict[str, Any]:
+        """``{"error": {"message", "type", "param", "code"}}``; for Anthropic's Messages
+        API (``kind`` ``messages``), its shape: ``{"type": "error", "error": {"type",
+        "message"}}``."""
+        if kind == "messages":
+            return {"type": "error", "error": {"type": self.type, "message": self.message}}
         return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
 
@@ -149,3 +170,14 @@ class ParsedRequest:
     ignored: tuple[str, ...] = ()
     """Ranking fields an untrusted caller gave, dropped
     (``router.admission.workflow.RANKING_FIELDS``, priorities)."""
+    tools: list[dict[str, Any]] | None = None
+    """The tools in chat-completions form (the chat template renders them)."""
+    program_source: str = "none"
+    """How the call's program was found (``router.admission.programs.SOURCES``)."""
+    conversation: tuple[bytes, ...] = ()
+    """Digests of the conversation's prefixes (``router.admission.programs``): the k-th
+    covers its first k + 1 messages or input items."""
+    previous_response_id: str | None = None
+    """Responses API: the stored response this call continues."""
+    engine: str | None = None
+    """The engine the call must go to (the one that stored ``previous_response_id``)."""

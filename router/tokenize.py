@@ -145,9 +145,9 @@ class ModelTokenizer:
 
     def prompt(self, parsed: ParsedRequest) -> PromptInfo:
         """Token ids and text parts of a validated request (400 if the template fails)."""
-        if parsed.kind == "chat":
-            return self._chat(parsed)
-        return self._completion(parsed)
+        if parsed.kind == "completion":
+            return self._completion(parsed)
+        return self._chat(parsed)
 
     def max_prompt_tokens(self, parsed: ParsedRequest) -> int | None:
         """At least as many tokens as ``prompt(parsed)`` has, without tokenizing (the chat
@@ -156,7 +156,7 @@ class ModelTokenizer:
             return None  # token ids: ``prompt`` checks them
         if self.bound is None:
             return None
-        if parsed.kind == "chat":
+        if parsed.kind != "completion":
             return self.bound.tokens(self._render(parsed),
                                      bool(parsed.body.get("add_special_tokens", False)))
         assert isinstance(parsed.prompt, str)
@@ -164,19 +164,24 @@ class ModelTokenizer:
                                  bool(parsed.body.get("add_special_tokens", True)))
 
     def _render(self, parsed: ParsedRequest) -> str:
-        """The chat template applied to the request's messages (400 if it fails)."""
+        """The chat template applied to the request's messages (400 if it fails; for the
+        agents' APIs, whose conversion is the router's, their text joined instead: the
+        engine's template judges them)."""
         body = parsed.body
         extra = body.get("chat_template_kwargs")
         try:
             return self._tok.apply_chat_template(
                 parsed.messages or [],
-                tools=body.get("tools"),
+                tools=parsed.tools,
                 tokenize=False,
                 add_generation_prompt=body.get("add_generation_prompt", True),
                 continue_final_message=body.get("continue_final_message", False),
                 **(extra if isinstance(extra, dict) else {}),
             )
         except Exception as exc:  # templates raise anything on bad user input
+            if parsed.kind != "chat":
+                return "\n".join(f"{m['role']}: {m.get('content') or ''}"
+                                  for m in parsed.messages or [])
             raise RequestError(400, f"the chat template of this model rejected the "
                                f"messages: {exc}", param="messages",
                                code="chat_template_error") from None

@@ -38,6 +38,8 @@ class RoutingRequest:
     max_tokens: int | None = None
     workflow: Workflow = field(default_factory=Workflow)
     arrival_time: float = 0.0
+    engine: str | None = None
+    """The one engine that may serve it (the one holding the response it continues)."""
 
 
 @dataclass(frozen=True)

@@ -108,23 +108,26 @@ class Upstream:
     async def send(self, call: EngineCall) -> HttpReply:
         """``call`` POSTed to its engine (``open``); the reply with its body unread."""
         engine = call.decision.instance
-        resp = await self.open(engine, call.url, call.body, call.headers, call.parsed.stream)
+        resp = await self.open(engine, call.url, call.body, call.headers, call.parsed.stream,
+                               call.method)
         return HttpReply(self, engine, resp)
 
     async def open(self, engine: str, url: str, body: bytes, headers: Mapping[str, str],
-                   stream: bool = False) -> aiohttp.ClientResponse:
-        """POST ``body`` to ``url`` and return the response with its body unread
-        (``stream``: its headers within the first-byte timeout).
+                   stream: bool = False, method: str = "POST") -> aiohttp.ClientResponse:
+        """Send ``body`` to ``url`` (``method``, POST by default) and return the response
+        with its body unread (``stream``: its headers within the first-byte timeout).
 
         A 5xx answer is read, closed and raised as ``UpstreamError`` (kind ``status``);
         other statuses are returned (the caller releases them).
         """
         try:
             if stream:
-                resp = await self._session.post(url, data=body, headers=headers,
-                                                timeout=self._stream_timeout)
+                resp = await self._session.request(method, url, data=body or None,
+                                                   headers=headers,
+                                                   timeout=self._stream_timeout)
             else:
-                resp = await self._session.post(url, data=body, headers=headers)
+                resp = await self._session.request(method, url, data=body or None,
+                                                   headers=headers)
         except _FAILURES as exc:
             error = self._silent(engine, False) if stream and _is_timeout(exc) \
                 else _map(exc, engine)
@@ -200,25 +203,52 @@ class HttpReply:
 
 class _Usage(msgspec.Struct):
     completion_tokens: int = 0
+    output_tokens: int = 0
+    """The agents' APIs' name of it."""
+
+    @property
+    def tokens(self) -> int:
+        return self.completion_tokens or self.output_tokens
+
+
+class _Response(msgspec.Struct):
+    """The Responses API's response object, inside its stream's events."""
+
+    id: str | None = None
+    usage: _Usage | None = None
 
 
 class _Counted(msgspec.Struct):
-    """The fields of a completion or stream chunk the router reads; the rest is skipped."""
+    """The fields of a response body or stream event the router reads; the rest is
+    skipped."""
 
     usage: _Usage | None = None
     choices: list[msgspec.Raw] | None = None
+    id: str | None = None
+    response: _Response | None = None
 
 
 _decode_counted = msgspec.json.Decoder(_Counted).decode
 
 
-def completion_tokens(body: bytes) -> int:
-    """``usage.completion_tokens`` of a JSON response body, 0 if absent."""
+def _decoded(body: bytes) -> _Counted | None:
     try:
-        usage = _decode_counted(body).usage
+        return _decode_counted(body)
     except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
-        return 0
-    return 0 if usage is None else usage.completion_tokens
+        return None
+
+
+def completion_tokens(body: bytes) -> int:
+    """``usage.completion_tokens`` (or ``output_tokens``) of a JSON response body, 0 if
+    absent."""
+    counted = _decoded(body)
+    return 0 if counted is None or counted.usage is None else counted.usage.tokens
+
+
+def response_id(body: bytes) -> str | None:
+    """The ``id`` of a JSON response body (a Responses-API response's), if any."""
+    counted = _decoded(body)
+    return None if counted is None or not isinstance(counted.id, str) else counted.id
 
 
 async def relay_events(engine: str, chunks: AsyncIterator[bytes], result: StreamResult,
@@ -256,15 +286,22 @@ async def relay_events(engine: str, chunks: AsyncIterator[bytes], result: Stream
 
 
 def _usage(event: bytes, result: StreamResult) -> bool:
-    """Record usage from a ``data:`` event; True if it is a usage-only chunk."""
-    if b'"usage"' not in event or not event.startswith(b"data:"):
+    """Record usage (and a Responses-API response id) from an event; True if it is a
+    chat usage-only chunk. An agents' API event names its type first (``event: ...``),
+    then its ``data:``; only events that carry a usage (every Responses lifecycle event,
+    Messages' start and delta) are decoded."""
+    if b'"usage"' not in event:
         return False
-    try:
-        chunk = _decode_counted(event[5:])
-    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
+    start = 5 if event.startswith(b"data:") else event.find(b"\ndata:") + 7
+    chunk = _decoded(event[start:]) if start >= 5 else None
+    if chunk is None:
         return False
-    if chunk.usage is None:
+    usage = chunk.usage
+    if chunk.response is not None:
+        result.response_id = result.response_id or chunk.response.id
+        usage = chunk.response.usage
+    if usage is None:
         return False
-    result.output_tokens = chunk.usage.completion_tokens
+    result.output_tokens = usage.tokens
     result.usage_seen = True
     return chunk.choices == []

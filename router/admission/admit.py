@@ -1,19 +1,22 @@
-"""``Admission``: one request authenticated, validated, tokenized when needed and made the
-core's ``RoutingRequest``; a RequestError (4xx) otherwise."""
+"""``Admission``: one request authenticated, validated, given its program, tokenized when
+needed and made the core's ``RoutingRequest``; a RequestError (4xx) otherwise."""
 
 from __future__ import annotations
 
-import itertools
-import os
+import dataclasses
 import time
 from typing import Awaitable, Callable, Mapping
 
-from router.admission.parse import context_error, parse_request
+import msgspec
+
+from router.admission import programs
+from router.admission.parse import context_error, parse_request, prompt_param
 from router.admission.served import ServedModel
-from router.auth import Keys
+from router.auth import Keys, bearer
 from router.config.cluster import RouterConfig
 from router.metrics import RouterMetrics
-from router.request import AUTO_MODEL, Kind, ParsedRequest, RequestError
+from router.request import AUTO_MODEL, Kind, ParsedRequest, RequestError, request_id
+from router.state.cluster import ClusterState
 from router.tokenize import PromptInfo, Tokenizers
 from router.types import RoutingRequest
 
@@ -21,26 +24,18 @@ MAX_PROMPT_TOKENS = 1 << 20
 """Longest prompt taken for a model whose engines set no ``max_model_len`` (with one, the
 context bounds it)."""
 
-_ids = itertools.count(1)
-_ID_PREFIX = os.urandom(8).hex()
-
-
-def request_id() -> str:
-    """A new request id, unique across router processes and restarts: a random prefix
-    per process and a counter (``uuid4`` reads the OS's random source per call)."""
-    return f"{_ID_PREFIX}{next(_ids):x}"
-
-
 class Admission:
     """Turns a client's request into the core's, or refuses it with a 4xx."""
 
     def __init__(self, settings: RouterConfig, keys: Keys, models: Mapping[str, ServedModel],
-                 tokenizers: Tokenizers, metrics: RouterMetrics,
-                 wall_clock: Callable[[], float],
+                 tokenizers: Tokenizers, metrics: RouterMetrics, state: ClusterState,
+                 clock: Callable[[], float], wall_clock: Callable[[], float],
                  request_ids: Callable[[], str] = request_id) -> None:
-        """``request_ids``: each admitted request's id."""
+        """``state``: its conversations and stored responses find programs (``clock``
+        ages them); ``request_ids``: each admitted request's id."""
         self.settings, self.keys, self.models = settings, keys, models
         self.tokenizers, self.metrics, self.wall_clock = tokenizers, metrics, wall_clock
+        self.state, self.clock = state, clock
         self.tokenize_always = True
         """Tokenize every prompt (the policy reads it); else only when it may not fit."""
         self.request_ids = request_ids
@@ -59,8 +54,49 @@ class Admission:
         for name in parsed.ignored:
             self.metrics.untrusted_fields.labels(name).inc()
         self._check_per_model(parsed)
-        return parsed, _routing_request(parsed, await self._prompt(parsed), arrival,
-                                        self.request_ids())
+        rid = self.request_ids()
+        parsed = self._program(parsed, headers, rid)
+        self.metrics.programs_found.labels(parsed.program_source).inc()
+        return parsed, _routing_request(parsed, await self._prompt(parsed), arrival, rid)
+
+    def _program(self, parsed: ParsedRequest, headers: Mapping[str, str],
+                 rid: str) -> ParsedRequest:
+        """The request with its program (``router.admission.programs``: the first source
+        in its order that names one) and, when it continues a stored response, the engine
+        that stored it (404 when this router does not know the response)."""
+        body, now = parsed.body, self.clock()
+        tenant = programs.scope(bearer(headers), body.get("user"))
+        source: programs.Source = "none"
+        pid, engine = parsed.workflow.program_id, None
+        if pid is not None:
+            source = "workflow"
+        elif (named := programs.named(body, headers)) is not None:
+            source, pid = named[0], programs.program_id(named[0], tenant, named[1])
+        previous = parsed.previous_response_id
+        if previous is not None:
+            stored = self.state.responses.find(previous, now)
+            if stored is None:
+                raise RequestError(404, f"previous_response_id '{previous[:100]}' is not known "
+                                   "to this router: it remembers the engine of each response "
+                                   "it served for router.program_ttl_s after its last use, "
+                                   "until it restarts; send the whole conversation instead",
+                                   param="previous_response_id", code="response_not_found")
+            engine = stored.engine
+            if pid is None:
+                source, pid = "previous_response", stored.program_id
+        digests: tuple[bytes, ...] = ()
+        if self.settings.find_conversations and parsed.kind != "completion":
+            digests = programs.conversation_digests(
+                tenant, programs.conversation_items(parsed.kind, body))
+            if pid is None and (pid := self.state.conversations.find(digests, now)):
+                source = "conversation"
+            if pid is None:
+                source, pid = "new", f"new:{rid}"
+        workflow = parsed.workflow
+        if pid != workflow.program_id:
+            workflow = msgspec.structs.replace(workflow, program_id=pid)
+        return dataclasses.replace(parsed, workflow=workflow, program_source=source,
+                                   conversation=digests, engine=engine)
 
     def _check_per_model(self, parsed: ParsedRequest) -> None:
         """Every model named in ``per_model`` must be served here (also in a
@@ -93,7 +129,7 @@ class Admission:
         if not checked and len(prompt.token_ids) > MAX_PROMPT_TOKENS:
             raise RequestError(400, f"the prompt is {len(prompt.token_ids)} tokens; without a "
                                f"max_model_len the router takes at most {MAX_PROMPT_TOKENS}",
-                               param="messages" if parsed.kind == "chat" else "prompt",
+                               param=prompt_param(parsed.kind),
                                code="context_length_exceeded")
         if len(checked) == len(names) and all(error for _, error in checked):
             error = max(checked, key=lambda c: c[0])[1]  # report the longest context's
@@ -117,7 +153,7 @@ def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
         return RoutingRequest(request_id=rid, requested_model=parsed.model,
                               max_tokens=parsed.max_tokens,
                               workflow=parsed.workflow,
-                              arrival_time=arrival)
+                              arrival_time=arrival, engine=parsed.engine)
     return RoutingRequest(
         request_id=rid,
         requested_model=parsed.model,
@@ -129,4 +165,5 @@ def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
         max_tokens=parsed.max_tokens,
         workflow=parsed.workflow,
         arrival_time=arrival,
+        engine=parsed.engine,
     )

@@ -2,8 +2,9 @@
 
 The body is decoded once from JSON (msgspec: no NaN/Infinity, no number beyond a double,
 bounded nesting, UTF-8 only, no lone surrogate: every string is valid Unicode, so it can
-be echoed and forwarded), then typed as ``ChatBody`` or ``CompletionBody`` and the
-workflow block as ``Workflow`` (``router.admission.convert``). Nothing here raises
+be echoed and forwarded), then typed as ``ChatBody``, ``CompletionBody`` or an agents' API
+body (``router.admission.agents``) and the workflow block as ``Workflow``
+(``router.admission.convert``). Nothing here raises
 anything but ``RequestError`` on any input.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 import msgspec
 from msgspec import UNSET
 
+from router.admission import agents
 from router.admission.bodies import FIELDS, ChatBody, CompletionBody, Priority, Prompt
 from router.admission.convert import bad, convert, dotted, type_name
 from router.admission.workflow import RANKING_FIELDS, parse_workflow
@@ -119,24 +121,37 @@ def parse_request(
     allow_client_priority: bool = False,
     trusted: bool = True,
 ) -> ParsedRequest:
-    """Validate a ``/v1/chat/completions`` or ``/v1/completions`` request. From an
-    untrusted caller the ``RANKING_FIELDS`` and client priorities are validated, then
-    dropped (``ParsedRequest.ignored``)."""
+    """Validate a generation request of any API (``Kind``). From an untrusted caller the
+    ``RANKING_FIELDS`` and client priorities are validated, then dropped
+    (``ParsedRequest.ignored``)."""
     body = parse_json(raw)
     messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
-    typed: ChatBody | CompletionBody
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+    typed: ChatBody | CompletionBody | agents.ResponsesBody | agents.MessagesBody
+    param, include_usage, previous = "max_tokens", False, None
     if kind == "chat":
         typed, messages = _chat(body)
-    else:
+        max_tokens = typed.max_tokens
+        if typed.max_completion_tokens is not None:
+            param, max_tokens = "max_completion_tokens", typed.max_completion_tokens
+    elif kind == "completion":
         typed = convert(body, CompletionBody, dotted, FIELDS)
-    param = "max_tokens"
-    max_tokens = typed.max_tokens
-    if isinstance(typed, ChatBody) and typed.max_completion_tokens is not None:
-        param, max_tokens = "max_completion_tokens", typed.max_completion_tokens
+        max_tokens, prompt = typed.max_tokens, _prompt(typed.prompt)
+    elif kind == "responses":
+        typed, messages, tools = agents.responses(body)
+        param, max_tokens = "max_output_tokens", typed.max_output_tokens
+        previous = typed.previous_response_id
+    else:
+        typed, messages, tools = agents.messages(body)
+        max_tokens = typed.max_tokens
+    if isinstance(typed, (ChatBody, CompletionBody)):
+        include_usage = bool(typed.stream_options is not None
+                             and typed.stream_options.include_usage)
     priority = None
-    if allow_client_priority and typed.priority is not None:
-        priority = convert(typed.priority, Priority, lambda p: "priority", FIELDS)
+    given = typed.priority if typed.priority is not None else _hinted_priority(body)
+    if allow_client_priority and given is not None:
+        priority = convert(given, Priority, lambda p: "priority", FIELDS)
     per_model: dict[str, dict[str, int]] = {}
     if typed.per_model is not None:
         if typed.per_model.max_tokens is not UNSET:
@@ -144,8 +159,6 @@ def parse_request(
         if typed.per_model.priority is not UNSET:
             per_model["priority"] = typed.per_model.priority
     workflow = parse_workflow(typed.workflow, headers)
-    if isinstance(typed, CompletionBody):
-        prompt = _prompt(typed.prompt)
     ignored: tuple[str, ...] = ()
     if not trusted:
         ignored = tuple(f for f in RANKING_FIELDS if getattr(workflow, f) is not None)
@@ -154,13 +167,12 @@ def parse_request(
                                             ("per_model.priority", "priority" in per_model))
                          if given and allow_client_priority)
         allow_client_priority, priority = False, None
-    options = typed.stream_options
     return ParsedRequest(
         kind=kind,
         body=body,
         model=None if typed.model in (None, AUTO_MODEL) else typed.model,
         stream=bool(typed.stream),
-        include_usage=bool(options is not None and options.include_usage),
+        include_usage=include_usage,
         max_tokens=max_tokens,
         max_tokens_param=param,
         messages=messages,
@@ -172,7 +184,16 @@ def parse_request(
         workflow=workflow,
         body_bytes=len(raw),
         ignored=ignored,
+        tools=tools,
+        previous_response_id=previous,
     )
+
+
+def _hinted_priority(body: dict[str, Any]) -> Any:
+    """Dynamo's ``nvext.agent_hints.priority`` (lower is served first, as vLLM's)."""
+    nvext = body.get("nvext")
+    hints = nvext.get("agent_hints") if isinstance(nvext, dict) else None
+    return hints.get("priority") if isinstance(hints, dict) else None
 
 
 def context_error(parsed: ParsedRequest, model: str, max_model_len: int,
@@ -182,8 +203,7 @@ def context_error(parsed: ParsedRequest, model: str, max_model_len: int,
         return RequestError(
             400, f"model '{model}' has a context of {max_model_len} tokens, but the prompt "
             f"alone is {num_prompt_tokens} tokens; shorten the prompt",
-            param="messages" if parsed.kind == "chat" else "prompt",
-            code="context_length_exceeded")
+            param=prompt_param(parsed.kind), code="context_length_exceeded")
     max_tokens, param = parsed.max_tokens, parsed.max_tokens_param
     if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
         return RequestError(
@@ -192,3 +212,8 @@ def context_error(parsed: ParsedRequest, model: str, max_model_len: int,
             f"{num_prompt_tokens + max_tokens}; lower {param} to at most "
             f"{max_model_len - num_prompt_tokens}", param=param, code="context_length_exceeded")
     return None
+
+
+def prompt_param(kind: Kind) -> str:
+    """The body field that holds the prompt."""
+    return {"completion": "prompt", "responses": "input"}.get(kind, "messages")

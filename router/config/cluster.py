@@ -126,13 +126,12 @@ class RouterConfig(Verified):
     (``balance_abs_threshold``; ``router.policies.affinity.overloaded``)."""
     affinity_rel_threshold: Annotated[float, Field(ge=1.0)] = 1.5
     """Guardrail's relative part (SGLang's ``balance_rel_threshold``)."""
-    conversations: PositiveInt = 65_536
-    """Conversations remembered to find the program of a call that names none (it extends
-    one of them: ``router.state.conversations``)."""
+    max_programs: PositiveInt = 65_536
+    """Programs the router keeps at once, and as many conversations (to find the program of
+    a call that names none: ``router.state.conversations``) and stored Responses-API
+    response ids (with the engine that stored each); the least recently used leave first."""
     find_conversations: bool = True
-    """Join a call with no program id to the program whose conversation it extends."""
-    stored_responses: PositiveInt = 65_536
-    """Responses-API response ids remembered with the engine that stored them."""
+    """Join a call that names no program to the program whose conversation it extends."""
     api_keys_file: str | None = None
     """API keys of the OpenAI endpoints, one per line (``router.auth``); none: open."""
     api_keys_env: str | None = None

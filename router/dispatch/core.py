@@ -33,7 +33,8 @@ class RouterCore:
         r = config.router
         self.state = ClusterState(config.instances(), r.heartbeat_timeout_s,
                                   r.scheduler_stall_timeout_s, r.program_ttl_s,
-                                  r.scrape_timeout_s, r.sole_engine_timeout_s, wall_clock)
+                                  r.scrape_timeout_s, r.sole_engine_timeout_s, wall_clock,
+                                  r.max_programs)
         self.membership = Membership(config, self.state, clock, worker, telemetry)
         self.routing = Routing(r, self.state, predictors or PredictorSet(),
                                self.membership.peers, self.membership.prober, clock, wall_clock)

@@ -157,6 +157,16 @@ class Routing:
             raise ValueError(f"model '{model}' is not served here; served models: "
                              f"{', '.join(sorted(table.served))} (or 'auto')")
         engines = table.models[model] if model is not None else table.ordered
+        if req.engine is not None:  # it continues a response this engine stored
+            if req.engine not in table.engines:
+                raise ValueError(f"engine '{req.engine}', which stored the response this "
+                                 "call continues, was removed, and its stored responses "
+                                 "with it; send the whole conversation instead")
+            engine = table[req.engine]
+            if engine.down_reason is not None:
+                raise NoEngineAvailable(f"engine '{req.engine}', which stored the response "
+                                        f"this call continues, is down ({engine.down_reason})")
+            engines = [engine]
         if not engines:
             raise NoEngineAvailable("no engine: every one was removed")
         need = req.num_prompt_tokens + (req.max_tokens or 1)

@@ -8,7 +8,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from router.request import RequestError
+from router.request import Kind, RequestError
 
 MAX_BODY_BYTES = 32 * 2**20
 
@@ -25,10 +25,11 @@ def json_response(body: Any, status: int = 200,
                         content_type="application/json")
 
 
-def error_response(exc: RequestError) -> web.Response:
-    """``exc`` as an OpenAI error object, with ``retry-after`` when it has one."""
+def error_response(exc: RequestError, kind: Kind | None = None) -> web.Response:
+    """``exc`` as an OpenAI error object (Anthropic's for ``kind`` ``messages``), with
+    ``retry-after`` when it has one."""
     headers = None if exc.retry_after_s is None else {"retry-after": str(exc.retry_after_s)}
-    return json_response(exc.body(), exc.status, headers)
+    return json_response(exc.body(kind), exc.status, headers)
 
 
 @web.middleware

@@ -1,15 +1,20 @@
-"""The OpenAI routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, and
+"""The client routes: OpenAI's ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/responses`` (and a stored response's ``GET``, ``DELETE`` and ``/cancel``),
+``/v1/models``; Anthropic's ``/v1/messages`` and ``/v1/messages/count_tokens``; and
 ``/health`` (readiness: 503 while no engine is up), ``/live`` (liveness: the router
 answers) and ``/metrics``. A generation route bounds the requests in flight and hands the
-request to the front's ``handle`` (``router.app``: admission, then the proxy)."""
+request to the front's ``handle`` (``router.app``: admission, then the proxy); a call that
+generates nothing goes to its engine as it came (``PassThrough``)."""
 
 from __future__ import annotations
 
 from typing import Awaitable, Callable, Mapping
 
+import msgspec
 from aiohttp import web
 
 from router.admission.admit import Admission
+from router.admission.parse import parse_json
 from router.auth import Keys
 from router.config.cluster import RouterConfig
 from router.dispatch.core import RouterCore
@@ -22,6 +27,9 @@ Handle = Callable[[Kind, Mapping[str, str], Callable[[], Awaitable[bytes]], web.
 """A generation request's path after its route (``router.app.Front.handle``): headers,
 the body's reader and the HTTP request in; the answer out, RequestError when refused."""
 
+PassThrough = Callable[[Kind, str, str, str, bytes], Awaitable[web.Response]]
+"""``router.proxy.Proxy.pass_through``: (API, engine, method, path, body) -> answer."""
+
 CLIENT_CLOSED = 499
 """Status counted for a request whose client left before the answer (never sent)."""
 
@@ -30,9 +38,10 @@ class OpenAIRoutes:
     """The handlers of the OpenAI API and the plain endpoints."""
 
     def __init__(self, settings: RouterConfig, keys: Keys, admission: Admission,
-                 handle: Handle, core: RouterCore, metrics: RouterMetrics,
-                 created: int) -> None:
+                 handle: Handle, pass_through: PassThrough, core: RouterCore,
+                 metrics: RouterMetrics, created: int) -> None:
         self.settings, self.keys, self.admission, self.handle = settings, keys, admission, handle
+        self.pass_through = pass_through
         self.core, self.metrics, self.created = core, metrics, created
         self.inflight = 0
         """Generation requests being handled (``[router] max_inflight`` bounds it)."""
@@ -40,6 +49,12 @@ class OpenAIRoutes:
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_get("/v1/responses/{id}", self.stored_response, allow_head=False)
+        app.router.add_delete("/v1/responses/{id}", self.stored_response)
+        app.router.add_post("/v1/responses/{id}/cancel", self.stored_response)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_get("/v1/models", self.models, allow_head=False)
         app.router.add_get("/health", self.health, allow_head=False)
         app.router.add_get("/live", self.live, allow_head=False)
@@ -51,12 +66,63 @@ class OpenAIRoutes:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completion")
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "responses")
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "messages")
+
+    async def stored_response(self, request: web.Request) -> web.StreamResponse:
+        """A stored response's ``GET``, ``DELETE`` or ``/cancel``, at the engine that
+        stored it (404 when the router does not know it)."""
+        path = "/v1/responses/" + request.match_info["id"] + (
+            "/cancel" if request.path.endswith("/cancel") else "")
+        try:
+            self.keys.check_api(request.headers)
+            stored = self.core.state.responses.find(request.match_info["id"],
+                                                    self.core.routing.clock())
+            if stored is None:
+                raise RequestError(404, "no response of this id is known to this router",
+                                   param="response_id", code="response_not_found")
+            query = f"?{request.query_string}" if request.query_string else ""
+            return await self.pass_through("responses", stored.engine, request.method,
+                                           path + query, b"")
+        except RequestError as exc:
+            return error_response(exc)
+
+    async def count_tokens(self, request: web.Request) -> web.StreamResponse:
+        """Messages' token count, from the least busy engine of the named model (the
+        first served model's for ``auto``)."""
+        try:
+            self.keys.check_api(request.headers)
+            body = parse_json(await read_body(request.content))
+            model = body.get("model")
+            models = self.core.state.table.models
+            if model in (None, AUTO_MODEL):
+                model = next(iter(self.admission.models))
+            if not isinstance(model, str) or model not in models:
+                raise RequestError(404, f"model '{str(model)[:100]}' does not exist; served "
+                                   f"models: {', '.join(self.admission.models)}",
+                                   param="model", code="model_not_found")
+            up = [e for e in models[model] if e.down_reason is None]
+            if not up:
+                raise RequestError(503, f"no engine of '{model}' is up",
+                                   type_="service_unavailable", code="no_engine_available",
+                                   retry_after_s=1)
+            engine = min(up, key=lambda e: self.core.state.open_requests[e.name]).name
+            return await self.pass_through("messages", engine, "POST", request.path,
+                                           msgspec.json.encode({**body, "model": model}))
+        except RequestError as exc:
+            return error_response(exc, "messages")
+        except ClientDisconnected:
+            return web.Response(status=CLIENT_CLOSED)
+
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         limit = self.settings.max_inflight
         if self.inflight >= limit:
             self.metrics.requests.labels(request.path, "503").inc()
             return error_response(overloaded(f"{limit} requests in flight "
-                                             "(router.max_inflight)"))
+                                             "(router.max_inflight)"), kind)
         self.inflight += 1
         status = CLIENT_CLOSED
         try:
@@ -66,7 +132,7 @@ class OpenAIRoutes:
             return response
         except RequestError as exc:
             status = exc.status
-            return error_response(exc)
+            return error_response(exc, kind)
         except ClientDisconnected:  # nobody to answer: counted, never sent
             return web.Response(status=CLIENT_CLOSED)
         finally:  # also when the client's leaving cancelled us

@@ -1,6 +1,7 @@
 """``ClusterState``: the router state that routing and membership share (no I/O).
 
-The engine table, the in-flight ledger, the program table, the KV block hasher, the
+The engine table, the in-flight ledger, the program table (and the conversations and
+stored responses that find programs), the KV block hasher, the
 counters and the requests open on each engine; ``maintain`` ages it on the request path.
 """
 
@@ -10,6 +11,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Sequence
 
+from router.state.conversations import ConversationIndex, ResponseIndex
 from router.state.engines import EngineTable
 from router.state.inflight import InflightLedger
 from router.state.kv_hash import BlockHasher
@@ -27,12 +29,16 @@ class ClusterState:
     def __init__(self, instances: Sequence[Any], heartbeat_timeout_s: float,
                  stall_timeout_s: float, program_ttl_s: float,
                  scrape_timeout_s: float = 10.0, sole_timeout_s: float = 5.0,
-                 wall_clock: Callable[[], float] = time.time) -> None:
-        """``instances``: objects with ``name, served_model_name, url, max_model_len``."""
+                 wall_clock: Callable[[], float] = time.time,
+                 max_programs: int = 65_536) -> None:
+        """``instances``: objects with ``name, served_model_name, url, max_model_len``;
+        ``max_programs`` bounds the program table and the indexes beside it."""
         self.table = EngineTable(instances, heartbeat_timeout_s, stall_timeout_s,
                                  scrape_timeout_s, sole_timeout_s, wall_clock)
         self.ledger = InflightLedger()
-        self.programs = ProgramTable(program_ttl_s)
+        self.programs = ProgramTable(program_ttl_s, max_programs)
+        self.conversations = ConversationIndex(max_programs, program_ttl_s)
+        self.responses = ResponseIndex(max_programs, program_ttl_s)
         self.hasher = BlockHasher()
         self.stats = RouterStats(engines={i.name: StreamCounters() for i in instances})
         """Raw counters (``Membership.stats`` adds the subscribers' frame counts)."""
@@ -59,6 +65,8 @@ class ClusterState:
         if now >= self._next_expiry:
             self._next_expiry = now + EXPIRY_INTERVAL_S
             self.stats.programs_expired += len(self.programs.expire(now))
+            self.conversations.expire(now)
+            self.responses.expire(now)
 
     def mark_silent(self, now: float) -> None:
         """Mark engines silent past their timeout down, releasing their load."""

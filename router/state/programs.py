@@ -3,7 +3,8 @@ the engine its last call went to (the one holding its prefix: ``router.policies.
 
 A program's first routed stage assigns its model; later stages reuse it (stickiness).
 The entry leaves when the final stage completes successfully, or expires when the
-program is abandoned: no stage routed or completed for ``ttl_s``.
+program is abandoned: no stage routed or completed for ``ttl_s``; beyond ``max_programs``
+entries the least recently active leaves first.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ class ProgramEntry:
 
 
 class ProgramTable:
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, max_programs: int = 65_536) -> None:
         if not ttl_s > 0:
             raise ValueError(f"program_ttl_s must be > 0, got {ttl_s}")
-        self.ttl_s = ttl_s
+        self.ttl_s, self.max_programs = ttl_s, max_programs
         self._programs: dict[str, ProgramEntry] = {}
 
     def __len__(self) -> int:
@@ -49,6 +50,10 @@ class ProgramTable:
             entry = self._programs[program_id] = ProgramEntry(model, engine, now)
         entry.engine = engine or entry.engine
         entry.last_active = now
+        programs = self._programs
+        programs[program_id] = programs.pop(program_id)  # most recently active last
+        while len(programs) > self.max_programs:
+            del programs[next(iter(programs))]
 
     def completed(self, program_id: str, final: bool, error: bool, now: float) -> None:
         """A stage ended. A successful final stage ends the program; an error keeps the
@@ -60,10 +65,16 @@ class ProgramTable:
             del self._programs[program_id]
         else:
             entry.last_active = now
+            self._programs[program_id] = self._programs.pop(program_id)
 
     def expire(self, now: float) -> list[str]:
-        """Drop programs idle for longer than the TTL; returns their ids."""
-        gone = [pid for pid, e in self._programs.items() if now - e.last_active > self.ttl_s]
+        """Drop programs idle for longer than the TTL; returns their ids (the table is in
+        order of last activity: the scan stops at the first active one)."""
+        gone = []
+        for pid, e in self._programs.items():
+            if now - e.last_active <= self.ttl_s:
+                break
+            gone.append(pid)
         for pid in gone:
             del self._programs[pid]
         return gone
