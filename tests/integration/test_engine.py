@@ -7,14 +7,19 @@ requests reach the scheduler's waiting queue and wait there, however slowly a lo
 machine lets the client and the API server send them, and ``/resume`` starts serving once
 the API server has logged each as sent to the engine core (``--enable-log-requests``).
 A long request that is already running is no substitute: a busy engine on a 2-core
-machine can starve the client until that request has finished."""
+machine can starve the client until that request has finished.
+
+The engines' command lines are the launcher's (``launcher.planner.make_plan`` on each
+engine's cluster file, ``CLUSTERS``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +28,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import tomli_w
 import zmq
 
 from engine_ext.telemetry import (
@@ -32,11 +38,29 @@ from engine_ext.telemetry import (
     snapshot_decoder,
     subscriber_binds,
 )
-from tests.engine_proc import EngineProc, spawn_engine, wait_engine
+from tests.engine_proc import EngineProc, free_port
+from tests.tiny_pair import TINY, TinyPair, plan_engines
 
 pytestmark = pytest.mark.engine
 
 S = 20  # starvation threshold of the test engine
+CLUSTERS = {
+    "stjf-e2e": ({}, {"max_promotions": 1, "max_model_len": 4096}),
+    "stjf-aging": ({"telemetry_interval_ms": 0.001}, {"max_promotions": 3}),
+}
+"""Each engine's ``[router]`` (its telemetry interval) and ``[[engines]]`` settings beside
+the common ones: one slot, STJF with aging, dev mode (``/pause``, ``/resume``) and vLLM's
+request log, for ``_queue_while_paused``; ``stjf-aging`` with three promotion levels and a
+snapshot every step (its test counts steps; 1 us apart at least, less than any step)."""
+
+
+def _cluster_file(name: str, port: int) -> dict[str, object]:
+    router, engine = CLUSTERS[name]
+    return {"router": {"policy": "round_robin", **router}, "engines": [{
+        "name": name, "model": "builtin:tiny-a", "served_model_name": "tiny-a", "port": port,
+        "max_num_seqs": 1, "starvation_threshold": S, "quantum": 8, **TINY,
+        "extra_args": ["--enable-log-requests"], "env": {"VLLM_SERVER_DEV_MODE": "1"},
+        **engine}]}
 
 
 class Collector:
@@ -79,28 +103,29 @@ class Collector:
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory) -> Iterator[dict[str, EngineProc]]:
-    """Both test engines, started at once (75 s here, against 93 s one after the other):
-    ``stjf-e2e``, and ``stjf-aging`` with three promotion levels and a snapshot every step
-    (its test counts steps); both in dev mode with vLLM's request log, for
-    ``_queue_while_paused``."""
-    tmp: Path = tmp_path_factory.mktemp("engines")
-    started = [
-        spawn_engine(tmp, "stjf-e2e", extra=[
-            "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
-            "--max-promotions", "1", "--max-model-len", "4096", "--enable-log-requests",
-        ], env={"VLLM_SERVER_DEV_MODE": "1"}),  # for /pause and /resume
-        spawn_engine(tmp, "stjf-aging", extra=[
-            "--max-num-seqs", "1", "--starvation-threshold", str(S), "--quantum", "8",
-            "--max-promotions", "3", "--telemetry-interval-ms", "0",
-            "--enable-log-requests",
-        ], env={"VLLM_SERVER_DEV_MODE": "1"}),
-    ]
+def engines() -> Iterator[dict[str, EngineProc]]:
+    """Both test engines (``CLUSTERS``), planned by the launcher on cores 0 and 1 and
+    started at once (75 s here, against 93 s one after the other)."""
+    d = Path(tempfile.mkdtemp(prefix="hs-stjf-", dir="/tmp"))  # short: ipc paths
+    planned: list[TinyPair] = []
     try:
-        yield {e.engine_id: wait_engine(e) for e in started}
+        for core, name in enumerate(CLUSTERS):
+            (d / f"{name}.toml").write_text(tomli_w.dumps(_cluster_file(name, free_port())))
+            planned.append(plan_engines(d / f"{name}.toml", d / name, [name], [core]))
+        for p in planned:
+            p.revive(wait=False)
+        out = {}
+        for p in planned:
+            p.revive()
+            i = p.instance(p.names[0])
+            assert i.telemetry_endpoint and i.kv_events_endpoint
+            out[i.engine] = EngineProc(i.name, i.port, p.procs[i.engine], p.log(i.engine),
+                                       i.telemetry_endpoint, i.kv_events_endpoint)
+        yield out
     finally:
-        for e in started:
-            e.stop()
+        for p in planned:
+            p.stop()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +381,7 @@ def test_telemetry_reports_batch_and_waiting(engine, collector):
     time.sleep(1.5)  # idle: at least one heartbeat
     snaps = collector.snapshots
     assert snaps, "no telemetry received"
-    assert all(s.engine_id == "stjf-e2e" for s in snaps)
+    assert all(s.engine_id == "stjf-e2e-0" for s in snaps)
     assert max(s.batch_size for s in snaps) == 1  # max_num_seqs=1
     seqs = [s.seq for s in snaps]
     assert seqs == sorted(seqs) and collector.snap_decoder.malformed == 0
