@@ -44,7 +44,9 @@ def cluster_file(ports: dict[str, int]) -> dict[str, object]:
     return {"router": {"policy": "round_robin"}, "engines": [{
         "name": name, "model": f"builtin:{model}", "served_model_name": model,
         "port": ports[name], "max_num_seqs": 8, **TINY,
-        "extra_args": ["--enable-prompt-tokens-details"],
+        "extra_args": ["--enable-prompt-tokens-details",  # tool calls: vLLM's parser
+                       "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+        "env": {"VLLM_ENABLE_RESPONSES_API_STORE": "1"},  # previous_response_id chains
         **({"api_key_env": ENGINE_KEY[0]} if name == "b" else {})}
         for name, model in ENGINES.items()]}
 
