@@ -1,6 +1,7 @@
 """HTTP fuzzing of the router's front, served on loopback in process in front of a
 loopback stand-in engine: generated bodies (valid-looking, wrong-typed, huge, nested,
-non-UTF-8), ``X-Hetserve-*`` headers, methods and paths. Every answer must be below 500
+non-UTF-8) of every API (chat, completions, Responses, Messages), ``X-Hetserve-*`` and
+session headers, methods and paths. Every answer must be below 500
 with an OpenAI error object for 4xx, no handler may raise, and ``/health`` must answer 200
 after. ``HETSERVE_FUZZ_EXAMPLES`` sets the count (default 300, seed-fixed; the 10,000-request
 run of docs/reliability.md sets 10000)."""
@@ -26,6 +27,12 @@ ANSWER = {"id": "x", "object": "chat.completion", "choices": [],
           "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}
 EVENTS = (b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
           b'data: [DONE]\n\n')
+RESPONSE = {"id": "resp_1", "object": "response", "output": [],
+            "usage": {"input_tokens": 1, "output_tokens": 2}}
+AGENT_EVENTS = (b'event: response.created\ndata: {"type": "response.created", "response": '
+                b'{"id": "resp_2", "usage": null}}\n\n'
+                b'event: message_delta\ndata: {"type": "message_delta", "usage": '
+                b'{"output_tokens": 1}}\n\n')
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30),
                     st.floats(allow_nan=False), st.text(max_size=40),
@@ -38,7 +45,9 @@ messages = st.lists(st.fixed_dictionaries(
      "content": st.one_of(st.text(max_size=200), values)}), max_size=4)
 FIELDS = ["model", "messages", "prompt", "max_tokens", "n", "stream", "stream_options",
           "temperature", "priority", "workflow", "per_model", "chat_template_kwargs",
-          "chat_template", "logprobs", "stop", "tools", "seed"]
+          "chat_template", "logprobs", "stop", "tools", "seed", "input", "instructions",
+          "previous_response_id", "max_output_tokens", "system", "metadata",
+          "prompt_cache_key", "user", "vllm_xargs", "nvext", "session_id"]
 bodies = st.one_of(
     st.fixed_dictionaries({"model": st.sampled_from(["tiny-a", "auto", "ghost"]),
                            "messages": messages},
@@ -47,7 +56,8 @@ bodies = st.one_of(
     values)
 HEADERS = ["x-hetserve-program-id", "x-hetserve-stage-index", "x-hetserve-num-stages",
            "x-hetserve-budget", "x-hetserve-final", "x-hetserve-weights", "authorization",
-           "content-type"]
+           "content-type", "x-api-key", "x-session-id", "x-claude-code-session-id",
+           "x-claude-code-agent-id", "session_id"]
 headers = st.dictionaries(st.sampled_from(HEADERS),
                           st.text(st.characters(min_codepoint=32, max_codepoint=126),
                                   max_size=30), max_size=3)
@@ -55,11 +65,16 @@ raw = st.one_of(bodies.map(lambda b: json.dumps(b, ensure_ascii=False).encode(
     "utf-8", "surrogatepass")), st.binary(max_size=200),
     bodies.map(lambda b: json.dumps(b).encode().replace(b'"', b'"\x80', 1)))  # not UTF-8
 paths = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                         "/metrics", "/v1/nothing", "/admin/engines/nope/sideways"])
+                         "/metrics", "/v1/nothing", "/admin/engines/nope/sideways",
+                         "/v1/responses/resp_1", "/v1/responses/resp_2/cancel",
+                         "/v1/responses/nope", "/v1/messages/count_tokens"])
 # (a real admin call from loopback may mark the engine down: legitimate, not fuzzed)
 chat = st.just("/v1/chat/completions")
-calls = st.tuples(st.one_of(st.just("POST"), st.just("POST"), st.sampled_from(["GET", "PUT"])),
-                  st.one_of(chat, chat, st.just("/v1/completions"), paths), raw, headers)
+agents = st.sampled_from(["/v1/responses", "/v1/messages"])
+calls = st.tuples(st.one_of(st.just("POST"), st.just("POST"),
+                            st.sampled_from(["GET", "PUT", "DELETE"])),
+                  st.one_of(chat, chat, agents, agents, st.just("/v1/completions"), paths),
+                  raw, headers)
 
 
 def test_generated_requests_never_get_a_5xx(tmp_path: Path) -> None:
@@ -73,9 +88,25 @@ def test_generated_requests_never_get_a_5xx(tmp_path: Path) -> None:
                 return resp
             return web.json_response(ANSWER)
 
+        async def agent(request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            if body.get("stream"):
+                resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+                await resp.prepare(request)
+                await resp.write(AGENT_EVENTS)
+                return resp
+            return web.json_response(RESPONSE)
+
+        async def stored(request: web.Request) -> web.StreamResponse:
+            return web.json_response(RESPONSE)
+
         engine_app = web.Application()
         engine_app.router.add_post("/v1/chat/completions", chat)
         engine_app.router.add_post("/v1/completions", chat)
+        engine_app.router.add_post("/v1/responses", agent)
+        engine_app.router.add_post("/v1/messages", agent)
+        engine_app.router.add_post("/v1/messages/count_tokens", stored)
+        engine_app.router.add_route("*", "/v1/responses/{id:.*}", stored)
         async with TestServer(engine_app, host="127.0.0.1") as engine:
             app = create_app(one_engine_cluster(tmp_path, engine.port, 9322))
             async with served(app) as client:
