@@ -3,7 +3,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup ray demo test test-unit test-lab bench-scheduler artifacts replay peers bench-front bench-faults bench-soak
+.PHONY: setup ray demo test test-unit test-lab bench-scheduler artifacts replay peers bench-front bench-faults bench-soak agent-example agent-sessions
 
 setup:
 	@scripts/setup_venv.sh
@@ -25,6 +25,20 @@ test: setup
 # Every test of the lab (tests/lab/, marked lab), live engines included.
 test-lab: setup
 	$(PY) -m pytest tests -q -m lab
+
+# Agents pointed at the router unchanged (docs/agents.md): the OpenAI Agents SDK, the
+# Responses API and Anthropic's Messages API each run a tool loop through two replicas of
+# Qwen2.5-Coder-0.5B (fetched into ~/.cache/hetserve/real-models on first use, 491 MB).
+agent-example: setup
+	$(PY) -m pip --disable-pip-version-check -q install -e ".[agents]" -c constraints/cpu.txt
+	$(PY) -m kernels_bench.lab.studies.fetch_real_models qwen2.5-coder-0.5b-instruct
+	$(PY) examples/agent_loop.py --start examples/agent_loop.toml
+
+# Recorded Codex and Claude Code sessions replayed with no hetserve header, with explicit
+# program ids and round robin, in one run (docs/agents.md, "Measured").
+agent-sessions: setup
+	$(PY) -m kernels_bench.lab.studies.agent_sessions --repeats 2 \
+		--out docs/research/agent-sessions.json
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q
