@@ -35,6 +35,7 @@ from router.request import Kind, request_id
 from router.routes.admin import AdminRoutes
 from router.routes.http import MAX_BODY_BYTES, openai_errors
 from router.routes.openai import OpenAIRoutes
+from router.routes.outcomes import OutcomeRoutes
 from router.tokenize import Tokenizers
 
 RUNNER_OPTIONS: dict[str, Any] = {"handler_cancellation": True, "access_log": None,
@@ -143,6 +144,7 @@ def create_app(config: ClusterConfig, core: RouterCore | None = None,
     OpenAIRoutes(r, front.keys, front.admission, front.handle, front.proxy.pass_through,
                  front.core, front.metrics, front.created).add_to(app)
     AdminRoutes(r, front.keys, front.core, front.proxy).add_to(app)
+    OutcomeRoutes(front.keys, front.core, front.metrics).add_to(app)
     app.on_startup.append(front.startup)
     app.on_cleanup.append(front.cleanup)
     app[FRONT] = front

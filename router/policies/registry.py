@@ -31,6 +31,7 @@ POLICIES: dict[str, type[Policy[Any]]] = load(__package__, Policy, {
     "vinelm": "vinelm:VineLM",
     "random_mix": "random_mix:RandomMix",
     "cascade": "cascade:Cascade",
+    "online": "online:Online",
 })
 """Every policy by name, one line each (``"name": "module:Class"``, docs/policies.md)."""
 

@@ -45,6 +45,7 @@ TABLES: dict[str, dict[str, Any]] = {
                "latency_s_per_call": {"b": 1.0}},
     "random_mix": {"big_model": "b", "share": 1.0},
     "cascade": {"models": ["b", "a"]},
+    "online": {"decode_ms_per_token": {"a": 5.0, "b": 1.0}},  # b the fast model
 }
 """Settings under which each model-choosing policy sends the request below to model b."""
 REQUEST: dict[str, Any] = {"program_id": "p", "objective": Objective("max_accuracy"),

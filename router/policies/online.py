@@ -1,0 +1,161 @@
+"""``online``: a model chooser that starts from nothing (or priors) and learns each model's
+success from the outcomes its own traffic reports (issue 59).
+
+Context of a program's first call: its workflow, stage and prompt length bucket
+(``length_bucket``: log2 of the prompt's tokens). Per (context, model) a Beta posterior
+of success (``router.state.outcomes.OutcomeBook``), a context's prior taken from its
+workflow's arm. A first call draws each model's success from its posterior (Thompson
+sampling) and walks Chimera's Algorithm 1 (``chimera.select_model``) on the draws as q[m]
+over the models' expected finish times (``chimera.finish_times``: congestion L[m] plus
+``mean_output_tokens`` decode steps), its margin delta_s held by Chimera's ``ShareMargin``
+so that about ``target_share`` of first calls go past the fastest model (the big model's
+share on a two-model cluster), the slack ``tau`` gating each. A program's later stages keep
+its model (stickiness, as Chimera's); a retry goes to a model its stage has not tried.
+
+What it learns from: a retry's ``tried_models`` (each failed the stage's check) and the
+agent's reports (``POST /v1/hetserve/outcomes``), each credited once to the arm of the call
+it judges. Exploration is bounded two ways: the share of big-model calls is the target's
+whatever the draws (exploration only chooses *which* programs get the big model, so
+before any outcome it is ``random_mix`` at ``target_share``), and ``memory`` caps an arm's
+pseudo counts, so no posterior becomes certain and a changed workload is relearned.
+The engine within the model is the ``picker`` setting's (default ``least_loaded``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import field
+from typing import Annotated, Any, Sequence
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from router.policies.base import BuildPolicy, PickerPolicy, decision, models_of, of_model
+from router.policies.chimera import ShareMargin, first_done, model_latency
+from router.policies.pickers import PickerName
+from router.settings import STRICT, Count, NonNegative, Positive, PositiveInt
+from router.state.outcomes import OutcomeBook, context_key
+from router.state.view import EngineView, StateView
+from router.types import ClusterInfo, Decision, RoutingRequest
+
+Open = Annotated[float, Field(gt=0, lt=1)]
+
+
+@pydantic_dataclass(frozen=True, config=STRICT)
+class OnlineSettings:
+    target_share: Open = 0.3
+    """Share of first calls sent past the fastest model (the big model's share of programs
+    on two models): delta_s is the (1 - target_share) quantile of the last
+    ``share_window`` sampled gains (Chimera's ``ShareMargin``)."""
+    share_window: Annotated[int, Field(ge=1, le=100_000)] = 200
+    """How many recent sampled gains the quantile is taken over."""
+    tau: NonNegative = 0.2
+    """Latency slack of Algorithm 1 (Chimera's ``tau``): a model other than the fast one
+    is taken only while its congestion L[m] (Chimera's ``model_latency``) is at most
+    (1 + tau) x the fast model's + ``slack_ms``."""
+    slack_ms: NonNegative = 1000.0
+    """The slack's absolute part (ms of queued decode): on an idle or lightly loaded
+    cluster L[m] is about 0 for the fast model, and a purely relative slack would shut the
+    big model out."""
+    prior_weight: Annotated[float, Field(gt=0, le=1e6)] = 2.0
+    """Pseudo counts of a new arm's prior (its workflow's arm's mean, or ``priors``): the
+    smaller, the sooner outcomes move it."""
+    memory: Annotated[float, Field(ge=2, le=1e9)] = 400.0
+    """Most pseudo counts an arm keeps (older ones fade in proportion): the floor of
+    exploration and the speed of relearning after the workload changes."""
+    priors: dict[str, Open] = field(default_factory=dict)
+    """Prior success per model (default 0.5 each: nothing known)."""
+    length_buckets: Annotated[int, Field(ge=1, le=64)] = 16
+    """Prompt length buckets (log2 of prompt tokens, the last one open)."""
+    mean_output_tokens: dict[str, Positive] = field(default_factory=dict)
+    """A program's expected output tokens per model for its finish time (default 1: the
+    models compared by decode speed alone)."""
+    decode_ms_per_token: dict[str, Positive] = field(default_factory=dict)
+    """Per model, where no profile is given (``router.predictors.profiles``); default 1."""
+    max_batch_size: dict[str, PositiveInt] = field(default_factory=dict)
+    """Per model, where no profile is given; default 1."""
+    state_file: Annotated[str, Field(max_length=4096)] | None = None
+    """Where the learned posteriors are kept (written atomically, read at start); None:
+    in memory only."""
+    save_every: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    """Write the state after this many credits (1: a restart loses none)."""
+    max_programs: Annotated[int, Field(ge=1, le=10_000_000)] = 100_000
+    """Programs whose calls an outcome may still credit (older are forgotten: late)."""
+    seed: Count = 0
+    """Seed of the Thompson draws."""
+    picker: PickerName = "least_loaded"
+    """The engine picker that chooses among the chosen model's engines."""
+
+
+class Online(PickerPolicy[OnlineSettings]):
+    name = "online"
+    program_affinity = True
+    Settings = OnlineSettings
+    default_picker = "least_loaded"
+    inputs = frozenset({"model_inflight_tokens", "program_model"})
+
+    def __init__(self, settings: OnlineSettings, cluster: ClusterInfo, predictors: Any,
+                 build: BuildPolicy) -> None:
+        super().__init__(settings, cluster, predictors, build)
+        s, models = settings, cluster.models
+        profiles = getattr(predictors, "profiles", None) or {}
+        self.decode_ms = {m: profiles[m].decode_ms_per_token if m in profiles else
+                          s.decode_ms_per_token.get(m, 1.0) for m in models}
+        self.max_batch = {m: profiles[m].max_batch_size if m in profiles else
+                          s.max_batch_size.get(m, 1) for m in models}
+        self.sources["profile"] = "predictor" if profiles else "static_prior"
+        self.tokens = {m: s.mean_output_tokens.get(m, 1.0) for m in models}
+        self.book = OutcomeBook(s.state_file, max_programs=s.max_programs,
+                                prior_weight=s.prior_weight, memory=s.memory,
+                                priors=s.priors, save_every=s.save_every)
+        """The learner: what outcomes taught (``router.routes.outcomes`` reports to it)."""
+        self.margin = ShareMargin(s.target_share, s.share_window, 1.0)
+        self.rng = random.Random(s.seed)
+
+    def context(self, req: RoutingRequest) -> str:
+        w = req.workflow
+        n = req.num_prompt_tokens or len(req.prompt_text) // 4
+        bucket = min(self.settings.length_buckets - 1, int(math.log2(n + 1)))
+        return context_key(w.workflow, w.stage, bucket)
+
+    def decide(self, req: RoutingRequest, cands: Sequence[EngineView], view: StateView,
+               pred: Any) -> Decision:
+        w = req.workflow
+        stage = str(w.stage_index or 0) if w.stage is None else w.stage
+        ctx = self.context(req)
+        if w.tried_models:
+            self.book.retry(w.program_id, stage, ctx, w.tried_models)
+        models = models_of(cands)
+        assigned = view.program_model(w.program_id)
+        if assigned in models and not w.tried_models:
+            model, how = assigned, "sticky"
+        else:
+            model, how = self._select(ctx, models, view, set(w.tried_models)), "sampled"
+        self.book.note(w.program_id, stage, ctx, model)
+        pick = self.picker.pick(req, of_model(cands, model), view)
+        return decision(req, pick.engine, self.name,
+                        info={"context": ctx, "how": how, **pick.info})
+
+    def _select(self, ctx: str, models: list[str], view: StateView, tried: set[str]) -> str:
+        """Algorithm 1's walk on Thompson draws: the fast model (least expected finish
+        time, ``chimera.first_done``) unless a model within the slack draws a success
+        ``delta_s`` above it (delta_s from the share's quantile on first calls)."""
+        s = self.settings
+        congestion = {m: model_latency(view.model_inflight_tokens(m), self.decode_ms[m],
+                                       self.max_batch[m]) for m in models
+                      if m not in tried} or {m: 0.0 for m in models}
+        if len(congestion) < len(models):
+            congestion = {m: model_latency(view.model_inflight_tokens(m), self.decode_ms[m],
+                                           self.max_batch[m]) for m in congestion}
+        base = first_done(congestion, self.tokens, self.decode_ms)
+        q = self.book.sample(ctx, congestion, self.rng)
+        delta_s = 0.0
+        gain = max((q[m] - q[base] for m in q if m != base), default=None)
+        if not tried and gain is not None:  # a first call: the share holds over these
+            delta_s = self.margin.next(gain)
+        limit = (1 + s.tau) * congestion[base] + s.slack_ms
+        for m in sorted(q, key=lambda m: (-q[m], congestion[m], m)):
+            if m != base and congestion[m] <= limit and q[m] >= q[base] + delta_s:
+                return m
+        return base
