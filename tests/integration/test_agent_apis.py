@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -230,3 +231,29 @@ def test_messages_errors_come_in_anthropics_shape(router: Router) -> None:
     with pytest.raises(anthropic.NotFoundError):
         router.anthropic().messages.create(model="no-such", max_tokens=2,
                                            messages=[{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/responses", {"input": "Count to a thousand", "max_output_tokens": 500}),
+    ("/v1/messages", {"max_tokens": 500, "messages": [{"role": "user", "content": "Count"}]}),
+])
+def test_a_stream_the_client_cuts_closes_cleanly(router: Router, path: str,
+                                                 body: dict[str, Any]) -> None:
+    """The client leaves after the first event: the engine's request is abandoned and
+    the router keeps no request open."""
+    with httpx.stream("POST", router.url + path, timeout=60,
+                      json={"model": "tiny-a", "stream": True, "ignore_eos": True,
+                            **body}) as reply:
+        assert reply.status_code == 200
+        next(reply.iter_raw())
+
+    def open_requests() -> float:
+        text = httpx.get(router.url + "/metrics", timeout=10).text
+        return next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("hetserve_open_requests "))
+
+    deadline = time.monotonic() + 60
+    while open_requests() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert open_requests() == 0
+    assert httpx.get(router.url + "/health", timeout=10).status_code == 200

@@ -2,8 +2,8 @@
 
 One module-scoped cluster: ``stock-0``, vLLM's own OpenAI server (``vllm serve``, the
 ``vllm`` command of the project's environment, with the priority scheduler, vLLM's KV
-events to an ipc socket, its dev mode (``/pause``, ``/resume``), load tracking (``/load``)
-and request log, all stock vLLM) and ``patched-0`` (``python -m engine_ext.serve``), both serving ``tiny-a``, and
+events to an ipc socket, its dev mode (``/pause``, ``/resume``), load tracking (``/load``),
+request log and Responses store, all stock vLLM) and ``patched-0`` (``python -m engine_ext.serve``), both serving ``tiny-a``, and
 ``python -m router`` (``dynamo``, KV-aware) over both as remote engines: the stock one
 ``kind = "vllm"``, read by scraping its ``/metrics``. The tests run in file order; the
 last one kills the stock engine and starts it again.
@@ -116,7 +116,8 @@ def _spawn_stock(d: Path, port: int) -> subprocess.Popen[bytes]:
     """Unmodified vLLM, as an operator runs it (no hetserve module on its command line), in
     its dev mode (``VLLM_SERVER_DEV_MODE``: ``/pause``, ``/resume``) on core 0."""
     return spawn(_stock_argv(d, port), d / "stock.log",
-                 {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_SERVER_DEV_MODE": "1"})
+                 {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_SERVER_DEV_MODE": "1",
+                  "VLLM_ENABLE_RESPONSES_API_STORE": "1"})
 
 
 def _stock_argv(d: Path, port: int) -> list[str]:
@@ -333,6 +334,35 @@ def test_vllm_bench_serve_through_the_router(cluster: Cluster) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Successful requests:                     24" in out.stdout, out.stdout[-2000:]
     assert "Failed requests:                         0" in out.stdout, out.stdout[-2000:]
+
+
+def test_the_agents_apis_reach_the_stock_engine(cluster: Cluster) -> None:
+    """Responses (a ``previous_response_id`` chain), Messages (its priority in vLLM's
+    header, which the stock priority scheduler reads) and ``count_tokens`` through the
+    router to the stock engine (the patched one marked down meanwhile)."""
+    cluster.admin("patched-0", "down")
+    try:
+        first = httpx.post(cluster.router + "/v1/responses", timeout=120, json={
+            "model": MODEL, "input": "Say hi", "max_output_tokens": 4})
+        assert first.status_code == 200, first.text
+        assert first.headers["x-hetserve-engine"] == "stock-0"
+        chained = httpx.post(cluster.router + "/v1/responses", timeout=120, json={
+            "model": MODEL, "input": "Again", "max_output_tokens": 4,
+            "previous_response_id": first.json()["id"]})
+        assert chained.status_code == 200, chained.text
+        assert chained.headers["x-hetserve-program-source"] == "previous_response"
+        assert chained.json()["previous_response_id"] == first.json()["id"]
+        message = httpx.post(cluster.router + "/v1/messages", timeout=120, json={
+            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert message.status_code == 200, message.text
+        assert message.headers["x-hetserve-engine"] == "stock-0"
+        assert message.json()["type"] == "message"
+        count = httpx.post(cluster.router + "/v1/messages/count_tokens", timeout=60, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        assert count.status_code == 200 and count.json()["input_tokens"] > 0, count.text
+        assert count.headers["x-hetserve-engine"] == "stock-0"
+    finally:
+        cluster.admin("patched-0", "up")
 
 
 def test_the_stock_engine_killed_and_started_again(cluster: Cluster) -> None:
