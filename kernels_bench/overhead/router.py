@@ -71,6 +71,9 @@ STATIC: dict[str, dict[str, Any]] = {
              "mean_output_tokens": {"small": 200, "large": 300},
              "decode_ms_per_token": {"small": 5.0, "large": 15.0}},
     "random_mix": {"big_model": "large", "share": 0.3},
+    "online": {"mean_output_tokens": {"small": 200, "large": 300},
+               "decode_ms_per_token": {"small": 5.0, "large": 15.0},
+               "max_batch_size": {"small": 64, "large": 32}},
     # the bench's requests carry no VineLM objective: this measures its fallback path
     "vinelm": {"static_prior": True, "fallback": "lmetric",
                "workflows": {"bench": {"stages": [{"name": "solve", "models": list(MODELS),
