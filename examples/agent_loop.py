@@ -1,7 +1,9 @@
 """Agents pointed at the router unchanged: tool loops in all three APIs, no hetserve header.
 
 Four agent sessions at once against a router in front of two replicas of a model that calls
-tools (examples/agent_loop.toml):
+tools (examples/agent_loop.toml). Each asks for a tool call first (``tool_choice``
+``required``, Anthropic's ``any``: the 0.5B model does not write Qwen's tool-call tags
+unasked), then lets the model answer (the Agents SDK resets ``tool_choice`` after a call):
 
 - the OpenAI Agents SDK (``openai-agents``, unmodified), its chat-completions model and its
   Responses model, each running its own tool loop (the model calls ``add``, the SDK runs it
@@ -34,6 +36,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import httpx2
 import openai
 from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel,
                     Runner, function_tool, set_tracing_disabled)
@@ -45,16 +48,17 @@ CALLS: dict[str, list[dict[str, str]]] = defaultdict(list)
 TOOL_RUNS: dict[str, int] = defaultdict(int)
 
 
-def recorder(session: str) -> httpx.AsyncClient:
-    """An HTTP client that notes the router's decision headers of every answer."""
-    async def note(response: httpx.Response) -> None:
+def recorder(session: str) -> httpx2.AsyncClient:
+    """An HTTP client (``httpx2``'s, the one the openai and anthropic SDKs take) that notes
+    the router's decision headers of every answer."""
+    async def note(response: Any) -> None:
         h = response.headers
         if "x-hetserve-engine" in h:
             CALLS[session].append({"path": response.request.url.path,
                                    "engine": h["x-hetserve-engine"],
                                    "program": h.get("x-hetserve-program", "none"),
                                    "source": h.get("x-hetserve-program-source", "none")})
-    return httpx.AsyncClient(timeout=600, event_hooks={"response": [note]})
+    return httpx2.AsyncClient(timeout=600, event_hooks={"response": [note]})
 
 
 def add_tool(session: str) -> Any:
@@ -74,7 +78,7 @@ async def agents_sdk(url: str, session: str, responses: bool, a: int, b: int) ->
     agent = Agent(name="calculator", instructions="You are a calculator. Always use tools.",
                   tools=[add_tool(session)], model=model,
                   model_settings=ModelSettings(temperature=0, max_tokens=128,
-                                               tool_choice="auto"))
+                                               tool_choice="required"))
     result = await Runner.run(agent, QUESTION.format(a=a, b=b), max_turns=4)
     return str(result.final_output)
 
@@ -89,7 +93,8 @@ async def responses_by_hand(url: str, session: str, a: int, b: int) -> str:
     tools: Any = [{"type": "function", "name": "add", "description": "Add two integers.",
                    "parameters": ADD}]
     reply = await client.responses.create(model=MODEL, input=QUESTION.format(a=a, b=b),
-                                          tools=tools, temperature=0, max_output_tokens=128)
+                                          tools=tools, tool_choice="required", temperature=0,
+                                          max_output_tokens=128)
     for _ in range(3):
         calls = [item for item in reply.output if item.type == "function_call"]
         if not calls:
@@ -111,9 +116,11 @@ async def messages_by_hand(url: str, session: str, a: int, b: int) -> str:
                                       http_client=recorder(session))
     tools: Any = [{"name": "add", "description": "Add two integers.", "input_schema": ADD}]
     messages: list[Any] = [{"role": "user", "content": QUESTION.format(a=a, b=b)}]
-    for _ in range(3):
-        reply = await client.messages.create(model=MODEL, max_tokens=128, tools=tools,
-                                             messages=messages, temperature=0)
+    for turn in range(3):
+        reply = await client.messages.create(
+            model=MODEL, max_tokens=128, tools=tools, messages=messages,
+            tool_choice={"type": "any" if turn == 0 else "auto"},
+            extra_body={"temperature": 0})  # vLLM's field; this SDK has none
         uses = [block for block in reply.content if block.type == "tool_use"]
         if not uses:
             return "".join(block.text for block in reply.content if block.type == "text")
@@ -184,7 +191,7 @@ def main() -> None:
             wait_router(a.router, proc, 600)
         ok = asyncio.run(run(a.router))
     finally:
-        if proc is not None:
+        if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait(timeout=120)
     raise SystemExit(0 if ok else 1)
