@@ -79,27 +79,22 @@ calls = st.tuples(st.one_of(st.just("POST"), st.just("POST"),
 
 def test_generated_requests_never_get_a_5xx(tmp_path: Path) -> None:
     async def go() -> None:
-        async def chat(request: web.Request) -> web.StreamResponse:
-            body = await request.json()
-            if body.get("stream"):
-                resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-                await resp.prepare(request)
-                await resp.write(EVENTS)
-                return resp
-            return web.json_response(ANSWER)
-
-        async def agent(request: web.Request) -> web.StreamResponse:
-            body = await request.json()
-            if body.get("stream"):
-                resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-                await resp.prepare(request)
-                await resp.write(AGENT_EVENTS)
-                return resp
-            return web.json_response(RESPONSE)
+        def answering(answer: dict[str, Any], events: bytes) -> Any:
+            """A stand-in engine route: ``events`` to a stream, else ``answer``."""
+            async def handler(request: web.Request) -> web.StreamResponse:
+                body = await request.json()
+                if body.get("stream"):
+                    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+                    await resp.prepare(request)
+                    await resp.write(events)
+                    return resp
+                return web.json_response(answer)
+            return handler
 
         async def stored(request: web.Request) -> web.StreamResponse:
             return web.json_response(RESPONSE)
 
+        chat, agent = answering(ANSWER, EVENTS), answering(RESPONSE, AGENT_EVENTS)
         engine_app = web.Application()
         engine_app.router.add_post("/v1/chat/completions", chat)
         engine_app.router.add_post("/v1/completions", chat)
