@@ -23,23 +23,37 @@ The engine within the model is the ``picker`` setting's (default ``least_loaded`
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+import re
+import zlib
 from dataclasses import field
 from typing import Annotated, Any, Sequence
 
+import numpy as np
 from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from router.policies.base import BuildPolicy, PickerPolicy, decision, models_of, of_model
 from router.policies.chimera import ShareMargin, first_done, model_latency
 from router.policies.pickers import PickerName
+from router.predictors.lexical import masked
 from router.settings import STRICT, Count, NonNegative, Positive, PositiveInt
-from router.state.outcomes import OutcomeBook, context_key
+from router.state.outcomes import Features, OutcomeBook, context_key
 from router.state.view import EngineView, StateView
 from router.types import ClusterInfo, Decision, RoutingRequest
 
 Open = Annotated[float, Field(gt=0, lt=1)]
+DIMS = 4096
+"""Feature buckets (as the lexical encoder's, ``router.predictors.lexical``)."""
+MAX_CHARS = 2048
+STOP_SHARE, STOP_MIN = 0.05, 20
+"""A bucket held by more than this share of the examples (and this many) is left out of
+the similarity (a stop word: what the lexical encoder's idf weighs down)."""
+"""Text past this many characters is not hashed."""
+WORD = re.compile(r"(?u)\b\w\w+\b")
+"""scikit-learn's token pattern: words of two characters or more (masked numbers drop)."""
 
 
 @pydantic_dataclass(frozen=True, config=STRICT)
@@ -82,6 +96,19 @@ class OnlineSettings:
     """Write the state after this many credits (1: a restart loses none)."""
     max_programs: Annotated[int, Field(ge=1, le=10_000_000)] = 100_000
     """Programs whose calls an outcome may still credit (older are forgotten: late)."""
+    neighbours: Annotated[int, Field(ge=0, le=1000)] = 20
+    """k > 0: a model's draw also counts, per model, the k credited calls whose prompts
+    (the user's text hashed as the lexical encoder's: words and word pairs, numbers
+    masked, no fitted weights; ``Neighbours.features``) are nearest this one's, each weighing
+    exp((similarity - 1) / ``temperature``) pseudo counts over the context's arm scaled to
+    ``prior_weight`` (an online KNN, on math recognising a problem's template); 0: the
+    context's arm alone."""
+    temperature: Annotated[float, Field(gt=0, le=10)] = 0.1
+    """How fast a neighbour's weight falls with its cosine distance."""
+    max_examples: Annotated[int, Field(ge=1, le=100_000)] = 2000
+    """Credited calls kept as neighbours (oldest leave first)."""
+    reindex_every: Annotated[int, Field(ge=1, le=100_000)] = 32
+    """Rebuild the neighbours' index after this many new examples (the newest wait)."""
     seed: Count = 0
     """Seed of the Thompson draws."""
     picker: PickerName = "least_loaded"
@@ -108,10 +135,12 @@ class Online(PickerPolicy[OnlineSettings]):
         self.tokens = {m: s.mean_output_tokens.get(m, 1.0) for m in models}
         self.book = OutcomeBook(s.state_file, max_programs=s.max_programs,
                                 prior_weight=s.prior_weight, memory=s.memory,
-                                priors=s.priors, save_every=s.save_every)
+                                priors=s.priors, save_every=s.save_every,
+                                max_examples=s.max_examples if s.neighbours else 0)
         """The learner: what outcomes taught (``router.routes.outcomes`` reports to it)."""
         self.margin = ShareMargin(s.target_share, s.share_window, 1.0)
         self.rng = random.Random(s.seed)
+        self.lexical = None if not s.neighbours else Neighbours(self.book, s)
 
     def context(self, req: RoutingRequest) -> str:
         w = req.workflow
@@ -124,6 +153,10 @@ class Online(PickerPolicy[OnlineSettings]):
         w = req.workflow
         stage = str(w.stage_index or 0) if w.stage is None else w.stage
         ctx = self.context(req)
+        feats = None
+        if self.lexical is not None and not w.tried_models and view.program_model(
+                w.program_id) is None:  # a program's first call: its model is chosen
+            feats = self.lexical.features(req.user_text or req.prompt_text)
         if w.tried_models:
             self.book.retry(w.program_id, stage, ctx, w.tried_models)
         models = models_of(cands)
@@ -131,13 +164,15 @@ class Online(PickerPolicy[OnlineSettings]):
         if assigned in models and not w.tried_models:
             model, how = assigned, "sticky"
         else:
-            model, how = self._select(ctx, models, view, set(w.tried_models)), "sampled"
-        self.book.note(w.program_id, stage, ctx, model)
+            model, how = self._select(ctx, models, view, set(w.tried_models), feats), \
+                "sampled"
+        self.book.note(w.program_id, stage, ctx, model, feats)
         pick = self.picker.pick(req, of_model(cands, model), view)
         return decision(req, pick.engine, self.name,
                         info={"context": ctx, "how": how, **pick.info})
 
-    def _select(self, ctx: str, models: list[str], view: StateView, tried: set[str]) -> str:
+    def _select(self, ctx: str, models: list[str], view: StateView, tried: set[str],
+                feats: Features | None = None) -> str:
         """Algorithm 1's walk on Thompson draws: the fast model (least expected finish
         time, ``chimera.first_done``) unless a model within the slack draws a success
         ``delta_s`` above it (delta_s from the share's quantile on first calls)."""
@@ -149,7 +184,11 @@ class Online(PickerPolicy[OnlineSettings]):
             congestion = {m: model_latency(view.model_inflight_tokens(m), self.decode_ms[m],
                                            self.max_batch[m]) for m in congestion}
         base = first_done(congestion, self.tokens, self.decode_ms)
-        q = self.book.sample(ctx, congestion, self.rng)
+        if feats is not None and self.lexical is not None:
+            q = {m: self.rng.betavariate(*ab) for m, ab in
+                 self.lexical.posteriors(ctx, feats, list(congestion)).items()}
+        else:
+            q = self.book.sample(ctx, congestion, self.rng)
         delta_s = 0.0
         gain = max((q[m] - q[base] for m in q if m != base), default=None)
         if not tried and gain is not None:  # a first call: the share holds over these
@@ -159,3 +198,95 @@ class Online(PickerPolicy[OnlineSettings]):
             if m != base and congestion[m] <= limit and q[m] >= q[base] + delta_s:
                 return m
         return base
+
+
+class Neighbours:
+    """The ``neighbours`` setting: the book's examples, indexed by their features'
+    buckets (a transposed sparse matrix, rebuilt every ``reindex_every`` new examples),
+    searched by cosine similarity."""
+
+    def __init__(self, book: OutcomeBook, settings: OnlineSettings) -> None:
+        self.book, self.settings = book, settings
+        self.indexed = -1
+        self.xt: Any = None
+        """(DIMS, examples) CSR: a bucket's row lists the examples holding it."""
+        self.mine: dict[str, np.ndarray] = {}
+        """Per model, its examples' positions."""
+        self.scores: np.ndarray = np.array([])
+        self.stop = np.zeros(DIMS, bool)
+        """Buckets held by more than ``STOP_SHARE`` of the examples: left out."""
+
+    @staticmethod
+    def features(text: str) -> Features:
+        """The text's words and word pairs, numbers masked, hashed (crc32) into ``DIMS``
+        buckets as the lexical encoder's are, weighed 1 + log(count), L2-normalised."""
+        words = WORD.findall(masked(text[:MAX_CHARS]))
+        counts: dict[int, int] = {}
+        for gram in itertools.chain(words, map(" ".join, zip(words, words[1:]))):
+            b = zlib.crc32(gram.encode()) % DIMS
+            counts[b] = counts.get(b, 0) + 1
+        idx = sorted(counts)
+        val = [1.0 + math.log(counts[b]) for b in idx]
+        norm = math.sqrt(sum(v * v for v in val)) or 1.0
+        return tuple(idx), tuple(v / norm for v in val)
+
+    def _reindex(self) -> None:
+        from scipy import sparse
+
+        es = list(self.book.examples)
+        models = np.array([e.model for e in es])
+        self.mine = {m: np.flatnonzero(models == m) for m in set(models.tolist())}
+        self.scores = np.array([e.score for e in es])
+        if es:
+            col = np.repeat(np.arange(len(es), dtype=np.int32), [len(e.indices) for e in es])
+            idx = np.concatenate([e.indices for e in es])
+            val = np.concatenate([e.values for e in es]).astype(np.float64)
+            df = np.bincount(idx, minlength=DIMS)
+            self.stop = df > max(STOP_MIN, STOP_SHARE * len(es))
+            val[self.stop[idx]] = 0.0  # a word most prompts hold tells nothing apart
+            norms = np.sqrt(np.bincount(col, weights=val ** 2, minlength=len(es)))
+            val /= np.maximum(norms, 1e-9)[col]
+            keep = val > 0
+            self.xt = sparse.csr_matrix((val[keep], (idx[keep], col[keep])),
+                                        shape=(DIMS, len(es)))
+        self.indexed = self.book.added
+
+    def _similarity(self, feats: Features) -> np.ndarray:
+        """Cosine similarity of every example with ``feats`` over the buckets that are not
+        stop words: the postings of its buckets gathered and summed (``np.bincount``)."""
+        q, qv = np.asarray(feats[0]), np.asarray(feats[1])
+        kept = ~self.stop[q]
+        q, qv = q[kept], qv[kept]
+        qv = qv / max(float(np.sqrt(qv @ qv)), 1e-9)
+        indptr, ex, val = self.xt.indptr, self.xt.indices, self.xt.data
+        starts, lengths = indptr[q], indptr[q + 1] - indptr[q]
+        total = int(lengths.sum())
+        offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+        pos = np.arange(total) + offsets
+        weights = val[pos] * np.repeat(qv, lengths)
+        return np.bincount(ex[pos], weights=weights, minlength=len(self.scores))
+
+    def posteriors(self, ctx: str, feats: Features, models: list[str]
+                   ) -> dict[str, tuple[float, float]]:
+        """Per model, the Beta (alpha, beta): the context's arm scaled to
+        ``prior_weight``, plus the k nearest examples' weighted successes and failures."""
+        s = self.settings
+        if self.indexed < 0 or self.book.added - self.indexed >= s.reindex_every:
+            self._reindex()
+        sim = None
+        if len(self.scores) and feats[0]:
+            sim = self._similarity(feats)
+        out = {}
+        for m in models:
+            arm = self.book.arm(ctx, m)
+            a, b = arm.mean * s.prior_weight, (1 - arm.mean) * s.prior_weight
+            if sim is not None:
+                mine = self.mine.get(m, ())
+                if len(mine):
+                    k = min(s.neighbours, len(mine))
+                    top = mine[np.argpartition(-sim[mine], k - 1)[:k]]
+                    w = np.exp((sim[top] - 1.0) / s.temperature)
+                    a += float(w @ self.scores[top])
+                    b += float(w.sum() - w @ self.scores[top])
+            out[m] = (max(a, 1e-6), max(b, 1e-6))
+        return out

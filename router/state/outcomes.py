@@ -37,10 +37,12 @@ import math
 import os
 import random
 import tempfile
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
+
+import numpy as np
 
 VERDICTS = ("accepted", "duplicate", "unknown", "late", "retry_failure")
 """What became of an outcome (``OutcomeBook.counts``' keys)."""
@@ -72,6 +74,27 @@ class Pending:
     """Stage key -> (context, model) of its latest call."""
     credited: set[tuple[str, str]]
     """(stage key, model) credits given."""
+    features: dict[str, Features] = field(default_factory=dict)
+    """Stage key -> the call's prompt features, where the policy keeps examples."""
+
+
+Features = tuple[tuple[int, ...], tuple[float, ...]]
+"""A prompt's sparse feature vector: indices and values (the policy's encoding)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """A credited call whose prompt features the policy gave: what its neighbours learn."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    model: str
+    score: float
+
+    @classmethod
+    def of(cls, features: Features, model: str, score: float) -> Example:
+        return cls(np.asarray(features[0], np.int32), np.asarray(features[1], np.float32),
+                   model, score)
 
 
 def context_key(workflow: str | None, stage: str | None, bucket: int | None) -> str:
@@ -90,7 +113,8 @@ class OutcomeBook:
 
     def __init__(self, path: str | None = None, *, max_programs: int = 100_000,
                  max_arms: int = 100_000, prior_weight: float = 2.0, memory: float = 1000.0,
-                 priors: Mapping[str, float] | None = None, save_every: int = 1) -> None:
+                 priors: Mapping[str, float] | None = None, save_every: int = 1,
+                 max_examples: int = 0) -> None:
         self.path = None if path is None else Path(path)
         self.max_programs, self.max_arms = max_programs, max_arms
         self.prior_weight, self.memory, self.save_every = prior_weight, memory, save_every
@@ -100,14 +124,20 @@ class OutcomeBook:
         self.forgotten: OrderedDict[str, None] = OrderedDict()
         """Programs dropped from the ledger (bounded as it is): their outcomes are late."""
         self.counts = dict.fromkeys(VERDICTS, 0)
+        self.examples: deque[Example] = deque(maxlen=max_examples)
+        """The last ``max_examples`` credited calls with features (oldest leave first)."""
+        self.added = 0
+        """Examples ever added (a policy's index of them is stale while it differs)."""
         self.unsaved = 0
         if self.path is not None and self.path.exists():
             self.load()
 
     # -- decisions ---------------------------------------------------------------------
 
-    def note(self, program: str | None, stage: str, context: str, model: str) -> None:
-        """The call of ``program``'s stage ``stage`` in ``context`` went to ``model``."""
+    def note(self, program: str | None, stage: str, context: str, model: str,
+             features: Features | None = None) -> None:
+        """The call of ``program``'s stage ``stage`` in ``context`` (prompt ``features``,
+        kept as an example when credited) went to ``model``."""
         if program is None:
             return
         p = self.programs.get(program)
@@ -122,6 +152,8 @@ class OutcomeBook:
         else:
             self.programs.move_to_end(program)
         p.calls[stage] = (context, model)
+        if features is not None:
+            p.features[stage] = features
 
     def retry(self, program: str | None, stage: str, context: str,
               tried: Iterable[str]) -> int:
@@ -138,6 +170,7 @@ class OutcomeBook:
             ctx = p.calls[stage][0] if p is not None and stage in p.calls else context
             if p is not None:
                 p.credited.add(key)
+                self._example(p, stage, model, 0.0)
             n += 1
             self.counts["retry_failure"] += 1
             self._credit(ctx, model, 0.0)
@@ -162,6 +195,7 @@ class OutcomeBook:
                 else:
                     p.credited.add((key, model))
                     self.counts["accepted"] += 1
+                    self._example(p, key, model, score)
                     self._credit(ctx, model, score)
                     return "accepted"
         self.counts[verdict] += 1
@@ -198,6 +232,12 @@ class OutcomeBook:
     def means(self, context: str, models: Iterable[str]) -> dict[str, float]:
         return {m: self.arm(context, m).mean for m in models}
 
+    def _example(self, p: Pending, stage: str, model: str, score: float) -> None:
+        f = p.features.get(stage)
+        if f is not None and self.examples.maxlen:
+            self.examples.append(Example.of(f, model, score))
+            self.added += 1
+
     def _credit(self, context: str, model: str, score: float) -> None:
         parent = parent_key(context)
         for key in (context,) if parent == context else (context, parent):  # child first
@@ -224,6 +264,10 @@ class OutcomeBook:
                           [[s, m] for s, m in p.credited]]
                          for pid, p in self.programs.items()],
             "forgotten": list(self.forgotten),
+            "features": [[pid, [[s, list(i), list(v)] for s, (i, v) in p.features.items()]]
+                         for pid, p in self.programs.items() if p.features],
+            "examples": [[e.indices.tolist(), e.values.tolist(), e.model, e.score]
+                         for e in self.examples],
             "counts": self.counts,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -257,6 +301,15 @@ class OutcomeBook:
                 for pid, first, calls, credited in state["programs"])
             forgotten = OrderedDict((str(p), None) for p in state["forgotten"])
             counts = {v: int(state["counts"].get(v, 0)) for v in VERDICTS}
+            for pid, feats in state.get("features", []):
+                if str(pid) in programs:
+                    programs[str(pid)].features = {
+                        str(s): (tuple(int(x) for x in i), tuple(float(x) for x in v))
+                        for s, i, v in feats}
+            examples = [Example.of((i, v), str(m), float(sc))
+                        for i, v, m, sc in state.get("examples", [])]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"online learner state {self.path}: unreadable ({e})") from None
         self.arms, self.programs, self.forgotten, self.counts = arms, programs, forgotten, counts
+        self.examples.extend(examples)
+        self.added = len(self.examples)

@@ -152,7 +152,7 @@ def simulate(policy: Online, world: World, programs: range, need_big: float = 0.
 
 def test_learns_which_programs_need_the_big_model_at_its_share() -> None:
     world = World(ENGINES)
-    policy = online(target_share=0.3)
+    policy = online(target_share=0.3, neighbours=0)
     went, passed = simulate(policy, world, range(1500))
     share = sum(went[500:]) / 1000
     assert 0.24 < share < 0.36, share  # the target holds
@@ -163,6 +163,64 @@ def test_learns_which_programs_need_the_big_model_at_its_share() -> None:
     late = sum(passed[1000:]) / 500
     rnd = 1 - (1 / 3) * 0.9 * (1 - 0.3)  # random mix at 0.3: P(pass)
     assert late > rnd + 0.1, (late, rnd)
+
+
+TEMPLATES = ["A train leaves {c} at {n} km per hour toward the coast; when does it arrive?",
+             "Write the word {c} backwards and count its vowels after {n} rotations."]
+CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Quito", "Delhi", "Perth", "Accra"]
+
+
+def templated(policy: Online, world: World, n: int, seed: int = 0) -> list[float]:
+    """Programs of two templates of one length: the first needs the big model (it fails on
+    the small one), the second passes anywhere; per program, whether it passed."""
+    rng = random.Random(seed)
+    passed = []
+    for i in range(n):
+        t = rng.random() < 0.3
+        text = TEMPLATES[0 if t else 1].format(c=rng.choice(CITIES), n=rng.randint(2, 99))
+        r = RoutingRequest(f"r{i}", None, user_text=text, prompt_text=text,
+                           num_prompt_tokens=20, workflow=Workflow(
+                               program_id=f"p{i}", workflow="w", stage_index=0))
+        model = policy.decide(r, world.cands(), world.view(), None).model
+        ok = model == "tiny-b" or not t
+        policy.book.report(f"p{i}", None, float(ok))
+        passed.append(float(ok))
+    return passed
+
+
+def test_neighbours_tell_templates_of_one_length_apart() -> None:
+    """The context arms cannot (one workflow, one length bucket); the nearest credited
+    prompts can: after 300 programs nearly every big-model call is the first template's."""
+    with_nb = templated(online(target_share=0.3, neighbours=10), World(ENGINES), 600)
+    arms = templated(online(target_share=0.3, neighbours=0), World(ENGINES), 600)
+    late_nb, late_arms = sum(with_nb[300:]) / 300, sum(arms[300:]) / 300
+    assert late_nb > 0.95 and late_nb > late_arms + 0.1, (late_nb, late_arms)
+
+
+def test_similarity_is_the_cosine_over_words_that_are_not_stop_words() -> None:
+    policy = online(neighbours=5)
+    nb = policy.lexical
+    assert nb is not None
+    rng = random.Random(0)
+    words = ["apple", "pear", "sold", "clips", "friends", "many", "how", "did", "rain"]
+    texts = [" ".join(rng.choice(words) + str(rng.randint(0, 9)) * (i % 2) + rng.choice(
+        "abcdefgh") * 2 for _ in range(10)) for i in range(80)]
+    for i, t in enumerate(texts):
+        policy.book.note(f"p{i}", "0", "c", "tiny-a", nb.features(t))
+        policy.book.report(f"p{i}", None, 1.0)
+    nb._reindex()
+    keep = ~nb.stop
+
+    def dense(t: str) -> Any:
+        import numpy as np
+        i, v = nb.features(t)
+        x = np.bincount(np.asarray(i), weights=np.asarray(v), minlength=keep.size) * keep
+        return x / max(float(np.sqrt(x @ x)), 1e-9)
+
+    q = texts[3]
+    expect = [float(dense(t) @ dense(q)) for t in texts]
+    assert nb._similarity(nb.features(q)) == pytest.approx(expect, abs=1e-6)
+    assert expect[3] == pytest.approx(1.0)
 
 
 def test_retry_goes_to_an_untried_model_and_teaches_a_failure() -> None:
@@ -181,11 +239,16 @@ def test_restart_mid_run_loses_no_learned_state(tmp_path: Path) -> None:
     simulate(policy, world, range(300))
     pending = req("open")
     policy.decide(pending, world.cands(), world.view(), None)  # routed, no outcome yet
-    simulate(policy, world, range(300, 301))  # a credit writes the state
+    simulate(policy, world, range(300, 302))  # a credit writes the state
     arms = {k: (a.alpha, a.beta) for k, a in policy.book.arms.items()}
     counts = dict(policy.book.counts)
+    examples = [(e.indices.tolist(), e.values.tolist(), e.model, e.score)
+                for e in policy.book.examples]
+    assert len(examples) > 300
     restarted = online(tmp_path, seed=3)
     assert {k: (a.alpha, a.beta) for k, a in restarted.book.arms.items()} == arms
+    assert [(e.indices.tolist(), e.values.tolist(), e.model, e.score)
+            for e in restarted.book.examples] == examples
     assert restarted.book.counts == counts
     assert restarted.book.report("open", None, 1.0) == "accepted"
     assert restarted.book.report("p5", None, 1.0) == "duplicate"

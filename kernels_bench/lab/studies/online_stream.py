@@ -1,0 +1,232 @@
+"""The ``online`` policy learning from its own outcomes on the shipped traces as one
+stream (issue 59, item 3, the model-choice half: modelled, no engines).
+
+    python -m kernels_bench.lab.studies.online_stream [--seeds 20] [--delay 32]
+        [--share 0.3] [--window 100] [--json FILE]
+
+The shipped math and code traces' workflows (first stages: the call that chooses a
+program's model), the two Qwen models (0.5B small, 1.5B big), in a random arrival order
+per seed (``mixed``) or math first, then code (``drift``). Each workflow is routed by the
+real ``online`` policy (``router.policies.online.Online``, built by the registry, deciding
+on real router state: engine table, ledger, program table) and scores the trace's
+verdict of the chosen model's run; its outcome is reported to the policy's book
+(``OutcomeBook.report``, what ``POST /v1/hetserve/outcomes`` calls) only after ``--delay``
+more workflows have arrived (delayed feedback: about that many in flight; no outcome of
+a workflow not yet served is ever seen). Beside it, on the same streams:
+
+- ``knn`` (offline, cross-fitted): the lexical KNN (``router.predictors.knn``, encoder
+  ``lexical``, k 20, temperature 0.2, the docs' math setting) trained on the traces'
+  other four fifths of problems (5 folds by problem hash), its predicted gain
+  q[big] - q[small] held at the same share by Chimera's ``ShareMargin`` (Chimera with
+  ``target_share`` on an idle cluster);
+- the random-mix curve: at a big-model share s, the expected score
+  (1 - s) x small + s x big of the same workflows (exact, no draw).
+
+Gain over the curve: a window's mean score minus the curve at the window's own big
+share (points). Intervals: 95% percentile over seeds (each seed: another arrival order
+and other Thompson draws). What is modelled: no engines, no latency (the slack never
+binds), the delay in arrivals; what is real: the policy, its book, its decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from router.policies.chimera import ShareMargin
+from router.policies.online import Online
+from router.policies.registry import build_policy
+from router.predictors.base import PredictorSet
+from router.predictors.knn import KnnEstimator, KnnSettings
+from router.predictors.records import held_out
+from router.predictors.sources import trace_records
+from router.predictors.table import PromptTable, prompt_table
+from router.request import Workflow
+from router.state.engines import EngineTable
+from router.state.inflight import InflightLedger
+from router.state.kv_hash import BlockHasher
+from router.state.programs import ProgramTable
+from router.state.view import StateView, engine_view
+from router.types import ClusterInfo, RoutingRequest
+
+SMALL, BIG = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
+TRACES = {"math": "data/traces/math-sampled.jsonl.gz", "code": "data/traces/code.jsonl.gz"}
+FOLDS = 5
+
+
+@dataclass
+class Rows:
+    table: PromptTable
+    suite: list[str]
+    knn_gain: np.ndarray
+    """Cross-fitted predicted q[big] - q[small] per row."""
+
+
+def load_rows() -> Rows:
+    feats, problems, correct, suite = [], [], [], []
+    for name, path in TRACES.items():
+        t = prompt_table(trace_records(Path(path)), [SMALL, BIG], first_stage_only=True)
+        ok = ~np.isnan(t.correct).any(axis=1)
+        feats += [f for f, k in zip(t.features, ok) if k]
+        problems += [f"{name}:{p}" for p, k in zip(t.problems, ok) if k]
+        correct.append(t.correct[ok])
+        suite += [name] * int(ok.sum())
+    c = np.concatenate(correct)
+    table = PromptTable(feats, problems, [SMALL, BIG], c, np.ones_like(c), c)
+    gain = np.full(len(feats), np.nan)
+    settings = KnnSettings(encoder="lexical", k=20, temperature=0.2)
+    for k in range(FOLDS):
+        test = np.array([held_out(p, 0, 1 / FOLDS, k / FOLDS) for p in problems])
+        train = PromptTable([f for f, t in zip(feats, test) if not t],
+                            [p for p, t in zip(problems, test) if not t], [SMALL, BIG],
+                            c[~test], np.ones_like(c[~test]), c[~test])
+        knn = KnnEstimator.train(train, settings, progress=False)
+        q, _ = knn.arrays([f for f, t in zip(feats, test) if t])
+        gain[test] = q[:, 1] - q[:, 0]
+    assert not np.isnan(gain).any()
+    return Rows(table, suite, gain)
+
+
+class Cluster:
+    """Two idle engines, one per model, as the router's state holds them."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+        engines = {"small": SMALL, "big": BIG}
+        inst = [SimpleNamespace(name=n, served_model_name=m, url=f"http://{n}",
+                                max_model_len=None) for n, m in engines.items()]
+        self.table = EngineTable(inst, heartbeat_timeout_s=1e9)
+        self.ledger, self.programs = InflightLedger(), ProgramTable(ttl_s=300)
+        self.view = StateView(self.table, self.ledger, self.programs, BlockHasher())
+        self.info = ClusterInfo(engines)
+
+    def cands(self) -> list[Any]:
+        return [engine_view(e, self.ledger, 0.0) for _, e in sorted(self.table.engines.items())]
+
+
+def run_online(rows: Rows, order: Sequence[int], seed: int, share: float, delay: int,
+               extra: dict[str, Any] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Per arrival: big chosen, score; and the policy's book counts."""
+    cl = Cluster()
+    policy = build_policy("online", {"online": {
+        "target_share": share, "seed": seed,
+        "decode_ms_per_token": {SMALL: 1.0, BIG: 3.0}, **(extra or {})}}, cl.info,
+        PredictorSet())
+    assert isinstance(policy, Online)
+    big, score, pending = [], [], []
+    for n, i in enumerate(order):
+        f = rows.table.features[i]
+        pid = f"w{n}"
+        req = RoutingRequest(pid, None, prompt_text=f.prompt_text, system_text=f.system_text,
+                             user_text=f.user_text, num_prompt_tokens=f.prompt_tokens,
+                             workflow=Workflow(program_id=pid, workflow=f.workflow,
+                                               stage=f.stage, stage_index=0))
+        model = policy.decide(req, cl.cands(), cl.view, None).model
+        j = 1 if model == BIG else 0
+        big.append(j)
+        score.append(rows.table.correct[i, j])
+        pending.append((pid, score[-1]))
+        if len(pending) > delay:  # the workflow that arrived ``delay`` before ends now
+            done, s = pending.pop(0)
+            assert policy.book.report(done, None, s) == "accepted"
+    return np.array(big), np.array(score), list(policy.book.counts.values())
+
+
+def run_knn(rows: Rows, order: Sequence[int], share: float) -> tuple[np.ndarray, np.ndarray]:
+    margin = ShareMargin(share, 200, 1.0)
+    big = np.array([rows.knn_gain[i] >= margin.next(float(rows.knn_gain[i])) for i in order],
+                   dtype=int)
+    score = rows.table.correct[np.asarray(order), big]
+    return big, score
+
+
+def windows(rows: Rows, order: Sequence[int], big: np.ndarray, score: np.ndarray,
+            width: int) -> list[tuple[float, float]]:
+    """Per window of ``width`` arrivals: (gain over the mix curve, points; big share)."""
+    c = rows.table.correct[np.asarray(order)]
+    out = []
+    for a in range(0, len(order), width):
+        s = big[a:a + width].mean()
+        curve = ((1 - s) * c[a:a + width, 0] + s * c[a:a + width, 1]).mean()
+        out.append((100 * (score[a:a + width].mean() - curve), float(s)))
+    return out
+
+
+def summary(per_seed: list[list[tuple[float, float]]]) -> list[dict[str, float]]:
+    g = np.array([[w[0] for w in s] for s in per_seed])
+    sh = np.array([[w[1] for w in s] for s in per_seed])
+    lo, hi = np.percentile(g, [2.5, 97.5], axis=0)
+    return [{"gain": float(m), "lo": float(a), "hi": float(b), "share": float(s)}
+            for m, a, b, s in zip(g.mean(0), lo, hi, sh.mean(0))]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--delay", type=int, default=32)
+    p.add_argument("--share", type=float, default=0.3)
+    p.add_argument("--window", type=int, default=100)
+    p.add_argument("--neighbours", type=int, default=20,
+                   help="the online policy's neighbours setting (0: only its context arms "
+                   "run, as arms_only always is)")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    rows = load_rows()
+    n = len(rows.suite)
+    math_rows = [i for i in range(n) if rows.suite[i] == "math"]
+    code_rows = [i for i in range(n) if rows.suite[i] == "code"]
+    result: dict[str, Any] = {"rows": n, "delay": a.delay, "share": a.share,
+                              "window": a.window, "seeds": a.seeds}
+    for stream in ("mixed", "drift"):
+        names = ["online", "arms_only", "knn"] if a.neighbours else ["arms_only", "knn"]
+        per: dict[str, list[Any]] = {k: [] for n in names for k in (n, n + "_after")}
+        counts = []
+        for seed in range(a.seeds):
+            rng = random.Random(seed)
+            if stream == "mixed":
+                order = list(range(n))
+                rng.shuffle(order)
+            else:
+                m, c = math_rows[:], code_rows[:]
+                rng.shuffle(m)
+                rng.shuffle(c)
+                order = m + c
+            got = {}
+            if a.neighbours:
+                got["online"] = run_online(rows, order, seed, a.share, a.delay,
+                                           {"neighbours": a.neighbours})
+            got["arms_only"] = run_online(rows, order, seed, a.share, a.delay,
+                                          {"neighbours": 0})
+            got["knn"] = (*run_knn(rows, order, a.share), [])
+            counts.append(got[names[0]][2])
+            half = n // 2  # the second half as one window
+            for name, (b, sc, _) in got.items():
+                per[name].append(windows(rows, order, b, sc, a.window))
+                per[name + "_after"].append(windows(rows, order[half:], b[half:], sc[half:], n))
+        result[stream] = {k: summary(v) for k, v in per.items()}
+        result[stream]["book_counts"] = np.array(counts).sum(0).tolist()
+        print(f"\n{stream}: gain over the random-mix curve (points), windows of {a.window}, "
+              f"95% over {a.seeds} seeds; big share")
+        print("| workflows | " + " | ".join(f"{x} | share" for x in names) + " |")
+        print("|---" * (2 * len(names) + 1) + "|")
+        res = result[stream]
+        spans = [f"{k * a.window}-{min(n, (k + 1) * a.window)}"
+                 for k in range(len(res["knn"]))] + ["second half"]
+        for k, span in enumerate(spans):
+            cells = [res[x][k] if k < len(res[x]) else res[x + "_after"][0] for x in names]
+            print(f"| {span} | " + " | ".join(
+                f"{c['gain']:+.1f} [{c['lo']:+.1f}, {c['hi']:+.1f}] | {c['share']:.2f}"
+                for c in cells) + " |")
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
