@@ -136,6 +136,9 @@ class AgenticClient:
         self.settings, self.send, self.clock = settings, send, clock
         self.requests: list[RequestRecord] = []
         self.workflows: list[WorkflowRecord] = []
+        self.on_outcome: Callable[[str, bool], None] | None = None
+        """Told each attempt's program id and verdict when the attempt ends (an agent
+        reporting its check's outcome to the router: the twin's ``online`` runs)."""
 
     async def run(self, jobs: Sequence[Job], progress: tqdm | None = None) -> None:
         async def one(job: Job) -> None:
@@ -173,6 +176,8 @@ class AgenticClient:
                     await asyncio.sleep(rec.tool_gap_s)
             wf.final_models.append(tried[-1][-1])
             wf.correct, wf.score = outcome(run, served[-1])
+            if self.on_outcome is not None:
+                self.on_outcome(f"{job.job_id}.{attempt}", wf.correct)
             wf.expected_score = expected_score(run, served[-1])
             if wf.correct:
                 wf.ttca_s = wf.end_s - wf.arrival_s

@@ -56,7 +56,12 @@ from router.state.view import StateView, engine_view
 from router.types import ClusterInfo, RoutingRequest
 
 SMALL, BIG = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
-TRACES = {"math": "data/traces/math-sampled.jsonl.gz", "code": "data/traces/code.jsonl.gz"}
+TRACES = {"math": ["data/traces/math-sampled.jsonl.gz"]
+         + [f"data/traces/math-new{i}.jsonl.gz" for i in (3, 4, 5, 6, 7)],
+         "code": ["data/traces/code.jsonl.gz"]}
+"""The shipped math trace (100 problems, three workflows) with the confirmation slices
+of problems 300-799 (``solve``), as ``make replay`` streams them, and the code trace."""
+BOOT = 2000
 FOLDS = 5
 
 
@@ -70,8 +75,9 @@ class Rows:
 
 def load_rows() -> Rows:
     feats, problems, correct, suite = [], [], [], []
-    for name, path in TRACES.items():
-        t = prompt_table(trace_records(Path(path)), [SMALL, BIG], first_stage_only=True)
+    for name, paths in TRACES.items():
+        t = prompt_table([r for path in paths for r in trace_records(Path(path))],
+                         [SMALL, BIG], first_stage_only=True)
         ok = ~np.isnan(t.correct).any(axis=1)
         feats += [f for f, k in zip(t.features, ok) if k]
         problems += [f"{name}:{p}" for p, k in zip(t.problems, ok) if k]
@@ -160,11 +166,25 @@ def windows(rows: Rows, order: Sequence[int], big: np.ndarray, score: np.ndarray
 
 
 def summary(per_seed: list[list[tuple[float, float]]]) -> list[dict[str, float]]:
+    """Per window: the mean gain over seeds, its 95% bootstrap interval (seeds drawn with
+    replacement), the seeds' own 2.5-97.5% spread, and the mean big share."""
     g = np.array([[w[0] for w in s] for s in per_seed])
     sh = np.array([[w[1] for w in s] for s in per_seed])
-    lo, hi = np.percentile(g, [2.5, 97.5], axis=0)
-    return [{"gain": float(m), "lo": float(a), "hi": float(b), "share": float(s)}
-            for m, a, b, s in zip(g.mean(0), lo, hi, sh.mean(0))]
+    draws = np.random.default_rng(0).integers(0, len(g), (BOOT, len(g)))
+    lo, hi = np.percentile(g[draws].mean(1), [2.5, 97.5], axis=0)
+    s_lo, s_hi = np.percentile(g, [2.5, 97.5], axis=0)
+    return [{"gain": float(m), "lo": float(a), "hi": float(b), "spread_lo": float(c),
+             "spread_hi": float(d), "share": float(s)}
+            for m, a, b, c, d, s in zip(g.mean(0), lo, hi, s_lo, s_hi, sh.mean(0))]
+
+
+def paired(a: list[list[tuple[float, float]]], b: list[list[tuple[float, float]]]
+           ) -> dict[str, float]:
+    """Mean of a - b over seeds (one window each) with its 95% bootstrap interval."""
+    d = np.array([x[0][0] - y[0][0] for x, y in zip(a, b)])
+    draws = np.random.default_rng(1).integers(0, len(d), (BOOT, len(d)))
+    lo, hi = np.percentile(d[draws].mean(1), [2.5, 97.5])
+    return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -176,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--neighbours", type=int, default=20,
                    help="the online policy's neighbours setting (0: only its context arms "
                    "run, as arms_only always is)")
+    p.add_argument("--after", type=int, default=500,
+                   help="the last row: every workflow after this many as one window")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     rows = load_rows()
@@ -206,11 +228,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                                           {"neighbours": 0})
             got["knn"] = (*run_knn(rows, order, a.share), [])
             counts.append(got[names[0]][2])
-            half = n // 2  # the second half as one window
+            half = a.after  # everything after this many workflows as one window
             for name, (b, sc, _) in got.items():
                 per[name].append(windows(rows, order, b, sc, a.window))
                 per[name + "_after"].append(windows(rows, order[half:], b[half:], sc[half:], n))
         result[stream] = {k: summary(v) for k, v in per.items()}
+        result[stream]["paired_after"] = {
+            f"{x} - knn": paired(per[x + "_after"], per["knn_after"])
+            for x in names if x != "knn"}
         result[stream]["book_counts"] = np.array(counts).sum(0).tolist()
         print(f"\n{stream}: gain over the random-mix curve (points), windows of {a.window}, "
               f"95% over {a.seeds} seeds; big share")
@@ -218,12 +243,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("|---" * (2 * len(names) + 1) + "|")
         res = result[stream]
         spans = [f"{k * a.window}-{min(n, (k + 1) * a.window)}"
-                 for k in range(len(res["knn"]))] + ["second half"]
+                 for k in range(len(res["knn"]))] + [f"after {a.after}"]
         for k, span in enumerate(spans):
             cells = [res[x][k] if k < len(res[x]) else res[x + "_after"][0] for x in names]
             print(f"| {span} | " + " | ".join(
                 f"{c['gain']:+.1f} [{c['lo']:+.1f}, {c['hi']:+.1f}] | {c['share']:.2f}"
                 for c in cells) + " |")
+        for k, v in res["paired_after"].items():
+            print(f"after {a.after}, {k}: {v['diff']:+.1f} [{v['lo']:+.1f}, {v['hi']:+.1f}] "
+                  "points (paired over seeds)")
+        print("book counts (accepted, duplicate, unknown, late, retry_failure), all seeds:",
+              res["book_counts"])
     if a.json:
         a.json.write_text(json.dumps(result, indent=1))
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tqdm import tqdm
 
@@ -162,6 +162,7 @@ def simulate(task: RunTask) -> dict[str, Any]:
         router = TwinRouter(task.cfg, loop, predictors_of(task.cfg), task.twin.costs,
                             scrape_interval_s=task.twin.scrape_interval_s)
         client = AgenticClient(task.client, router.send, loop.time)
+        client.on_outcome = outcome_reporter(router)
 
         async def go() -> None:
             await router.start()
@@ -190,6 +191,17 @@ def simulate(task: RunTask) -> dict[str, Any]:
         "requests": client.requests,
         "workflows": client.workflows,
     }
+
+
+def outcome_reporter(router: TwinRouter) -> Callable[[str, bool], None]:
+    """Where the policy learns from outcomes (``online``: its ``book``), what the agent's
+    ``POST /v1/hetserve/outcomes`` would do: the program's outcome credited when its
+    attempt ends (delayed feedback); nothing for the other policies."""
+    def report(program_id: str, correct: bool) -> None:
+        book = getattr(router.core.routing.policy, "book", None)
+        if book is not None:
+            book.report(program_id, None, float(correct))
+    return report
 
 
 def twin(cfg: ClusterConfig, trace: Trace, trace_name: str, opts: ReplayOptions,
