@@ -141,6 +141,8 @@ class Online(PickerPolicy[OnlineSettings]):
         self.margin = ShareMargin(s.target_share, s.share_window, 1.0)
         self.rng = random.Random(s.seed)
         self.lexical = None if not s.neighbours else Neighbours(self.book, s)
+        if self.lexical is not None:
+            self.book.on_example = self.lexical.added
 
     def context(self, req: RoutingRequest) -> str:
         w = req.workflow
@@ -202,14 +204,17 @@ class Online(PickerPolicy[OnlineSettings]):
 
 class Neighbours:
     """The ``neighbours`` setting: the book's examples, indexed by their features'
-    buckets (a transposed sparse matrix, rebuilt every ``reindex_every`` new examples),
-    searched by cosine similarity."""
+    buckets (postings sorted by bucket, rebuilt every ``reindex_every`` new examples on
+    the outcome path), searched by cosine similarity."""
 
     def __init__(self, book: OutcomeBook, settings: OnlineSettings) -> None:
         self.book, self.settings = book, settings
         self.indexed = -1
-        self.xt: Any = None
-        """(DIMS, examples) CSR: a bucket's row lists the examples holding it."""
+        self.indptr = np.zeros(DIMS + 1, np.int64)
+        self.ex = np.zeros(0, np.int32)
+        self.val = np.zeros(0)
+        """Postings: bucket b's examples are ``ex[indptr[b]:indptr[b + 1]]``, with their
+        weights ``val``."""
         self.mine: dict[str, np.ndarray] = {}
         """Per model, its examples' positions."""
         self.scores: np.ndarray = np.array([])
@@ -231,25 +236,34 @@ class Neighbours:
         return tuple(idx), tuple(v / norm for v in val)
 
     def _reindex(self) -> None:
-        from scipy import sparse
-
+        """The bucket -> examples postings (CSR arrays, sorted by bucket), stop words
+        left out, each example's vector renormalised over the rest."""
         es = list(self.book.examples)
         models = np.array([e.model for e in es])
         self.mine = {m: np.flatnonzero(models == m) for m in set(models.tolist())}
         self.scores = np.array([e.score for e in es])
-        if es:
-            col = np.repeat(np.arange(len(es), dtype=np.int32), [len(e.indices) for e in es])
-            idx = np.concatenate([e.indices for e in es])
-            val = np.concatenate([e.values for e in es]).astype(np.float64)
-            df = np.bincount(idx, minlength=DIMS)
-            self.stop = df > max(STOP_MIN, STOP_SHARE * len(es))
-            val[self.stop[idx]] = 0.0  # a word most prompts hold tells nothing apart
-            norms = np.sqrt(np.bincount(col, weights=val ** 2, minlength=len(es)))
-            val /= np.maximum(norms, 1e-9)[col]
-            keep = val > 0
-            self.xt = sparse.csr_matrix((val[keep], (idx[keep], col[keep])),
-                                        shape=(DIMS, len(es)))
         self.indexed = self.book.added
+        if not es:
+            return
+        col = np.repeat(np.arange(len(es), dtype=np.int32), [len(e.indices) for e in es])
+        idx = np.concatenate([e.indices for e in es])
+        val = np.concatenate([e.values for e in es]).astype(np.float64)
+        df = np.bincount(idx, minlength=DIMS)
+        self.stop = df > max(STOP_MIN, STOP_SHARE * len(es))
+        val[self.stop[idx]] = 0.0  # a word most prompts hold tells nothing apart
+        norms = np.sqrt(np.bincount(col, weights=val ** 2, minlength=len(es)))
+        val /= np.maximum(norms, 1e-9)[col]
+        keep = val > 0
+        idx, col, val = idx[keep], col[keep], val[keep]
+        order = np.argsort(idx, kind="stable")
+        self.indptr = np.concatenate([[0], np.cumsum(np.bincount(idx, minlength=DIMS))])
+        self.ex, self.val = col[order], val[order]
+
+    def added(self) -> None:
+        """The book credited an example: the postings rebuilt every ``reindex_every``
+        (on the outcome's path, not a decision's)."""
+        if self.book.added - self.indexed >= self.settings.reindex_every:
+            self._reindex()
 
     def _similarity(self, feats: Features) -> np.ndarray:
         """Cosine similarity of every example with ``feats`` over the buckets that are not
@@ -258,7 +272,7 @@ class Neighbours:
         kept = ~self.stop[q]
         q, qv = q[kept], qv[kept]
         qv = qv / max(float(np.sqrt(qv @ qv)), 1e-9)
-        indptr, ex, val = self.xt.indptr, self.xt.indices, self.xt.data
+        indptr, ex, val = self.indptr, self.ex, self.val
         starts, lengths = indptr[q], indptr[q + 1] - indptr[q]
         total = int(lengths.sum())
         offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
@@ -271,7 +285,7 @@ class Neighbours:
         """Per model, the Beta (alpha, beta): the context's arm scaled to
         ``prior_weight``, plus the k nearest examples' weighted successes and failures."""
         s = self.settings
-        if self.indexed < 0 or self.book.added - self.indexed >= s.reindex_every:
+        if self.indexed < 0:  # restored from the state file
             self._reindex()
         sim = None
         if len(self.scores) and feats[0]:

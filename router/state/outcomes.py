@@ -40,7 +40,7 @@ import tempfile
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -128,6 +128,8 @@ class OutcomeBook:
         """The last ``max_examples`` credited calls with features (oldest leave first)."""
         self.added = 0
         """Examples ever added (a policy's index of them is stale while it differs)."""
+        self.on_example: Callable[[], None] | None = None
+        """Called after an example is added (the policy's index may rebuild)."""
         self.unsaved = 0
         if self.path is not None and self.path.exists():
             self.load()
@@ -237,6 +239,8 @@ class OutcomeBook:
         if f is not None and self.examples.maxlen:
             self.examples.append(Example.of(f, model, score))
             self.added += 1
+            if self.on_example is not None:
+                self.on_example()
 
     def _credit(self, context: str, model: str, score: float) -> None:
         parent = parent_key(context)

@@ -187,6 +187,36 @@ def paired(a: list[list[tuple[float, float]]], b: list[list[tuple[float, float]]
     return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi)}
 
 
+def decision_time(rows: Rows, neighbours: int, examples: int = 2000) -> dict[str, float]:
+    """``Online.decide`` alone (perf_counter around it), the book filled to ``examples``
+    credited calls first (the router bench's book stays empty: no outcomes reach it);
+    microseconds, over the 600 calls after the fill."""
+    import time
+
+    cl = Cluster()
+    policy = build_policy("online", {"online": {
+        "neighbours": neighbours, "max_examples": examples,
+        "decode_ms_per_token": {SMALL: 1.0, BIG: 3.0}}}, cl.info, PredictorSet())
+    assert isinstance(policy, Online)
+    rng, spent = random.Random(0), []
+    n = len(rows.suite)
+    for k in range(examples + 600):
+        f = rows.table.features[k % n]
+        pid = f"d{k}"
+        req = RoutingRequest(pid, None, prompt_text=f.prompt_text, system_text=f.system_text,
+                             user_text=f.user_text, num_prompt_tokens=f.prompt_tokens,
+                             workflow=Workflow(program_id=pid, workflow=f.workflow,
+                                               stage=f.stage, stage_index=0))
+        cands = cl.cands()
+        t = time.perf_counter()
+        policy.decide(req, cands, cl.view, None)
+        spent.append(time.perf_counter() - t)
+        policy.book.report(pid, None, float(rng.random() < 0.5))
+    us = 1e6 * np.array(spent[examples:])
+    return {"p50_us": float(np.median(us)), "p99_us": float(np.percentile(us, 99)),
+            "examples": len(policy.book.examples)}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=20)
@@ -199,8 +229,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--after", type=int, default=500,
                    help="the last row: every workflow after this many as one window")
     p.add_argument("--json", type=Path)
+    p.add_argument("--decision-time", action="store_true",
+                   help="only time decide() with neighbours 0 and --neighbours, the book "
+                   "filled with 2000 examples")
     a = p.parse_args(argv)
     rows = load_rows()
+    if a.decision_time:
+        got = {k: decision_time(rows, k) for k in (0, a.neighbours)}
+        for k, v in got.items():
+            print(f"neighbours {k}: decide() p50 {v['p50_us']:.0f} us, p99 {v['p99_us']:.0f} "
+                  f"us ({v['examples']} examples)")
+        if a.json:
+            a.json.write_text(json.dumps(got, indent=1))
+        return
     n = len(rows.suite)
     math_rows = [i for i in range(n) if rows.suite[i] == "math"]
     code_rows = [i for i in range(n) if rows.suite[i] == "code"]
