@@ -98,9 +98,9 @@ class Proxy:
         attempt = 1
         while True:
             completion = _Completion(self.core, await self.route(routing))
-            if parsed.conversation and completion.decision.program_id is not None:
+            if routing.conversation and completion.decision.program_id is not None:
                 self.core.state.conversations.remember(
-                    parsed.conversation[-1], completion.decision.program_id,
+                    routing.conversation[-1], completion.decision.program_id,
                     self.core.routing.clock())
             try:
                 return await self._forward(request, parsed, routing, completion)
@@ -143,7 +143,7 @@ class Proxy:
         inst = self.core.membership.instances.get(decision.instance)
         priority, max_tokens = engine_settings(
             parsed, decision, "hetserve" if inst is None else inst.priority_wire)
-        body = upstream_body(parsed, decision.model, priority, max_tokens)
+        body = upstream_body(parsed, decision.model, priority, max_tokens, routing.workflow)
         path = PATHS[parsed.kind]
         headers = {"content-type": "application/json", "x-request-id": request_id}
         if parsed.kind == "messages" and priority is not None:  # vLLM's Messages: no field
@@ -152,7 +152,7 @@ class Proxy:
         if auth is not None:
             headers["authorization"] = auth
         response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority),
-                            "x-hetserve-program-source": parsed.program_source}
+                            "x-hetserve-program-source": routing.program_source}
         call = EngineCall(parsed, routing, decision, priority, max_tokens, path, body, headers)
         assert self.client is not None
         try:
@@ -290,13 +290,15 @@ def engine_settings(parsed: ParsedRequest, decision: Decision,
 
 
 def upstream_body(
-    parsed: ParsedRequest, model: str, priority: int | None, max_tokens: int | None
+    parsed: ParsedRequest, model: str, priority: int | None, max_tokens: int | None,
+    workflow: Workflow | None = None
 ) -> bytes:
     """The body sent to the engine: the client's body with ``model``, ``priority`` and
     ``max_tokens`` set by the router, ``workflow``, ``priority`` and ``per_model`` removed,
     usage requested on streams (the router strips the usage chunk again if the client
-    did not ask for it), and the retention hint (``retention_for``) in ``vllm_xargs``,
-    whose ``hetserve_*`` keys only the router sets."""
+    did not ask for it), and the retention hint (``retention_for`` of ``workflow``, the
+    one admission gave the program: by default the client's) in ``vllm_xargs``, whose
+    ``hetserve_*`` keys only the router sets."""
     body = {k: v for k, v in parsed.body.items()
             if k not in ("workflow", "priority", "per_model")}
     body["model"] = model
@@ -306,7 +308,7 @@ def upstream_body(
         body[parsed.max_tokens_param] = max_tokens
     if parsed.stream and parsed.kind in ("chat", "completion"):
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    xargs, hint = body.get(XARGS_FIELD), retention_for(parsed.workflow)
+    xargs, hint = body.get(XARGS_FIELD), retention_for(workflow or parsed.workflow)
     if isinstance(xargs, dict) or (xargs is None and hint is not None):  # else: engine's 400
         body[XARGS_FIELD] = {**{k: v for k, v in (xargs or {}).items()
                                 if not k.startswith(RETAIN_PREFIX) and k != AGENTIC_CONTEXT},

@@ -46,6 +46,11 @@ def request_id() -> str:
     return f"{_ID_PREFIX}{next(_ids):x}"
 
 
+NEW_PROGRAM = "new:"
+"""Prefix of the id of a program admission started for a call that named none
+(``router.admission.programs``)."""
+
+
 Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_CHARS)]
 Weight = Annotated[float, Meta(ge=0.0, le=MAX_NUMBER)]
 
@@ -172,12 +177,5 @@ class ParsedRequest:
     (``router.admission.workflow.RANKING_FIELDS``, priorities)."""
     tools: list[dict[str, Any]] | None = None
     """The tools in chat-completions form (the chat template renders them)."""
-    program_source: str = "none"
-    """How the call's program was found (``router.admission.programs.SOURCES``)."""
-    conversation: tuple[bytes, ...] = ()
-    """Digests of the conversation's prefixes (``router.admission.programs``): the k-th
-    covers its first k + 1 messages or input items."""
     previous_response_id: str | None = None
     """Responses API: the stored response this call continues."""
-    engine: str | None = None
-    """The engine the call must go to (the one that stored ``previous_response_id``)."""

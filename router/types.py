@@ -40,6 +40,11 @@ class RoutingRequest:
     arrival_time: float = 0.0
     engine: str | None = None
     """The one engine that may serve it (the one holding the response it continues)."""
+    program_source: str = "none"
+    """How admission found ``workflow.program_id`` (``router.admission.programs``)."""
+    conversation: tuple[bytes, ...] = ()
+    """Digests of the conversation's prefixes (``router.admission.programs``): the k-th
+    covers its first k + 1 messages or input items."""
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,8 @@ needed and made the core's ``RoutingRequest``; a RequestError (4xx) otherwise.""
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, NamedTuple
 
 import msgspec
 
@@ -15,7 +14,8 @@ from router.admission.served import ServedModel
 from router.auth import Keys, bearer
 from router.config.cluster import RouterConfig
 from router.metrics import RouterMetrics
-from router.request import AUTO_MODEL, Kind, ParsedRequest, RequestError, request_id
+from router.request import (AUTO_MODEL, NEW_PROGRAM, Kind, ParsedRequest, RequestError,
+                            Workflow, request_id)
 from router.state.cluster import ClusterState
 from router.tokenize import PromptInfo, Tokenizers
 from router.types import RoutingRequest
@@ -55,15 +55,16 @@ class Admission:
             self.metrics.untrusted_fields.labels(name).inc()
         self._check_per_model(parsed)
         rid = self.request_ids()
-        parsed = self._program(parsed, headers, rid)
-        self.metrics.programs_found.labels(parsed.program_source).inc()
-        return parsed, _routing_request(parsed, await self._prompt(parsed), arrival, rid)
+        program = self._program(parsed, headers, rid)
+        self.metrics.programs_found.labels(program.program_source).inc()
+        return parsed, _routing_request(parsed, await self._prompt(parsed), arrival, rid,
+                                        program)
 
     def _program(self, parsed: ParsedRequest, headers: Mapping[str, str],
-                 rid: str) -> ParsedRequest:
-        """The request with its program (``router.admission.programs``: the first source
-        in its order that names one) and, when it continues a stored response, the engine
-        that stored it (404 when this router does not know the response)."""
+                 rid: str) -> _Program:
+        """The request's program (``router.admission.programs``: the first source in its
+        order that names one) and, when it continues a stored response, the engine that
+        stored it (404 when this router does not know the response)."""
         body, now = parsed.body, self.clock()
         tenant = programs.scope(bearer(headers), body.get("user"))
         source: programs.Source = "none"
@@ -91,12 +92,11 @@ class Admission:
             if pid is None and (pid := self.state.conversations.find(digests, now)):
                 source = "conversation"
             if pid is None:
-                source, pid = "new", f"new:{rid}"
+                source, pid = "new", NEW_PROGRAM + rid
         workflow = parsed.workflow
         if pid != workflow.program_id:
             workflow = msgspec.structs.replace(workflow, program_id=pid)
-        return dataclasses.replace(parsed, workflow=workflow, program_source=source,
-                                   conversation=digests, engine=engine)
+        return _Program(workflow, source, digests, engine)
 
     def _check_per_model(self, parsed: ParsedRequest) -> None:
         """Every model named in ``per_model`` must be served here (also in a
@@ -145,15 +145,24 @@ class Admission:
             for n in names if (length := self.models[n].max_model_len) is not None)
 
 
+class _Program(NamedTuple):
+    """A request's program as admission found it (``Admission._program``)."""
+
+    workflow: Workflow
+    """The request's workflow, its ``program_id`` the one found."""
+    program_source: str
+    conversation: tuple[bytes, ...]
+    engine: str | None
+
+
 def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
-                     arrival: float, rid: str) -> RoutingRequest:
+                     arrival: float, rid: str, program: _Program) -> RoutingRequest:
     """The core's request; without ``prompt`` (not tokenized), an empty prompt of
     0 tokens: every engine it may go to fits it, and its policy reads none of it."""
     if prompt is None:
         return RoutingRequest(request_id=rid, requested_model=parsed.model,
-                              max_tokens=parsed.max_tokens,
-                              workflow=parsed.workflow,
-                              arrival_time=arrival, engine=parsed.engine)
+                              max_tokens=parsed.max_tokens, arrival_time=arrival,
+                              **program._asdict())
     return RoutingRequest(
         request_id=rid,
         requested_model=parsed.model,
@@ -163,7 +172,6 @@ def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
         prompt_token_ids=prompt.token_ids,
         num_prompt_tokens=len(prompt.token_ids),
         max_tokens=parsed.max_tokens,
-        workflow=parsed.workflow,
         arrival_time=arrival,
-        engine=parsed.engine,
+        **program._asdict(),
     )

@@ -16,6 +16,7 @@ from router.config.cluster import RouterConfig
 from router.dispatch.collector import BatchCollector
 from router.dispatch.health_probe import HealthProber
 from router.dispatch.peers import Completed, Peers, Routed
+from router.request import NEW_PROGRAM
 from router.policies.affinity import keep_home
 from router.policies.base import Policy
 from router.policies.registry import build_policy
@@ -211,7 +212,7 @@ class Routing:
             if home is not None and home != dec.instance:
                 state.stats.program_moves[dec.info.get("affinity", "policy")] += 1
             state.programs.routed(dec.program_id, dec.model, now, dec.instance)
-            if self.peers is not None:
+            if self.peers is not None and not local_program(dec.program_id):
                 self.peers.publish(Routed(dec.program_id, dec.model, dec.instance))
         state.stats.decisions[(dec.policy, dec.model)] += 1
         state.open_requests[dec.instance] += 1
@@ -232,6 +233,13 @@ class Routing:
         if decision.program_id is not None:
             state.programs.completed(decision.program_id, decision.final, error is not None,
                                      self.clock())
-            if self.peers is not None:
+            if self.peers is not None and not local_program(decision.program_id):
                 self.peers.publish(Completed(decision.program_id, decision.final,
                                              error is not None))
+
+
+def local_program(program_id: str) -> bool:
+    """A program only this worker can find again (``new:``: its calls are found by the
+    conversation or response they continue, which this worker alone remembers,
+    ``router.state.conversations``): the other workers are not told of it."""
+    return program_id.startswith(NEW_PROGRAM)
