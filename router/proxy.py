@@ -159,7 +159,7 @@ class Proxy:
             reply = await self.client.send(call)
             if parsed.stream and reply.status == 200:
                 assert request is not None, "a streamed answer needs the HTTP request"
-                return await self._relay(request, completion, reply, parsed,
+                return await self._relay(request, completion, reply, parsed, routing.owner,
                                          response_headers)
             content = await reply.read()
         except UpstreamError as exc:
@@ -173,7 +173,7 @@ class Proxy:
             raise
         error = None if reply.status < 400 else f"engine answered {reply.status}"
         if error is None and parsed.kind == "responses":
-            self._stored(response_id(content), decision)
+            self._stored(response_id(content), decision, routing.owner)
         completion.finish(completion_tokens(content) if error is None else 0, error)
         response_headers["content-type"] = reply.content_type
         return web.Response(body=content, status=reply.status, headers=response_headers)
@@ -207,15 +207,16 @@ class Proxy:
             "x-request-id": rid, "x-hetserve-engine": instance,
             "content-type": reply.content_type})
 
-    def _stored(self, response: str | None, decision: Decision) -> None:
-        """A Responses-API response the decision's engine stored."""
+    def _stored(self, response: str | None, decision: Decision, owner: bytes) -> None:
+        """A Responses-API response the decision's engine stored for ``owner``."""
         if response is not None:
             self.core.state.responses.stored(
                 response, StoredResponse(decision.instance, decision.model,
-                                         decision.program_id), self.core.routing.clock())
+                                         decision.program_id, owner),
+                self.core.routing.clock())
 
     async def _relay(self, request: web.BaseRequest, completion: _Completion,
-                     reply: EngineReply, parsed: ParsedRequest,
+                     reply: EngineReply, parsed: ParsedRequest, owner: bytes,
                      headers: dict[str, str]) -> web.StreamResponse:
         """Relay an engine's SSE stream; report its end exactly once. A failure after
         the first byte ends the stream with the API's error event (chat: no
@@ -243,7 +244,7 @@ class Proxy:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            self._stored(result.response_id, completion.decision)
+            self._stored(result.response_id, completion.decision, owner)
             completion.finish(result.output_tokens, error)
             reply.cancel()
         return out

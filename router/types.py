@@ -45,6 +45,8 @@ class RoutingRequest:
     conversation: tuple[bytes, ...] = ()
     """Digests of the conversation's prefixes (``router.admission.programs``): the k-th
     covers its first k + 1 messages or input items."""
+    owner: bytes = b""
+    """The caller's tenant (its API key's digest): whose the responses it makes are."""
 
 
 @dataclass(frozen=True)

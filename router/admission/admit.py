@@ -65,8 +65,8 @@ class Admission:
         """The request's program (``router.admission.programs``: the first source in its
         order that names one) and, when it continues a stored response, the engine that
         stored it (404 when this router does not know the response)."""
-        body, now = parsed.body, self.clock()
-        tenant = programs.scope(bearer(headers), body.get("user"))
+        body, now, key = parsed.body, self.clock(), bearer(headers)
+        tenant, owner = programs.scope(key, body.get("user")), programs.scope(key, None)
         source: programs.Source = "none"
         pid, engine = parsed.workflow.program_id, None
         if pid is not None:
@@ -75,7 +75,7 @@ class Admission:
             source, pid = named[0], programs.program_id(named[0], tenant, named[1])
         previous = parsed.previous_response_id
         if previous is not None:
-            stored = self.state.responses.find(previous, now)
+            stored = self.state.responses.find(previous, owner, now)
             if stored is None:
                 raise RequestError(404, f"previous_response_id '{previous[:100]}' is not known "
                                    "to this router: it remembers the engine of each response "
@@ -96,7 +96,7 @@ class Admission:
         workflow = parsed.workflow
         if pid != workflow.program_id:
             workflow = msgspec.structs.replace(workflow, program_id=pid)
-        return _Program(workflow, source, digests, engine)
+        return _Program(workflow, source, digests, engine, owner)
 
     def _check_per_model(self, parsed: ParsedRequest) -> None:
         """Every model named in ``per_model`` must be served here (also in a
@@ -153,6 +153,7 @@ class _Program(NamedTuple):
     program_source: str
     conversation: tuple[bytes, ...]
     engine: str | None
+    owner: bytes
 
 
 def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,

@@ -15,7 +15,8 @@ from aiohttp import web
 
 from router.admission.admit import Admission
 from router.admission.parse import parse_json
-from router.auth import Keys
+from router.admission.programs import scope
+from router.auth import Keys, bearer
 from router.config.cluster import RouterConfig
 from router.dispatch.core import RouterCore
 from router.metrics import RouterMetrics
@@ -74,13 +75,14 @@ class OpenAIRoutes:
 
     async def stored_response(self, request: web.Request) -> web.StreamResponse:
         """A stored response's ``GET``, ``DELETE`` or ``/cancel``, at the engine that
-        stored it (404 when the router does not know it)."""
+        stored it (404 when the router does not know it, or it is another API key's)."""
         path = "/v1/responses/" + request.match_info["id"] + (
             "/cancel" if request.path.endswith("/cancel") else "")
         try:
             self.keys.check_api(request.headers)
-            stored = self.core.state.responses.find(request.match_info["id"],
-                                                    self.core.routing.clock())
+            stored = self.core.state.responses.find(
+                request.match_info["id"], scope(bearer(request.headers), None),
+                self.core.routing.clock())
             if stored is None:
                 raise RequestError(404, "no response of this id is known to this router",
                                    param="response_id", code="response_not_found")

@@ -104,11 +104,14 @@ class ConversationIndex:
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
-    """Where a stored response lives, and the program whose call made it."""
+    """Where a stored response lives, the program whose call made it, and whose it is."""
 
     engine: str
     model: str
     program_id: str | None
+    owner: bytes
+    """The caller's tenant (``router.admission.programs.scope`` of its API key): only it
+    may continue, read or delete the response."""
 
 
 class ResponseIndex:
@@ -120,9 +123,10 @@ class ResponseIndex:
     def __len__(self) -> int:
         return len(self._table)
 
-    def find(self, response_id: str, now: float) -> StoredResponse | None:
+    def find(self, response_id: str, owner: bytes, now: float) -> StoredResponse | None:
+        """The response, if ``owner``'s (another tenant's is as unknown as none)."""
         entry = self._table.get(response_id, now)
-        return None if entry is None else entry.value
+        return None if entry is None or entry.value.owner != owner else entry.value
 
     def stored(self, response_id: str, where: StoredResponse, now: float) -> None:
         self._table.put(response_id, where, now)

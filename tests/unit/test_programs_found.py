@@ -125,9 +125,16 @@ def test_the_index_is_bounded_and_forgets_idle_entries() -> None:
 def test_stored_responses_are_bounded_too() -> None:
     index = ResponseIndex(2, 10.0)
     for i in range(3):
-        index.stored(f"r{i}", StoredResponse("e", "m", None), 0.0)
-    assert index.find("r0", 1.0) is None and index.find("r2", 1.0) is not None
-    assert index.find("r2", 20.0) is None
+        index.stored(f"r{i}", StoredResponse("e", "m", None, b"k"), 0.0)
+    assert index.find("r0", b"k", 1.0) is None and index.find("r2", b"k", 1.0) is not None
+    assert index.find("r2", b"k", 20.0) is None
+
+
+def test_a_stored_response_is_its_owners_alone() -> None:
+    index = ResponseIndex(2, 10.0)
+    index.stored("r", StoredResponse("e", "m", None, programs.scope("key-1", None)), 0.0)
+    assert index.find("r", programs.scope("key-2", None), 1.0) is None
+    assert index.find("r", programs.scope("key-1", None), 1.0) is not None
 
 
 @settings(max_examples=200, derandomize=True, deadline=None, database=None)
