@@ -217,6 +217,48 @@ def decision_time(rows: Rows, neighbours: int, examples: int = 2000) -> dict[str
             "examples": len(policy.book.examples)}
 
 
+def twin_curves(rows: Rows, runs: Sequence[Path], width: int, big: str = "tiny-b"
+                ) -> dict[str, list[dict[str, float]]]:
+    """Learning curves of twin runs (``python -m kernels_bench twin`` output folders, one
+    per seed, first attempts): per policy and window of ``width`` workflows in arrival
+    order, the gain over the random-mix curve at the window's big share, per workflow
+    correct(chosen) - ((1 - s) x small + s x big) from the traces' verdicts, pooled over
+    the runs, with a 95% bootstrap interval over those workflows."""
+    verdict = {}
+    for f, prob, c in zip(rows.table.features, rows.table.problems, rows.table.correct):
+        verdict[(prob.split(":", 1)[1], f.workflow)] = c
+    by: dict[str, dict[int, list[float]]] = {}
+    share: dict[str, dict[int, list[float]]] = {}
+    for run in runs:
+        wfs: dict[str, list[dict[str, Any]]] = {}
+        for line in (run / "workflows.jsonl").read_text().splitlines():
+            w = json.loads(line)
+            if w["error"] is None:
+                wfs.setdefault(w["policy"], []).append(w)
+        for policy, ws in wfs.items():
+            ws.sort(key=lambda w: w["arrival_s"])
+            for a in range(0, len(ws), width):
+                chunk = ws[a:a + width]
+                went = np.array([w["final_models"][0] == big for w in chunk], float)
+                s = went.mean()
+                c = np.array([verdict[(w["problem_id"], w["workflow"])] for w in chunk])
+                got = c[np.arange(len(chunk)), went.astype(int)]
+                gain = 100 * (got - ((1 - s) * c[:, 0] + s * c[:, 1]))
+                by.setdefault(policy, {}).setdefault(a // width, []).extend(gain.tolist())
+                share.setdefault(policy, {}).setdefault(a // width, []).append(s)
+    out = {}
+    rng = np.random.default_rng(0)
+    for policy, win in by.items():
+        out[policy] = []
+        for k in sorted(win):
+            g = np.array(win[k])
+            boot = g[rng.integers(0, len(g), (BOOT, len(g)))].mean(1)
+            lo, hi = np.percentile(boot, [2.5, 97.5])
+            out[policy].append({"gain": float(g.mean()), "lo": float(lo), "hi": float(hi),
+                                "share": float(np.mean(share[policy][k])), "n": len(g)})
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=20)
@@ -232,8 +274,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--decision-time", action="store_true",
                    help="only time decide() with neighbours 0 and --neighbours, the book "
                    "filled with 2000 examples")
+    p.add_argument("--twin", type=Path, nargs="+",
+                   help="only the learning curves of these twin runs (one folder per seed)")
     a = p.parse_args(argv)
     rows = load_rows()
+    if a.twin:
+        curves = twin_curves(rows, a.twin, a.window)
+        for policy, ws in curves.items():
+            print(f"| {policy} | " + " | ".join(
+                f"{w['gain']:+.1f} [{w['lo']:+.1f}, {w['hi']:+.1f}] ({w['share']:.2f})"
+                for w in ws) + " |")
+        if a.json:
+            a.json.write_text(json.dumps(curves, indent=1))
+        return
     if a.decision_time:
         got = {k: decision_time(rows, k) for k in (0, a.neighbours)}
         for k, v in got.items():
