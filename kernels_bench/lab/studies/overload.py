@@ -118,12 +118,13 @@ def plot(data: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(n, rate) for n, rows in data.items() for rate in sorted({r["rate"] for r in rows})]
     cols = max(len({r["rate"] for r in rows}) for rows in data.values())
     fig, axes = plt.subplots(len(data), cols, figsize=(5.2 * cols, 4.4 * len(data)),
                              squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
+    names = sorted({r["policy"] for rows in data.values() for r in rows})
+    colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
     for i, name in enumerate(data):
         rates = sorted({r["rate"] for r in data[name]})
         for j, rate in enumerate(rates):
@@ -142,7 +143,7 @@ def plot(data: dict[str, list[dict]], path: Path) -> None:
                             xerr=[[1000 * (x["value"] - x["lo"])], [1000 * (x["hi"] - x["value"])]],
                             yerr=[[y["value"] - y["lo"]], [y["hi"] - y["value"]]],
                             fmt="s" if r["policy"].startswith("random_mix") else "o", ms=5,
-                            capsize=3, label=r["policy"])
+                            capsize=3, label=r["policy"], color=colors[r["policy"]])
             ax.set(xlabel="E2E per output token (ms)", ylabel="score (points)",
                    title=f"{name}, {rate:g} workflows/s")
             ax.legend(fontsize=6, loc="best")
