@@ -119,7 +119,9 @@ class Front:
             log.warning("served models use different tokenizers: 'auto' requests are "
                         "tokenized with %s's, KV prefix estimates for the others are "
                         "approximate", next(iter(self.models)))
-        self.admission.tokenize_always = self.core.build_policy().uses_prompt
+        policy = self.core.build_policy()
+        self.admission.tokenize_always = policy.uses_prompt
+        self.admission.find_programs = policy.program_affinity
 
     async def startup(self, _app: web.Application) -> None:
         await self.start()

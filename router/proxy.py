@@ -151,8 +151,10 @@ class Proxy:
         auth = self._auth(decision.instance)
         if auth is not None:
             headers["authorization"] = auth
-        response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority),
-                            "x-hetserve-program-source": routing.program_source}
+        response_headers = {"x-request-id": request_id, **_decision_headers(decision, priority)}
+        if decision.program_id is not None:
+            response_headers["x-hetserve-program"] = _shown(decision.program_id)
+            response_headers["x-hetserve-program-source"] = routing.program_source
         call = EngineCall(parsed, routing, decision, priority, max_tokens, path, body, headers)
         assert self.client is not None
         try:
@@ -348,15 +350,12 @@ def _decision_headers(decision: Decision, priority: int | None) -> dict[str, str
     predicted = decision.predicted_remaining_tokens
     return {"x-hetserve-model": decision.model, "x-hetserve-engine": decision.instance,
             "x-hetserve-policy": decision.policy,
-            "x-hetserve-program": _shown(decision.program_id),
             "x-hetserve-predicted-remaining-tokens":
                 str(round(predicted)) if predicted is not None and math.isfinite(predicted)
                 else "none",
             "x-hetserve-priority": "none" if priority is None else str(priority)}
 
 
-def _shown(program_id: str | None) -> str:
+def _shown(program_id: str) -> str:
     """A program id as a header value (a client's own, when it is one: printable ASCII)."""
-    if program_id is None:
-        return "none"
     return program_id if program_id.isascii() and program_id.isprintable() else "unprintable"

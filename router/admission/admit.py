@@ -38,6 +38,12 @@ class Admission:
         self.state, self.clock = state, clock
         self.tokenize_always = True
         """Tokenize every prompt (the policy reads it); else only when it may not fit."""
+        self.find_programs = True
+        """Find the program of a call that names none the hetserve way (the policy routes
+        programs: ``Policy.program_affinity``); else only hetserve's own ids, and the
+        engine of a continued response."""
+        self._found = {source: metrics.programs_found.labels(source)
+                       for source in programs.SOURCES}
         self.request_ids = request_ids
 
     async def admit(self, kind: Kind, headers: Mapping[str, str],
@@ -56,7 +62,7 @@ class Admission:
         self._check_per_model(parsed)
         rid = self.request_ids()
         program = self._program(parsed, headers, rid)
-        self.metrics.programs_found.labels(program.program_source).inc()
+        self._found[program.program_source].inc()
         return parsed, _routing_request(parsed, await self._prompt(parsed), arrival, rid,
                                         program)
 
@@ -65,38 +71,39 @@ class Admission:
         """The request's program (``router.admission.programs``: the first source in its
         order that names one) and, when it continues a stored response, the engine that
         stored it (404 when this router does not know the response)."""
-        body, now, key = parsed.body, self.clock(), bearer(headers)
-        tenant, owner = programs.scope(key, body.get("user")), programs.scope(key, None)
-        source: programs.Source = "none"
-        pid, engine = parsed.workflow.program_id, None
-        if pid is not None:
-            source = "workflow"
-        elif (named := programs.named(body, headers)) is not None:
-            source, pid = named[0], programs.program_id(named[0], tenant, named[1])
-        previous = parsed.previous_response_id
-        if previous is not None:
-            stored = self.state.responses.find(previous, owner, now)
-            if stored is None:
-                raise RequestError(404, f"previous_response_id '{previous[:100]}' is not known "
-                                   "to this router: it remembers the engine of each response "
-                                   "it served for router.program_ttl_s after its last use, "
-                                   "until it restarts; send the whole conversation instead",
-                                   param="previous_response_id", code="response_not_found")
-            engine = stored.engine
+        body, key, workflow = parsed.body, bearer(headers), parsed.workflow
+        pid, source, engine, digests = workflow.program_id, "workflow", None, ()
+        owner = programs.scope(key, None) if parsed.kind == "responses" else b""
+        if self.find_programs and pid is None:
+            tenant = programs.scope(key, body.get("user"))
+            if (named := programs.named(body, headers)) is not None:
+                source, pid = named[0], programs.program_id(named[0], tenant, named[1])
+            if self.settings.find_conversations and parsed.kind != "completion":
+                digests = programs.conversation_digests(
+                    tenant, programs.conversation_items(parsed.kind, body))
+        if parsed.previous_response_id is not None:
+            engine, found = self._stored(parsed.previous_response_id, owner)
             if pid is None:
-                source, pid = "previous_response", stored.program_id
-        digests: tuple[bytes, ...] = ()
-        if self.settings.find_conversations and parsed.kind != "completion":
-            digests = programs.conversation_digests(
-                tenant, programs.conversation_items(parsed.kind, body))
-            if pid is None and (pid := self.state.conversations.find(digests, now)):
-                source = "conversation"
-            if pid is None:
-                source, pid = "new", NEW_PROGRAM + rid
-        workflow = parsed.workflow
-        if pid != workflow.program_id:
+                source, pid = "previous_response", found
+        if pid is None and digests:
+            pid = self.state.conversations.find(digests, self.clock())
+            source, pid = ("conversation", pid) if pid else ("new", NEW_PROGRAM + rid)
+        if pid is None:
+            source = "none"
+        elif pid != workflow.program_id:
             workflow = msgspec.structs.replace(workflow, program_id=pid)
         return _Program(workflow, source, digests, engine, owner)
+
+    def _stored(self, response: str, owner: bytes) -> tuple[str, str | None]:
+        """(engine, program) of a stored response of ``owner``'s; 404 when unknown."""
+        stored = self.state.responses.find(response, owner, self.clock())
+        if stored is None:
+            raise RequestError(404, f"previous_response_id '{response[:100]}' is not known "
+                               "to this router: it remembers the engine of each response "
+                               "it served for router.program_ttl_s after its last use, "
+                               "until it restarts; send the whole conversation instead",
+                               param="previous_response_id", code="response_not_found")
+        return stored.engine, stored.program_id
 
     def _check_per_model(self, parsed: ParsedRequest) -> None:
         """Every model named in ``per_model`` must be served here (also in a
@@ -160,10 +167,11 @@ def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
                      arrival: float, rid: str, program: _Program) -> RoutingRequest:
     """The core's request; without ``prompt`` (not tokenized), an empty prompt of
     0 tokens: every engine it may go to fits it, and its policy reads none of it."""
+    workflow, source, conversation, engine, owner = program
     if prompt is None:
-        return RoutingRequest(request_id=rid, requested_model=parsed.model,
-                              max_tokens=parsed.max_tokens, arrival_time=arrival,
-                              **program._asdict())
+        return RoutingRequest(rid, parsed.model, max_tokens=parsed.max_tokens,
+                              workflow=workflow, arrival_time=arrival, engine=engine,
+                              program_source=source, conversation=conversation, owner=owner)
     return RoutingRequest(
         request_id=rid,
         requested_model=parsed.model,
@@ -173,6 +181,10 @@ def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
         prompt_token_ids=prompt.token_ids,
         num_prompt_tokens=len(prompt.token_ids),
         max_tokens=parsed.max_tokens,
+        workflow=workflow,
         arrival_time=arrival,
-        **program._asdict(),
+        engine=engine,
+        program_source=source,
+        conversation=conversation,
+        owner=owner,
     )

@@ -149,9 +149,10 @@ def parse_request(
         include_usage = bool(typed.stream_options is not None
                              and typed.stream_options.include_usage)
     priority = None
-    given = typed.priority if typed.priority is not None else _hinted_priority(body)
-    if allow_client_priority and given is not None:
-        priority = convert(given, Priority, lambda p: "priority", FIELDS)
+    if allow_client_priority:
+        given = typed.priority if typed.priority is not None else _hinted_priority(body)
+        if given is not None:
+            priority = convert(given, Priority, lambda p: "priority", FIELDS)
     per_model: dict[str, dict[str, int]] = {}
     if typed.per_model is not None:
         if typed.per_model.max_tokens is not UNSET:

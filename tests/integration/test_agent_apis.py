@@ -5,8 +5,8 @@ both ways in all three. No hetserve header is sent anywhere but where a test say
 programs are the router's own finding (``router.admission.programs``).
 
 The engines are the session's pair (tests/tiny_pair.py: ``a-0`` serves ``tiny-a``, ``b-0``
-``tiny-b`` behind an API key); a router (``python -m router``, round robin) is started in
-front of them for this module. The engines run vLLM's tool-call parser (``hermes``). The
+``tiny-b`` behind an API key); a router (``python -m router``, ``random_mix``: a policy that
+routes programs, so it finds them) is started in front of them for this module. The engines run vLLM's tool-call parser (``hermes``). The
 tiny random models cannot write a tool call (even one asked for), so here tool calls and
 their results travel from the client to the engine, in each API's own shape, as an agent's
 conversation holds them. Tool calls written by a model that can (Qwen2.5-Coder-0.5B), in
@@ -60,7 +60,8 @@ def router(tiny_pair: TinyPair) -> Iterator[Router]:
     d = tiny_pair.d
     port = free_port()
     (d / "agents.toml").write_text("\n".join([
-        "[router]", 'policy = "round_robin"', f"port = {port}", "",
+        "[router]", 'policy = "random_mix"', f"port = {port}", "",
+        "[router.policies.random_mix]", 'big_model = "tiny-b"', "share = 0.5", "",
         tiny_pair.engines_toml()]))
     proc: subprocess.Popen[bytes] | None = None
     try:
