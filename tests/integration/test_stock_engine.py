@@ -356,7 +356,7 @@ def test_the_agents_apis_reach_the_stock_engine(cluster: Cluster) -> None:
             "model": MODEL, "input": "Again", "max_output_tokens": 4,
             "previous_response_id": first.json()["id"]})
         assert chained.status_code == 200, chained.text
-        assert chained.headers["x-hetserve-program-source"] == "previous_response"
+        assert chained.headers["x-hetserve-engine"] == "stock-0"  # where it was stored
         assert chained.json()["previous_response_id"] == first.json()["id"]
         message = httpx.post(cluster.router + "/v1/messages", timeout=120, json={
             "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
