@@ -6,22 +6,16 @@ virtual clock, engine twins on the replay profiles."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
 from kernels_bench.lab.replay.client import AgenticClient, ClientSettings
 from kernels_bench.lab.replay.workload import Job
-from kernels_bench.lab.twin.engine_spec import engine_specs
-from kernels_bench.lab.twin.loop import VirtualLoop
-from kernels_bench.lab.twin.router import RouterCosts, TwinRouter
-from kernels_bench.lab.twin.run import outcome_reporter, run_config
-from kernels_bench.lab.twin.sim import Simulator
-from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile
-from router.config.cluster import load_cluster_config
+from kernels_bench.lab.twin.router import TwinRouter
+from kernels_bench.lab.twin.run import outcome_reporter
 from router.trace_format import Trace
-from tests.lab.twin_helpers import REPLAY_TOML, write_replay_profiles
+from tests.lab.twin_helpers import replay_cluster, write_replay_profiles
 from tests.replay_fixture import tiny_trace
 
 
@@ -32,14 +26,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
 
 def run(trace: Trace, profiles: Path, policy: str, attempts: int
         ) -> tuple[TwinRouter, AgenticClient, list[tuple[str, int, float]]]:
-    cfg = load_cluster_config(REPLAY_TOML)
-    cfg = run_config(cfg, cfg.engines, dataclasses.replace(cfg.router, policy=policy))
-    sim = Simulator()
-    for spec in engine_specs(cfg):
-        sim.add_engine(spec, StepTimeModel(load_profile(profiles / f"{spec.entry}.json")),
-                       telemetry=True)
-    loop = VirtualLoop(sim)
-    router = TwinRouter(cfg, loop, None, RouterCosts(charge_decision=False))
+    _, loop, router = replay_cluster(profiles, policy)
     client = AgenticClient(ClientSettings({"tiny-a": "small", "tiny-b": "large"},
                                           max_attempts=attempts), router.send, loop.time)
     told: list[tuple[str, int, float]] = []

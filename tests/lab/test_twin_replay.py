@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -19,19 +18,17 @@ from kernels_bench.lab.replay.output import read_jsonl
 from kernels_bench.lab.replay.records import RequestRecord
 from kernels_bench.lab.replay.workload import Job
 from kernels_bench.lab.twin import calibrate
-from kernels_bench.lab.twin.engine_spec import engine_specs
 from kernels_bench.lab.twin.loop import Stuck, VirtualLoop
-from kernels_bench.lab.twin.router import RouterCosts, TwinRouter
-from kernels_bench.lab.twin.run import TwinOptions, load_profiles, run_config, twin
+from kernels_bench.lab.twin.router import RouterCosts
+from kernels_bench.lab.twin.run import TwinOptions, load_profiles, twin
 from kernels_bench.lab.twin.sim import Simulator
-from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile
 from router.config.cluster import load_cluster_config
 from router.trace_format import Trace
-from tests.lab.twin_helpers import REPLAY_TOML, write_replay_profiles
+from tests.lab.twin_helpers import (NO_CHARGE, REPLAY_TOML, replay_cluster,
+                                    write_replay_profiles)
 from tests.replay_fixture import tiny_trace, write_trace
 
 MAP = "tiny-a=small,tiny-b=large"
-NO_CHARGE = RouterCosts(charge_decision=False)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +103,7 @@ def test_stock_engines_in_a_twin_replay(trace: Trace, profiles: Path, tmp_path: 
 
 def test_the_router_hears_every_engine_and_indexes_its_kv_blocks(
         trace: Trace, profiles: Path) -> None:
-    sim, loop, router = _cluster(profiles, "lmetric")
+    sim, loop, router = replay_cluster(profiles, "lmetric")
     jobs = [Job("w0", trace.runs[0], 0.0)]
     body = stage_body(jobs[0], 1, 0, [], [], ClientSettings({"tiny-a": "small",
                                                              "tiny-b": "large"}))
@@ -140,7 +137,7 @@ def test_the_router_hears_every_engine_and_indexes_its_kv_blocks(
 def test_charged_costs_delay_the_engine_by_exactly_that(trace: Trace, profiles: Path) -> None:
     ends = []
     for overhead in (0.0, 0.25):
-        sim, loop, router = _cluster(profiles, "round_robin",
+        sim, loop, router = replay_cluster(profiles, "round_robin",
                                      RouterCosts(False, overhead))
         body = stage_body(Job("w0", trace.runs[0], 0.0), 1, 0, [], [],
                           ClientSettings({"tiny-a": "small", "tiny-b": "large"}))
@@ -161,7 +158,7 @@ def test_charged_costs_delay_the_engine_by_exactly_that(trace: Trace, profiles: 
 
 def test_a_refused_call_fails_alone_with_the_routers_error(trace: Trace,
                                                            profiles: Path) -> None:
-    _, loop, router = _cluster(profiles, "round_robin")
+    _, loop, router = replay_cluster(profiles, "round_robin")
     body = stage_body(Job("w0", trace.runs[0], 0.0), 1, 0, [], [],
                       ClientSettings({"tiny-a": "small", "tiny-b": "large"}))
     bad = {**body, "per_model": {"max_tokens": {"nope": 3}}}
@@ -183,18 +180,6 @@ def test_a_loop_with_nothing_left_to_wait_for_says_so() -> None:
             loop.run_until_complete(loop.create_future())
     finally:
         loop.close()
-
-
-def _cluster(profiles: Path, policy: str, costs: RouterCosts = NO_CHARGE
-             ) -> tuple[Simulator, VirtualLoop, TwinRouter]:
-    cfg = load_cluster_config(REPLAY_TOML)
-    cfg = run_config(cfg, cfg.engines, dataclasses.replace(cfg.router, policy=policy))
-    sim = Simulator()
-    for spec in engine_specs(cfg):
-        sim.add_engine(spec, StepTimeModel(load_profile(profiles / f"{spec.entry}.json")),
-                       telemetry=True)
-    loop = VirtualLoop(sim)
-    return sim, loop, TwinRouter(cfg, loop, None, costs)
 
 
 def test_calibration_formulas_and_refusals(tmp_path: Path) -> None:

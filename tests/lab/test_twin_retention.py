@@ -18,10 +18,9 @@ from kernels_bench.lab.commands.replay import build_parser, replay_options  # no
 from kernels_bench.lab.replay.spec import SpecError, parse_policy  # noqa: E402
 from kernels_bench.lab.twin import retention as report  # noqa: E402
 from kernels_bench.lab.twin.engine_spec import engine_specs  # noqa: E402
-from kernels_bench.lab.twin.loop import VirtualLoop  # noqa: E402
 from kernels_bench.lab.twin.request import TwinRequest  # noqa: E402
-from kernels_bench.lab.twin.router import RouterCosts, TwinRouter  # noqa: E402
-from kernels_bench.lab.twin.run import TwinOptions, load_profiles, run_config, twin  # noqa: E402
+from kernels_bench.lab.twin.router import RouterCosts  # noqa: E402
+from kernels_bench.lab.twin.run import TwinOptions, load_profiles, twin  # noqa: E402
 from kernels_bench.lab.twin.sim import Simulator  # noqa: E402
 from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile  # noqa: E402
 from kernels_bench.lib.cluster import ClusterError, engine_variant  # noqa: E402
@@ -29,7 +28,8 @@ from router.config.cluster import load_cluster_config  # noqa: E402
 from router.policies import POLICIES  # noqa: E402
 from scheduler_patches.contract import RetentionHint  # noqa: E402
 from scheduler_patches.protected import ProtectedPrograms, RetentionSettings  # noqa: E402
-from tests.lab.twin_helpers import REPLAY_TOML, flat_spec, write_replay_profiles  # noqa: E402
+from tests.lab.twin_helpers import (REPLAY_TOML, flat_spec, replay_cluster,  # noqa: E402
+                                    write_replay_profiles)
 from tests.replay_fixture import tiny_trace  # noqa: E402
 
 BLOCK = 16
@@ -95,14 +95,7 @@ def test_the_engine_twins_retention_runs_on_the_virtual_clock(profiles: Path) ->
 
 
 def test_the_twin_router_hands_the_engine_its_retention_hint(profiles: Path) -> None:
-    cfg = load_cluster_config(REPLAY_TOML)
-    cfg = run_config(cfg, cfg.engines, dataclasses.replace(cfg.router, policy="round_robin"))
-    sim = Simulator()
-    for spec in engine_specs(cfg):
-        sim.add_engine(spec, StepTimeModel(load_profile(profiles / f"{spec.entry}.json")),
-                       telemetry=True)
-    loop = VirtualLoop(sim)
-    router = TwinRouter(cfg, loop, None, RouterCosts(charge_decision=False))
+    sim, loop, router = replay_cluster(profiles, "round_robin")
     body = {"model": "auto", "messages": [{"role": "user", "content": "hello " * 300}],
             "max_tokens": 2, "ignore_eos": True, "stream": True,
             "workflow": {"program_id": "w0.1", "stage_index": 0, "num_stages": 2,

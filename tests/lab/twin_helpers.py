@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from dataclasses import astuple
@@ -11,12 +12,30 @@ from typing import Any
 import msgspec
 
 from kernels_bench.lab.twin.engine_spec import EngineSpec, engine_specs
+from kernels_bench.lab.twin.loop import VirtualLoop
+from kernels_bench.lab.twin.router import RouterCosts, TwinRouter
+from kernels_bench.lab.twin.run import run_config
 from kernels_bench.lab.twin.sim import Simulator
 from kernels_bench.lab.twin.speed import synthetic_workload
 from kernels_bench.lab.twin.step_time import EngineProfile, StepTimeModel, load_profile
 from router.config.cluster import load_cluster_config
 
 REPLAY_TOML = Path(__file__).resolve().parents[2] / "examples" / "replay.toml"
+NO_CHARGE = RouterCosts(charge_decision=False)
+
+
+def replay_cluster(profiles: Path, policy: str, costs: RouterCosts = NO_CHARGE
+                   ) -> tuple[Simulator, VirtualLoop, TwinRouter]:
+    """The replay cluster (``REPLAY_TOML``) in the twin under ``policy``: its engines on
+    ``profiles`` (telemetry on), the virtual loop and the twin's router."""
+    cfg = load_cluster_config(REPLAY_TOML)
+    cfg = run_config(cfg, cfg.engines, dataclasses.replace(cfg.router, policy=policy))
+    sim = Simulator()
+    for spec in engine_specs(cfg):
+        sim.add_engine(spec, StepTimeModel(load_profile(profiles / f"{spec.entry}.json")),
+                       telemetry=True)
+    loop = VirtualLoop(sim)
+    return sim, loop, TwinRouter(cfg, loop, None, costs)
 
 
 def profile_dict(cells: list[tuple[int, int, float, float, float]], prefill_ms_per_token: float,
