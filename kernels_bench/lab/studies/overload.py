@@ -23,7 +23,7 @@ import contextlib
 import io
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from kernels_bench.lab.studies import frontier_gap
 
@@ -60,25 +60,35 @@ def finding(v: dict[str, Any], null: float) -> bool:
     return v["lo"] is not None and not v["lo"] <= null <= v["hi"]
 
 
+def cells(data: dict[str, list[dict]]) -> Iterator[tuple[str, float, list[dict], dict | None]]:
+    """(scenario, rate, its rows, Chimera's best point among them), in scenario and rate
+    order."""
+    for name, rows in data.items():
+        for rate in sorted({r["rate"] for r in rows}):
+            here = [r for r in rows if r["rate"] == rate]
+            yield name, rate, here, best(here)
+
+
+def bold_if_finding(v: dict[str, Any], null: float, fmt: str) -> str:
+    """``ci(v)``, in bold when its interval excludes ``null``."""
+    text = ci(v, fmt)
+    return f"**{text}**" if finding(v, null) else text
+
+
 def table(data: dict[str, list[dict]]) -> str:
     """Per scenario and rate: every policy, then Chimera's best point against vLLM's."""
     out = ["| scenario | rate/s | policy | big share | score (points) | E2E/token ms "
            "| E2E mean s | score - vllm:fcfs | E2E/token / vllm:fcfs |",
            "|---|---|---|---|---|---|---|---|---|"]
-    for name, rows in data.items():
-        for rate in sorted({r["rate"] for r in rows}):
-            here = [r for r in rows if r["rate"] == rate]
-            b = best(here)
-            for r in sorted(here, key=lambda r: r["policy"]):
-                mark = " (best)" if r is b else ""
-                d = r["score_minus_baseline"]
-                q = r["e2e_per_token_ratio"]
-                out.append(
-                    f"| {name} | {rate:g} | {r['policy']}{mark} | {r['big_share']['value']:.2f} | "
-                    f"{ci(r['score'], '.1f')} | {ci(r['e2e_per_token_s'], '.1f', 1000)} | "
-                    f"{ci(r['e2e_s'], '.2f')} | "
-                    f"{'**' if finding(d, 0) else ''}{ci(d, '+.1f')}{'**' if finding(d, 0) else ''} | "
-                    f"{'**' if finding(q, 1) else ''}{ci(q, '.3f')}{'**' if finding(q, 1) else ''} |")
+    for name, rate, here, b in cells(data):
+        for r in sorted(here, key=lambda r: r["policy"]):
+            mark = " (best)" if r is b else ""
+            out.append(
+                f"| {name} | {rate:g} | {r['policy']}{mark} | {r['big_share']['value']:.2f} | "
+                f"{ci(r['score'], '.1f')} | {ci(r['e2e_per_token_s'], '.1f', 1000)} | "
+                f"{ci(r['e2e_s'], '.2f')} | "
+                f"{bold_if_finding(r['score_minus_baseline'], 0, '+.1f')} | "
+                f"{bold_if_finding(r['e2e_per_token_ratio'], 1, '.3f')} |")
     return "\n".join(out)
 
 
@@ -87,27 +97,24 @@ def headline(data: dict[str, list[dict]]) -> str:
     out = ["| scenario | rate/s | Chimera's best point | vLLM E2E/token ms | Chimera E2E/token ms "
            "| factor (vLLM / Chimera) | score - vLLM (points) | verdict |",
            "|---|---|---|---|---|---|---|---|"]
-    for name, rows in data.items():
-        for rate in sorted({r["rate"] for r in rows}):
-            here = [r for r in rows if r["rate"] == rate]
-            b = best(here)
-            base = next(r for r in here if r["policy"] == "vllm:fcfs")
-            if b is None:
-                continue
-            q = b["e2e_per_token_ratio"]
-            f = {"value": 1 / q["value"], "lo": None if q["hi"] is None else 1 / q["hi"],
-                 "hi": None if q["lo"] is None else 1 / q["lo"]}
-            d = b["score_minus_baseline"]
-            fast = "faster" if finding(q, 1) and q["value"] < 1 else (
-                "slower" if finding(q, 1) else "latency unresolved")
-            pts = "more points" if finding(d, 0) and d["value"] > 0 else (
-                "fewer points" if finding(d, 0) else "points unresolved")
-            claim = ("meets 1.2x and +8" if f["lo"] is not None and f["lo"] >= 1.2
-                     and d["lo"] >= 8 else "short of the claim")
-            out.append(f"| {name} | {rate:g} | {b['policy']} | "
-                       f"{ci(base['e2e_per_token_s'], '.1f', 1000)} | "
-                       f"{ci(b['e2e_per_token_s'], '.1f', 1000)} | {ci(f, '.2f')}x | "
-                       f"{ci(d, '+.1f')} | {fast}, {pts}; {claim} |")
+    for name, rate, here, b in cells(data):
+        base = next(r for r in here if r["policy"] == "vllm:fcfs")
+        if b is None:
+            continue
+        q = b["e2e_per_token_ratio"]
+        f = {"value": 1 / q["value"], "lo": None if q["hi"] is None else 1 / q["hi"],
+             "hi": None if q["lo"] is None else 1 / q["lo"]}
+        d = b["score_minus_baseline"]
+        fast = "faster" if finding(q, 1) and q["value"] < 1 else (
+            "slower" if finding(q, 1) else "latency unresolved")
+        pts = "more points" if finding(d, 0) and d["value"] > 0 else (
+            "fewer points" if finding(d, 0) else "points unresolved")
+        claim = ("meets 1.2x and +8" if f["lo"] is not None and f["lo"] >= 1.2
+                 and d["lo"] >= 8 else "short of the claim")
+        out.append(f"| {name} | {rate:g} | {b['policy']} | "
+                   f"{ci(base['e2e_per_token_s'], '.1f', 1000)} | "
+                   f"{ci(b['e2e_per_token_s'], '.1f', 1000)} | {ci(f, '.2f')}x | "
+                   f"{ci(d, '+.1f')} | {fast}, {pts}; {claim} |")
     return "\n".join(out)
 
 
