@@ -292,8 +292,8 @@ def _usage(event: bytes, result: StreamResult) -> bool:
     Messages' start and delta) are decoded."""
     if b'"usage"' not in event:
         return False
-    start = 5 if event.startswith(b"data:") else event.find(b"\ndata:") + 7
-    chunk = _decoded(event[start:]) if start >= 5 else None
+    field = event.find(b"data:")  # 0 for chat's chunks, after the ``event:`` line else
+    chunk = _decoded(event[field + 5:]) if field >= 0 else None
     if chunk is None:
         return False
     usage = chunk.usage

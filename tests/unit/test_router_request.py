@@ -346,6 +346,26 @@ def test_relay_counts_events_without_usage() -> None:
     assert events == [DELTA * 3] and (result.output_tokens, result.usage_seen) == (3, False)
 
 
+def test_relay_reads_the_agents_apis_events() -> None:
+    """A Responses stream: the response id from ``response.created``, the output tokens
+    from ``response.completed``; a Messages stream: from ``message_delta``. Every event
+    passes through."""
+    created = (b'event: response.created\ndata: {"type": "response.created", "response": '
+               b'{"id": "resp_1", "usage": null}}\n\n')
+    delta = b'event: response.output_text.delta\ndata: {"delta": "x"}\n\n'
+    done = (b'event: response.completed\ndata: {"type": "response.completed", "response": '
+            b'{"id": "resp_1", "usage": {"input_tokens": 3, "output_tokens": 5}}}\n\n')
+    events, result = asyncio.run(_relay([created + delta, delta + done], True))
+    assert b"".join(events) == created + delta + delta + done
+    assert (result.response_id, result.output_tokens, result.usage_seen) == ("resp_1", 5, True)
+    start = (b'event: message_start\ndata: {"type": "message_start", "message": {"usage": '
+             b'{"input_tokens": 3, "output_tokens": 0}}}\n\n')
+    end = (b'event: message_delta\ndata: {"type": "message_delta", "usage": '
+           b'{"output_tokens": 4}}\n\n')
+    events, result = asyncio.run(_relay([start + delta + end], True))
+    assert (result.response_id, result.output_tokens) == (None, 4)
+
+
 def test_completion_tokens() -> None:
     assert completion_tokens(b'{"usage": {"completion_tokens": 4}}') == 4
     assert completion_tokens(b"not json") == 0 and completion_tokens(b"[]") == 0
