@@ -14,6 +14,7 @@ import msgspec
 from aiohttp import web
 
 from router.admission.admit import Admission
+from router.admission.convert import type_name
 from router.admission.parse import parse_json
 from router.admission.programs import scope
 from router.auth import Keys, bearer
@@ -103,7 +104,8 @@ class OpenAIRoutes:
             if model in (None, AUTO_MODEL):
                 model = next(iter(self.admission.models))
             if not isinstance(model, str) or model not in models:
-                raise RequestError(404, f"model '{str(model)[:100]}' does not exist; served "
+                shown = model[:100] if isinstance(model, str) else f"<{type_name(model)}>"
+                raise RequestError(404, f"model '{shown}' does not exist; served "
                                    f"models: {', '.join(self.admission.models)}",
                                    param="model", code="model_not_found")
             up = [e for e in models[model] if e.down_reason is None]
