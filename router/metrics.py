@@ -19,6 +19,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.registry import Collector
 
 from router.dispatch.scraper import FAILURES
+from router.request import PROGRAM_SOURCES
 
 if TYPE_CHECKING:
     from router.dispatch.core import RouterCore
@@ -87,6 +88,15 @@ class _CoreCollector(Collector):
         for reason in ("guardrail", "policy"):
             moves.add_metric([reason], stats.program_moves[reason])
         yield moves
+        found = CounterMetricFamily(
+            "hetserve_programs_found", "calls by how their program was found (workflow: "
+            "hetserve's own id; agentic_context, session, prompt_cache_key, "
+            "metadata_user_id: a client convention; previous_response: the Responses "
+            "chain; conversation: the call extends an earlier call's conversation; new: "
+            "a new program; none: no program)", labels=["source"])
+        for source in PROGRAM_SOURCES:
+            found.add_metric([source], stats.programs_found[source])
+        yield found
         yield GaugeMetricFamily("hetserve_programs", "workflow programs in the program "
                                 "table (running, or waiting for their next stage)",
                                 value=len(self._core.state.programs))
@@ -222,12 +232,6 @@ class RouterMetrics:
         self.untrusted_fields = Counter(
             "hetserve_untrusted_fields_ignored", "ranking fields (workflow position, "
             "client priority) an untrusted API key sent, dropped", ["field"], registry=reg)
-        self.programs_found = Counter(
-            "hetserve_programs_found", "calls by how their program was found (workflow: "
-            "hetserve's own id; agentic_context, session, prompt_cache_key, "
-            "metadata_user_id: a client convention; previous_response: the Responses "
-            "chain; conversation: the call extends an earlier call's conversation; new: "
-            "a new program; none: no program)", ["source"], registry=reg)
         reg.register(_CoreCollector(core, policy))
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, _open_fds, ...
 

@@ -27,7 +27,7 @@ from router.engine_client import EngineCall, EngineClient, EngineReply, StreamRe
 from router.metrics import RouterMetrics
 from router.request import (PATHS, Kind, ParsedRequest, RequestError, Workflow, overloaded,
                             request_id)
-from router.state.conversations import StoredResponse
+from router.state.conversations import StoredResponse, Turn
 from router.types import Decision, NoEngineAvailable, Overloaded, RoutingRequest
 from router.upstream import (StreamTimeouts, Upstream, UpstreamError, completion_tokens,
                              response_id)
@@ -98,9 +98,10 @@ class Proxy:
         attempt = 1
         while True:
             completion = _Completion(self.core, await self.route(routing))
-            if routing.conversation and completion.decision.program_id is not None:
+            dec = completion.decision
+            if routing.conversation and dec.program_id is not None:
                 self.core.state.conversations.remember(
-                    routing.conversation[-1], completion.decision.program_id,
+                    routing.conversation[-1], Turn(dec.program_id, dec.model, dec.instance),
                     self.core.routing.clock())
             try:
                 return await self._forward(request, parsed, routing, completion)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from msgspec import Meta, Struct
@@ -49,6 +49,11 @@ def request_id() -> str:
 NEW_PROGRAM = "new:"
 """Prefix of the id of a program admission started for a call that named none
 (``router.admission.programs``)."""
+ProgramSource = Literal["workflow", "agentic_context", "session", "prompt_cache_key",
+                        "metadata_user_id", "previous_response", "conversation", "new",
+                        "none"]
+"""How admission found a call's program, in its order (``router.admission.programs``)."""
+PROGRAM_SOURCES: tuple[ProgramSource, ...] = get_args(ProgramSource)
 
 
 Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_CHARS)]

@@ -17,6 +17,7 @@ from router.metrics import RouterMetrics
 from router.request import (AUTO_MODEL, NEW_PROGRAM, Kind, ParsedRequest, RequestError,
                             Workflow, request_id)
 from router.state.cluster import ClusterState
+from router.state.conversations import StoredResponse, Turn
 from router.tokenize import PromptInfo, Tokenizers
 from router.types import RoutingRequest
 
@@ -42,8 +43,6 @@ class Admission:
         """Find the program of a call that names none the hetserve way (the policy routes
         programs: ``Policy.program_affinity``); else only hetserve's own ids, and the
         engine of a continued response."""
-        self._found = {source: metrics.programs_found.labels(source)
-                       for source in programs.SOURCES}
         self.request_ids = request_ids
 
     async def admit(self, kind: Kind, headers: Mapping[str, str],
@@ -62,7 +61,7 @@ class Admission:
         self._check_per_model(parsed)
         rid = self.request_ids()
         program = self._program(parsed, headers, rid)
-        self._found[program.program_source].inc()
+        self.state.stats.programs_found[program.program_source] += 1
         return parsed, _routing_request(parsed, await self._prompt(parsed), arrival, rid,
                                         program)
 
@@ -82,20 +81,26 @@ class Admission:
                 digests = programs.conversation_digests(
                     tenant, programs.conversation_items(parsed.kind, body))
         if parsed.previous_response_id is not None:
-            engine, found = self._stored(parsed.previous_response_id, owner)
-            if pid is None:
-                source, pid = "previous_response", found
+            stored = self._stored(parsed.previous_response_id, owner)
+            engine = stored.engine
+            if pid is None and stored.program_id is not None:
+                source, pid = "previous_response", stored.program_id
+                self.state.join(Turn(pid, stored.model, engine), self.clock())
         if pid is None and digests:
-            pid = self.state.conversations.find(digests, self.clock())
-            source, pid = ("conversation", pid) if pid else ("new", NEW_PROGRAM + rid)
+            turn = self.state.conversations.find(digests, self.clock())
+            if turn is None:
+                source, pid = "new", NEW_PROGRAM + rid
+            else:
+                source, pid = "conversation", turn.program_id
+                self.state.join(turn, self.clock())
         if pid is None:
             source = "none"
         elif pid != workflow.program_id:
             workflow = msgspec.structs.replace(workflow, program_id=pid)
         return _Program(workflow, source, digests, engine, owner)
 
-    def _stored(self, response: str, owner: bytes) -> tuple[str, str | None]:
-        """(engine, program) of a stored response of ``owner``'s; 404 when unknown."""
+    def _stored(self, response: str, owner: bytes) -> StoredResponse:
+        """A stored response of ``owner``'s; 404 when unknown."""
         stored = self.state.responses.find(response, owner, self.clock())
         if stored is None:
             raise RequestError(404, f"previous_response_id '{response[:100]}' is not known "
@@ -103,7 +108,7 @@ class Admission:
                                "it served for router.program_ttl_s after its last use, "
                                "until it restarts; send the whole conversation instead",
                                param="previous_response_id", code="response_not_found")
-        return stored.engine, stored.program_id
+        return stored
 
     def _check_per_model(self, parsed: ParsedRequest) -> None:
         """Every model named in ``per_model`` must be served here (also in a

@@ -26,18 +26,14 @@ every conversation. The workflow's ranking fields stay trusted-only
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import msgspec
 
-from router.request import Kind
+from router.request import Kind, ProgramSource
 
-Source = Literal["workflow", "agentic_context", "session", "prompt_cache_key",
-                 "metadata_user_id", "previous_response", "conversation", "new", "none"]
-SOURCES: tuple[Source, ...] = ("workflow", "agentic_context", "session",
-                               "prompt_cache_key", "metadata_user_id", "previous_response",
-                               "conversation", "new", "none")
 SESSION_HEADERS = ("x-claude-code-session-id", "session_id", "x-session-id")
 """Session headers, first found wins (Claude Code's, Codex's, the generic one vLLM reads)."""
 AGENT_HEADER = "x-claude-code-agent-id"
@@ -58,11 +54,18 @@ def _with_agent(session: str | None, agent: Any) -> str | None:
 
 def scope(api_key: str | None, user: Any) -> bytes:
     """What separates tenants: the caller's key and OpenAI's ``user``."""
-    return hashlib.blake2b(f"{api_key or ''}\0{_id(user) or ''}".encode(),
+    return _scope(api_key, _id(user))
+
+
+@functools.lru_cache(maxsize=4096)
+def _scope(api_key: str | None, user: str | None) -> bytes:
+    """``scope``'s digest (the last 4,096 pairs' kept: a tenant's calls hash once)."""
+    return hashlib.blake2b(f"{api_key or ''}\0{user or ''}".encode(),
                            digest_size=16).digest()
 
 
-def named(body: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[Source, str] | None:
+def named(body: Mapping[str, Any],
+          headers: Mapping[str, str]) -> tuple[ProgramSource, str] | None:
     """The first client convention (2-5 above) the call carries: (source, id)."""
     xargs = body.get("vllm_xargs")
     xargs = xargs if isinstance(xargs, dict) else {}
@@ -73,20 +76,21 @@ def named(body: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[Source, 
         if found:
             return "agentic_context", found
     for name in SESSION_HEADERS:  # the headers' names are case-insensitive (aiohttp's)
-        if (found := _id(headers.get(name))) is not None:
+        if (value := headers.get(name)) is not None and (found := _id(value)) is not None:
             agent = headers.get(AGENT_HEADER) if name == SESSION_HEADERS[0] else None
             return "session", _with_agent(found, agent) or found
-    if (found := _id(body.get("session_id")) or _id(xargs.get("session_id"))) is not None:
-        return "session", found
-    if (found := _id(body.get("prompt_cache_key"))) is not None:
-        return "prompt_cache_key", found
+    for source, value in (("session", body.get("session_id")),
+                          ("session", xargs.get("session_id")),
+                          ("prompt_cache_key", body.get("prompt_cache_key"))):
+        if value is not None and (found := _id(value)) is not None:
+            return source, found
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and (found := _id(metadata.get("user_id"))) is not None:
         return "metadata_user_id", found
     return None
 
 
-def program_id(source: Source, tenant: bytes, value: str) -> str:
+def program_id(source: ProgramSource, tenant: bytes, value: str) -> str:
     """The program id of a client's ``value`` found by ``source``, within ``tenant``."""
     digest = hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12,
                              key=tenant).hexdigest()

@@ -48,6 +48,10 @@ def header_name(field_name: str) -> str:
     return "X-Hetserve-" + "-".join(p.capitalize() for p in field_name.split("_"))
 
 
+_HEADERS = {name: header_name(name) for name in WORKFLOW_FIELDS}
+"""Each workflow field's header, in the fields' order."""
+
+
 def _header_value(name: str, raw: str) -> Any:
     """A header string as the JSON value its workflow field expects (left as it is when
     it is not one: the struct reports the type)."""
@@ -87,15 +91,17 @@ def parse_workflow(body_value: Any, headers: Mapping[str, str]) -> Workflow:
     is a 400, as any value of the wrong type."""
     merged: dict[str, Any] = {}
     params: dict[str, str] = {}
-    given = {k.lower(): v for k, v in headers.items() if k.lower().startswith(HEADER_PREFIX)}
-    for name in WORKFLOW_FIELDS:
-        raw = given.pop(header_name(name).lower(), None)
-        if raw is not None:
-            merged[name], params[name] = _header_value(name, raw), header_name(name)
-    unknown = sorted(given)
-    if unknown:
-        raise bad(f"unknown header '{unknown[0]}'; workflow headers are "
-                  + ", ".join(header_name(n) for n in WORKFLOW_FIELDS), unknown[0])
+    given = {low: v for k, v in headers.items()
+             if (low := k.lower()).startswith(HEADER_PREFIX)}
+    if given:
+        for name, header in _HEADERS.items():
+            raw = given.pop(header.lower(), None)
+            if raw is not None:
+                merged[name], params[name] = _header_value(name, raw), header
+        unknown = sorted(given)
+        if unknown:
+            raise bad(f"unknown header '{unknown[0]}'; workflow headers are "
+                      + ", ".join(_HEADERS.values()), unknown[0])
     if not merged and not body_value:
         return Workflow()
     if body_value:

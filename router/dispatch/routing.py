@@ -191,7 +191,9 @@ class Routing:
     def _commit(self, req: RoutingRequest, dec: Decision, cands: Candidates,
                 view: StateView, now: float) -> Decision:
         """Record a decision (in-flight ledger, program table, counters), sent to its
-        program's engine first where affinity applies (``router.policies.affinity``)."""
+        program's engine first where affinity applies (``router.policies.affinity``). A
+        ``new`` program's first call enters no table: the call that joins it does
+        (``ClusterState.join``)."""
         state, r = self.state, self.settings
         assert self.policy is not None
         if r.program_affinity and self.policy.program_affinity and dec.program_id is not None:
@@ -207,7 +209,7 @@ class Routing:
             predicted_tokens=dec.predicted_remaining_tokens or 0.0,
             prefill_tokens=max(0, req.num_prompt_tokens - cached), decode_tokens=max_tokens,
             sent_wall=self.wall_clock()))
-        if dec.program_id is not None:
+        if dec.program_id is not None and req.program_source != "new":
             home = state.programs.engine(dec.program_id)
             if home is not None and home != dec.instance:
                 state.stats.program_moves[dec.info.get("affinity", "policy")] += 1

@@ -19,11 +19,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-from scipy import sparse
-from sklearn.feature_extraction.text import HashingVectorizer
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 LEXICAL = "lexical"
 """The ``knn.encoder`` spec of this encoder."""
@@ -54,6 +55,8 @@ class LexicalEncoder:
         if idf.shape != (DIMS,) or not np.isfinite(idf).all():
             raise ValueError(f"lexical encoder: {DIMS} finite inverse document frequencies "
                              f"expected, got shape {idf.shape}")
+        from sklearn.feature_extraction.text import HashingVectorizer  # 0.6 s: on use
+
         self.idf, self.max_length = idf.astype(np.float64), max_length
         self.hasher = HashingVectorizer(ngram_range=NGRAMS, n_features=DIMS,
                                         alternate_sign=False, norm=None, lowercase=False)

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Sequence
 
-from router.state.conversations import ConversationIndex, ResponseIndex
+from router.state.conversations import ConversationIndex, ResponseIndex, Turn
 from router.state.engines import EngineTable
 from router.state.inflight import InflightLedger
 from router.state.kv_hash import BlockHasher
@@ -51,6 +51,13 @@ class ClusterState:
     def view(self) -> StateView:
         """What a policy reads for one decision or batch."""
         return StateView(self.table, self.ledger, self.programs, self.hasher)
+
+    def join(self, turn: Turn, now: float) -> None:
+        """A call joins ``turn``'s program: the program enters the table on the model and
+        engine of ``turn`` unless it is there (its first call is remembered by the
+        conversation and response indexes only, so one-call programs cost no entry)."""
+        if turn.program_id not in self.programs:
+            self.programs.routed(turn.program_id, turn.model, now, turn.engine)
 
     def closed(self, instance: str) -> None:
         """A request open on ``instance`` ended."""

@@ -3,7 +3,9 @@ and the responses engines stored.
 
 ``ConversationIndex``: a call's conversation (its messages or input items, in order) as a
 chain of prefix digests (``router.admission.programs.conversation_digests``); a call
-whose conversation extends one the index holds joins that call's program. Only whole
+whose conversation extends one the index holds joins that call's program, on the model
+and engine that call went to (a program's first call is remembered here only, not in the
+program table, until a second call joins it: ``ClusterState.join``). Only whole
 conversations of routed calls are remembered (the next call of an agent re-sends them and
 appends the reply and its tool results), and a digest two programs claim is ambiguous: it
 matches nothing, so two sessions that began alike never merge.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Generic, Sequence, TypeVar
+from typing import Generic, NamedTuple, Sequence, TypeVar
 
 V = TypeVar("V")
 
@@ -72,31 +74,41 @@ class _Bounded(Generic[V]):
             del self._entries[key]
 
 
+class Turn(NamedTuple):
+    """A routed call of a conversation: its program, and the model and engine it went
+    to."""
+
+    program_id: str
+    model: str
+    engine: str
+
+
 class ConversationIndex:
-    """Prefix digest of a routed call's whole conversation -> its program (None:
+    """Prefix digest of a routed call's whole conversation -> that call (None:
     ambiguous, claimed by two programs)."""
 
     def __init__(self, max_entries: int, ttl_s: float) -> None:
-        self._table: _Bounded[str | None] = _Bounded(max_entries, ttl_s)
+        self._table: _Bounded[Turn | None] = _Bounded(max_entries, ttl_s)
 
     def __len__(self) -> int:
         return len(self._table)
 
-    def find(self, digests: Sequence[bytes], now: float) -> str | None:
-        """The program of the longest proper prefix of a conversation (``digests[k]``:
-        its first k + 1 items) that a routed call sent whole, None if none or ambiguous."""
+    def find(self, digests: Sequence[bytes], now: float) -> Turn | None:
+        """The call of the longest proper prefix of a conversation (``digests[k]``: its
+        first k + 1 items) that a routed call sent whole, None if none or ambiguous."""
         for digest in reversed(digests[:-1]):
             entry = self._table.get(digest, now)
             if entry is not None:
                 return entry.value
         return None
 
-    def remember(self, digest: bytes, program_id: str, now: float) -> None:
-        """A call of ``program_id`` sent the conversation whose whole digest is
-        ``digest``."""
+    def remember(self, digest: bytes, turn: Turn, now: float) -> None:
+        """``turn`` sent the conversation whose whole digest is ``digest``."""
         entry = self._table.get(digest, now)
-        self._table.put(digest, program_id if entry is None or entry.value == program_id
-                        else None, now)
+        if entry is None:
+            self._table.put(digest, turn, now)
+        elif entry.value is not None and entry.value.program_id != turn.program_id:
+            entry.value = None
 
     def expire(self, now: float) -> None:
         self._table.expire(now)

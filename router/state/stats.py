@@ -69,5 +69,7 @@ class RouterStats:
     """Calls of a program routed away from the engine its last call went to, by why:
     ``guardrail`` (its engine was overloaded, ``router.policies.affinity``), ``policy``
     (the policy chose another model or engine, or the engine was not a candidate)."""
+    programs_found: Counter[str] = field(default_factory=Counter)
+    """Calls by how admission found their program (``router.request.PROGRAM_SOURCES``)."""
     policy_sources: dict[str, str] = field(default_factory=dict)
     """Policy input -> ``predictor`` or ``static_prior``."""

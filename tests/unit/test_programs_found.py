@@ -17,7 +17,7 @@ from router.admission import agents, programs
 from router.admission.parse import parse_request
 from router.policies.affinity import keep_home, overloaded
 from router.request import RequestError, Workflow
-from router.state.conversations import ConversationIndex, ResponseIndex, StoredResponse
+from router.state.conversations import ConversationIndex, ResponseIndex, StoredResponse, Turn
 from router.state.programs import ProgramTable
 from router.state.view import EngineView
 from router.types import Decision, RoutingRequest
@@ -83,28 +83,33 @@ def test_ids_are_hashed_per_key_and_user() -> None:
 # ------------------------------------------------------------------ conversations
 
 
+def _turn(program: str) -> Turn:
+    return Turn(program, "tiny-a", "a-0")
+
+
 def test_a_call_extending_a_conversation_joins_its_program() -> None:
     index = ConversationIndex(100, 60.0)
     first = _digests(_chat(2))
     assert index.find(first, 0.0) is None
-    index.remember(first[-1], "p", 0.0)
+    index.remember(first[-1], _turn("p"), 0.0)
     for turn in range(3, 10):  # each call re-sends the last and appends to it
         grown = _digests(_chat(turn))
-        assert index.find(grown, 1.0) == "p"
-        index.remember(grown[-1], "p", 1.0)
+        assert index.find(grown, 1.0) == _turn("p")
+        index.remember(grown[-1], _turn("p"), 1.0)
 
 
 def test_two_sessions_that_began_alike_never_merge() -> None:
     index = ConversationIndex(100, 60.0)
     start = _digests(_chat(2))
-    index.remember(start[-1], "a", 0.0)
-    index.remember(start[-1], "b", 0.0)  # the same first call in another session
+    index.remember(start[-1], _turn("a"), 0.0)
+    index.remember(start[-1], _turn("b"), 0.0)  # the same first call in another session
+    index.remember(start[-1], _turn("a"), 0.0)  # ambiguous stays ambiguous
     assert index.find(_digests(_chat(4)), 0.0) is None
 
 
 def test_other_tenants_and_other_histories_do_not_match() -> None:
     index = ConversationIndex(100, 60.0)
-    index.remember(_digests(_chat(3))[-1], "p", 0.0)
+    index.remember(_digests(_chat(3))[-1], _turn("p"), 0.0)
     assert index.find(_digests(_chat(5), programs.scope("other-key", None)), 0.0) is None
     assert index.find(_digests(_chat(5, tag="x")), 0.0) is None
     assert index.find(_digests(_chat(3)), 0.0) is None  # itself: no proper prefix of it
@@ -113,10 +118,10 @@ def test_other_tenants_and_other_histories_do_not_match() -> None:
 def test_the_index_is_bounded_and_forgets_idle_entries() -> None:
     index = ConversationIndex(3, 10.0)
     for i in range(5):
-        index.remember(bytes([i]), f"p{i}", float(i))
+        index.remember(bytes([i]), _turn(f"p{i}"), float(i))
     assert len(index) == 3
     assert index.find([bytes([0]), b"x"], 5.0) is None  # least recently used: out
-    assert index.find([bytes([4]), b"x"], 5.0) == "p4"
+    assert index.find([bytes([4]), b"x"], 5.0) == _turn("p4")
     assert index.find([bytes([2]), b"x"], 12.5) is None  # idle for 10.5 s
     index.expire(100.0)
     assert len(index) == 0
@@ -330,3 +335,37 @@ def test_a_routing_core_keeps_programs_home_and_counts_the_guardrails_moves(
         assert core.state.stats.program_moves["guardrail"] == 1
     else:
         assert core.state.stats.program_moves["guardrail"] == 0
+
+
+def test_a_programs_first_call_takes_no_entry_until_a_second_joins_it() -> None:
+    """A ``new`` program's first call leaves the program table empty (one-call programs
+    cost no entry); the call that joins it (``ClusterState.join``, as admission does for
+    a conversation found) enters it on the first call's model and engine, and goes back
+    to that engine though another is less busy."""
+    import asyncio
+
+    from router.dispatch.core import RouterCore
+    from tests.remote_cluster import remote_cluster
+
+    names = {f"e{i}": "m" for i in range(3)}
+    core = RouterCore(remote_cluster("random_mix", names, heartbeat_timeout_s=1e9,
+                                     policies={"random_mix": {"big_model": "m",
+                                                              "share": 1.0}}), None)
+    core.build_policy()
+    for name in names:
+        _snapshot(core, name, 0, 1)
+
+    async def route(k: int, source: str) -> Decision:
+        dec = await core.routing.route(RoutingRequest(
+            f"r{k}", "m", workflow=Workflow(program_id="new:r0"), program_source=source))
+        core.routing.on_complete(dec, 1, None)
+        return dec
+
+    first = asyncio.run(route(0, "new"))
+    assert len(core.state.programs) == 0
+    _snapshot(core, first.instance, 1, 3)  # its engine is now the busiest
+    core.state.join(Turn("new:r0", first.model, first.instance), 0.0)
+    core.state.join(Turn("new:r0", first.model, "e-elsewhere"), 0.0)  # in the table: kept
+    second = asyncio.run(route(1, "conversation"))
+    assert second.instance == first.instance and len(core.state.programs) == 1
+    assert core.state.programs.engine("new:r0") == first.instance
