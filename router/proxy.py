@@ -144,7 +144,8 @@ class Proxy:
         inst = self.core.membership.instances.get(decision.instance)
         priority, max_tokens = engine_settings(
             parsed, decision, "hetserve" if inst is None else inst.priority_wire)
-        body = upstream_body(parsed, decision.model, priority, max_tokens, routing.workflow)
+        body = upstream_body(parsed, decision.model, priority, max_tokens,
+                             self._retention(routing))
         path = PATHS[parsed.kind]
         headers = {"content-type": "application/json", "x-request-id": request_id}
         if parsed.kind == "messages" and priority is not None:  # vLLM's Messages: no field
@@ -209,6 +210,17 @@ class Proxy:
         return web.Response(body=content, status=reply.status, headers={
             "x-request-id": rid, "x-hetserve-engine": instance,
             "content-type": reply.content_type})
+
+    def _retention(self, routing: RoutingRequest) -> RetentionHint | None:
+        """The retention hint of a call: its workflow's (``retention_for``), else, for an
+        agent's call (``RoutingRequest.retain``), a hint that its program returns, after
+        the gap its last return took (``ProgramTable.return_s``; unknown: the engine's
+        ``retention_ttl_s``, Continuum's rule)."""
+        hint = retention_for(routing.workflow)
+        pid = routing.workflow.program_id
+        if hint is None and routing.retain and pid is not None:
+            hint = RetentionHint(pid, False, self.core.state.programs.return_s(pid))
+        return hint
 
     def _stored(self, response: str | None, decision: Decision, owner: bytes) -> None:
         """A Responses-API response the decision's engine stored for ``owner``."""
@@ -293,16 +305,13 @@ def engine_settings(parsed: ParsedRequest, decision: Decision,
     return priority, max_tokens
 
 
-def upstream_body(
-    parsed: ParsedRequest, model: str, priority: int | None, max_tokens: int | None,
-    workflow: Workflow | None = None
-) -> bytes:
+def upstream_body(parsed: ParsedRequest, model: str, priority: int | None,
+                  max_tokens: int | None, hint: RetentionHint | None = None) -> bytes:
     """The body sent to the engine: the client's body with ``model``, ``priority`` and
     ``max_tokens`` set by the router, ``workflow``, ``priority`` and ``per_model`` removed,
     usage requested on streams (the router strips the usage chunk again if the client
-    did not ask for it), and the retention hint (``retention_for`` of ``workflow``, the
-    one admission gave the program: by default the client's) in ``vllm_xargs``, whose
-    ``hetserve_*`` keys only the router sets."""
+    did not ask for it), and the retention ``hint`` (``Proxy._retention``) in
+    ``vllm_xargs``, whose ``hetserve_*`` keys only the router sets."""
     body = {k: v for k, v in parsed.body.items()
             if k not in ("workflow", "priority", "per_model")}
     body["model"] = model
@@ -312,7 +321,7 @@ def upstream_body(
         body[parsed.max_tokens_param] = max_tokens
     if parsed.stream and parsed.kind in ("chat", "completion"):
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    xargs, hint = body.get(XARGS_FIELD), retention_for(workflow or parsed.workflow)
+    xargs = body.get(XARGS_FIELD)
     if isinstance(xargs, dict) or (xargs is None and hint is not None):  # else: engine's 400
         body[XARGS_FIELD] = {**{k: v for k, v in (xargs or {}).items()
                                 if not k.startswith(RETAIN_PREFIX) and k != AGENTIC_CONTEXT},

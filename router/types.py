@@ -47,6 +47,10 @@ class RoutingRequest:
     covers its first k + 1 messages or input items."""
     owner: bytes = b""
     """The caller's tenant (its API key's digest): whose the responses it makes are."""
+    retain: bool = False
+    """Ask the engine to keep the program's prefix after this call: an agent's call (it
+    offers tools) of a program found from what its trusted caller sent
+    (``router.proxy.Proxy._retention``)."""
 
 
 @dataclass(frozen=True)

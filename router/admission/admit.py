@@ -62,8 +62,9 @@ class Admission:
         rid = self.request_ids()
         program = self._program(parsed, headers, rid)
         self.state.stats.programs_found[program.program_source] += 1
+        retain = trusted and bool(parsed.tools) and program.program_source in AGENT_SOURCES
         return parsed, _routing_request(parsed, await self._prompt(parsed), arrival, rid,
-                                        program)
+                                        program, retain)
 
     def _program(self, parsed: ParsedRequest, headers: Mapping[str, str],
                  rid: str) -> _Program:
@@ -157,6 +158,12 @@ class Admission:
             for n in names if (length := self.models[n].max_model_len) is not None)
 
 
+AGENT_SOURCES = frozenset({"agentic_context", "session", "prompt_cache_key",
+                           "metadata_user_id", "previous_response", "conversation", "new"})
+"""Programs found from what an agent sends (not hetserve's own workflow, which says
+itself whether its program returns: ``router.proxy.retention_for``)."""
+
+
 class _Program(NamedTuple):
     """A request's program as admission found it (``Admission._program``)."""
 
@@ -168,15 +175,16 @@ class _Program(NamedTuple):
     owner: bytes
 
 
-def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
-                     arrival: float, rid: str, program: _Program) -> RoutingRequest:
+def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None, arrival: float,
+                     rid: str, program: _Program, retain: bool) -> RoutingRequest:
     """The core's request; without ``prompt`` (not tokenized), an empty prompt of
     0 tokens: every engine it may go to fits it, and its policy reads none of it."""
     workflow, source, conversation, engine, owner = program
     if prompt is None:
         return RoutingRequest(rid, parsed.model, max_tokens=parsed.max_tokens,
                               workflow=workflow, arrival_time=arrival, engine=engine,
-                              program_source=source, conversation=conversation, owner=owner)
+                              program_source=source, conversation=conversation, owner=owner,
+                              retain=retain)
     return RoutingRequest(
         request_id=rid,
         requested_model=parsed.model,
@@ -192,4 +200,5 @@ def _routing_request(parsed: ParsedRequest, prompt: PromptInfo | None,
         program_source=source,
         conversation=conversation,
         owner=owner,
+        retain=retain,
     )

@@ -17,6 +17,11 @@ class ProgramEntry:
     model: str
     engine: str | None
     last_active: float
+    ended: float | None = None
+    """When its last call ended, until its next is routed."""
+    return_s: float | None = None
+    """How long its last return took: from a call's end to its next call (the agent's
+    tool time)."""
 
 
 class ProgramTable:
@@ -41,6 +46,11 @@ class ProgramTable:
         entry = self._programs.get(program_id) if program_id is not None else None
         return entry.engine if entry else None
 
+    def return_s(self, program_id: str) -> float | None:
+        """How long the program's last return took (None: unknown)."""
+        entry = self._programs.get(program_id)
+        return entry.return_s if entry else None
+
     def routed(self, program_id: str, model: str, now: float,
                engine: str | None = None) -> None:
         """A stage of ``program_id`` was routed to ``model`` (on ``engine``, when
@@ -48,6 +58,8 @@ class ProgramTable:
         entry = self._programs.get(program_id)
         if entry is None or entry.model != model:
             entry = self._programs[program_id] = ProgramEntry(model, engine, now)
+        if entry.ended is not None:
+            entry.return_s, entry.ended = now - entry.ended, None
         entry.engine = engine or entry.engine
         entry.last_active = now
         programs = self._programs
@@ -64,7 +76,7 @@ class ProgramTable:
         if final and not error:
             del self._programs[program_id]
         else:
-            entry.last_active = now
+            entry.last_active = entry.ended = now
             self._programs[program_id] = self._programs.pop(program_id)
 
     def expire(self, now: float) -> list[str]:

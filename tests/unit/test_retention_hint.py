@@ -10,7 +10,7 @@ import pytest
 
 from engine_ext.priority_guard import body_error
 from router.admission.parse import parse_request
-from router.proxy import upstream_body
+from router.proxy import retention_for, upstream_body
 from router.request import ParsedRequest, RequestError
 from scheduler_patches.contract import RetentionHint, retention_hint
 
@@ -24,7 +24,7 @@ def chat(workflow: dict[str, Any] | None = None, headers: dict[str, str] | None 
 
 
 def sent(parsed: ParsedRequest) -> dict[str, Any]:
-    return json.loads(upstream_body(parsed, "tiny-a", None, None))
+    return json.loads(upstream_body(parsed, "tiny-a", None, None, retention_for(parsed.workflow)))
 
 
 # ---------------------------------------------------------------- the contract
