@@ -4,6 +4,7 @@ engine's own scheduler class deciding the order."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from engine_ext.schedulers import STJFScheduler, VLLMScheduler
 from kernels_bench.lab.twin.request import RequestRecord, TwinRequest
 from kernels_bench.lab.twin.sim import Simulator
-from kernels_bench.lab.twin.step_time import StepTimeModel
+from kernels_bench.lab.twin.step_time import StepTimeModel, load_profile
 from router.policies.base import priority_for
-from tests.lab.twin_helpers import flat_spec, write_profile
+from tests.lab.twin_helpers import flat_spec, profile_dict, write_profile
 
 FLAT = [(1, 128, 10.0, 10.0, 10.0), (8, 128, 10.0, 10.0, 10.0)]
 """Decode step 10 ms at any batch and context."""
@@ -66,6 +67,23 @@ def test_hand_computed_completion_times(tmp_path: Path) -> None:
     assert (a.generated, b.generated) == (3, 2)
     assert sim.now() == exact(0.356, abs=1e-12)
 
+
+
+def test_prefill_attention_grows_with_the_context_of_each_chunk(tmp_path: Path) -> None:
+    """Prefill 1 ms per token and A = 0.01 ms per (new, attended) token pair. A: 300
+    prompt tokens, 1 output token, chunks of 256. Step 1: 256 tokens on 0 computed, 256 +
+    0.01 x 256 x 128 = 583.68 ms; step 2: 44 tokens on 256 computed, 44 + 0.01 x 44 x
+    (256 + 22) = 166.32 ms: the first (and last) token at 0.75 s."""
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps({**profile_dict(FLAT, 1.0),
+                                "prefill_attention_ms_per_pair": 0.01}))
+    sim = Simulator()
+    sim.add_engine(flat_spec("e-0", "fcfs"), StepTimeModel(load_profile(path)))
+    sim.submit("e-0", TwinRequest("A", tuple(range(100, 400)), 1), 0.0)
+    sim.run()
+    a = sim.engines["e-0"].records["A"]
+    assert a.first_token == pytest.approx(0.75, abs=1e-12)
+    assert sim.engines["e-0"].steps == 2
 
 def finish_order(tmp_path: Path, policy: str, stock: bool = False
                  ) -> tuple[list[str], dict[str, RequestRecord]]:

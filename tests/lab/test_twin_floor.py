@@ -78,6 +78,24 @@ def test_grid_points_exact_and_linear_between(tmp_path: Path, tiny: Path) -> Non
     assert m.step_ms([100], 10) == pytest.approx(2.5 + 10 * 0.1)
 
 
+
+def test_prefill_attention_is_anchored_at_the_longest_prompt(tmp_path: Path, tiny: Path) -> None:
+    """P x 64 + A x 64^2 / 2 is the measured 6.4 ms of the longest prompt; A is the
+    roofline's attention per query-key pair scaled by measured / roofline; without the
+    option the file has no A (prefill linear, as before)."""
+    path = write(tmp_path / "floor.json", hand_floor())
+    file = floor.floor_file(path, str(tiny), "h200", "tiny", 0.0, attention=True)
+    p, a = file["prefill_ms_per_token"], file["prefill_attention_ms_per_pair"]
+    assert p * 64 + a * 64 * 64 / 2 == pytest.approx(6.4)
+    shape, gpu = model_shape(TINY), gpu_preset("h200")
+    pair = 1000 * 4 * 2 * 64 / (gpu.bf16_flops * gpu.flops_efficiency)
+    assert a == pytest.approx(pair * 6.4 / (1000 * floor_seconds(shape, gpu, 0, 0, 64)))
+    assert "modelled beyond 64 tokens" in file["modelled"]
+    m = StepTimeModel(decode_profile(file))
+    assert m.step_ms([], 64, 64 * 32) == pytest.approx(6.4)
+    assert "prefill_attention_ms_per_pair" not in floor.floor_file(path, str(tiny), "h200",
+                                                                   "tiny", 0.0)
+
 def test_overhead_is_added_once_per_step(tmp_path: Path, tiny: Path) -> None:
     path = write(tmp_path / "floor.json", hand_floor())
     bare, loaded = profile_model(path, tiny, 0.0), profile_model(path, tiny, 4.0)

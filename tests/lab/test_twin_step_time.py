@@ -61,3 +61,17 @@ def test_profile_file_is_validated(tmp_path: Path) -> None:
     dup = msgspec.convert(profile_dict([CELLS[0], CELLS[0]], 0.5), EngineProfile)
     with pytest.raises(ValueError, match="two decode cells"):
         StepTimeModel(dup)
+
+
+def test_prefill_attention_term(tmp_path: Path) -> None:
+    """A x sum n (c + n / 2) on top of P x n; a profile without A is linear as before."""
+    linear = StepTimeModel(write_profile(tmp_path / "p.json", CELLS, prefill_ms_per_token=0.5))
+    assert linear.prefill_attention_ms_per_pair == 0.0
+    assert linear.step_ms([], 100, 100 * (900 + 50)) == pytest.approx(50.0)
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps({**profile_dict(CELLS, 0.5),
+                                "prefill_attention_ms_per_pair": 1e-4}))
+    m = StepTimeModel(load_profile(path))
+    # 100 new tokens on 900 cached: each attends to 950 keys on average
+    assert m.step_ms([], 100, 100 * (900 + 50)) == pytest.approx(50.0 + 1e-4 * 95_000)
+    assert m.step_ms([192], 0) == linear.step_ms([192], 0) == pytest.approx(10.0)

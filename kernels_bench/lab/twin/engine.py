@@ -137,7 +137,7 @@ class EngineTwin:
         self.preemptions += len(out.preempted_req_ids or ())
         now = self.clock()
         decode_contexts: list[int] = []
-        prefill_tokens = 0
+        prefill_tokens, prefill_pairs = 0, 0.0
         for rid, n in out.num_scheduled_tokens.items():
             request = self.scheduler.requests[rid]
             before = request.num_computed_tokens - n  # schedule() already advanced it
@@ -149,8 +149,10 @@ class EngineTwin:
                 decode_contexts.append(before + 1)
             else:
                 prefill_tokens += n
+                prefill_pairs += n * (before + n / 2)
         self._running = (out, fake_output(self.scheduler, out))
-        duration = self.step_time.step_ms(decode_contexts, prefill_tokens) / 1000.0
+        duration = self.step_time.step_ms(decode_contexts, prefill_tokens,
+                                          prefill_pairs) / 1000.0
         self.busy_s += duration
         return finished, duration
 

@@ -23,7 +23,12 @@ writes the ``<entry>.json`` that ``kernels_bench profile`` measures and
   already holds the weight read; the slope between two prompt lengths is not used: eager
   prefill of small shapes is launch-bound (0.5B on the H200: 5.4 ms at 512 tokens, 5.5 at
   2,048), so its slope is not the compute cost;
-- ``kv_capacity_tokens``: ``roofline.kv_capacity_tokens`` of the ``--gpu`` preset.
+- ``kv_capacity_tokens``: ``roofline.kv_capacity_tokens`` of the ``--gpu`` preset;
+- with ``--prefill-attention``, prefill's attention term (``StepTimeModel.step_ms``'s A,
+  ``prefill_attention_ms_per_pair``) from the roofline anchored at the measured longest
+  prompt, and P what is left of that prompt's time (``prefill_attention``): the same
+  time for a lone prompt of T_max tokens, attention growing with context beyond it
+  (modelled, not measured, past T_max).
 
 ``floor_table`` sets the floor beside ``roofline.floor_seconds`` (the roofline without its
 overhead) per shape, batch and context, and per prompt length.
@@ -133,11 +138,41 @@ def prefill_ms_per_token(floor: Floor, shape: str) -> float:
     return longest.floor_ms / longest.prompt_tokens
 
 
+def prefill_attention(floor: Floor, shape: str, mshape: ModelShape, gpu: GpuPreset
+                      ) -> tuple[float, float, int]:
+    """(P, A, T_max): prefill's per-token and attention terms of ``StepTimeModel.step_ms``
+    fitted to the floor's longest prompt of ``shape``, T_max tokens measured F ms::
+
+        A = 4 x layers x q_dim / (peak x eff_flops) x F / R     (ms per query-key pair)
+        P = (F - A x T_max^2 / 2) / T_max
+
+    4 x layers x q_dim FLOPs per (query, key) pair is the roofline's attention
+    (``roofline.step_seconds``), R its time for the T_max prompt (``floor_seconds``):
+    the roofline's attention scaled by what the measured prompt took of the roofline's
+    time, so P T_max + A T_max^2 / 2 = F exactly. Measured at T_max only; the growth
+    beyond it is the roofline's, modelled."""
+    rows = [c for c in floor.prefill if c.model == shape]
+    if not rows:
+        raise ValueError(f"the floor has no prefill cells of shape {shape!r}")
+    longest = max(rows, key=lambda c: c.prompt_tokens)
+    t, measured = longest.prompt_tokens, longest.floor_ms
+    roof = 1000 * floor_seconds(mshape, gpu, 0, 0, prefill_tokens=t)
+    pair = 4 * mshape.layers * mshape.q_dim / (gpu.bf16_flops * gpu.flops_efficiency) * 1000
+    a = pair * measured / roof
+    p = (measured - a * t * t / 2) / t
+    if p < 0:
+        raise ValueError(f"shape {shape!r}: the roofline's attention exceeds the measured "
+                         f"{t}-token prefill")
+    return p, a, t
+
+
 def floor_file(floor_path: Path, model: str, preset: str, entry: str, overhead_ms: float,
                shape: str | None = None, dtype: str = "bfloat16",
-               max_num_seqs: int | None = None, base_dir: Path = Path()) -> dict[str, Any]:
+               max_num_seqs: int | None = None, base_dir: Path = Path(),
+               attention: bool = False) -> dict[str, Any]:
     """``<entry>.json`` from a floor (module docstring); ``shape`` defaults to ``model``'s
-    shape name, ``max_num_seqs`` to the floor's largest batch."""
+    shape name, ``max_num_seqs`` to the floor's largest batch; ``attention``: prefill's
+    attention term fitted (``prefill_attention``), else prefill linear."""
     if not 0 <= overhead_ms <= 1e6:
         raise ValueError(f"overhead {overhead_ms} ms: must be in [0, 1e6]")
     gpu = gpu_preset(preset)
@@ -149,13 +184,21 @@ def floor_file(floor_path: Path, model: str, preset: str, entry: str, overhead_m
     except ValueError as e:
         raise ValueError(f"floor file {floor_path}: {e}") from None
     mshape = model_shape(model_config(model, base_dir), dtype)
-    return profile_file(
-        f"measured floor {floor_path.name} ({floor.device}) + overhead {overhead_ms:g} ms",
-        entry, model, cells, prefill, kv_capacity_tokens(mshape, gpu),
+    modelled = f"measured floor {floor_path.name} ({floor.device}) + overhead {overhead_ms:g} ms"
+    pair = 0.0
+    if attention:
+        prefill, pair, t = prefill_attention(floor, name, mshape, gpu)
+        modelled += (f"; prefill attention from the {preset} roofline anchored at the "
+                     f"measured {t}-token prefill (modelled beyond {t} tokens)")
+    file = profile_file(
+        modelled, entry, model, cells, prefill, kv_capacity_tokens(mshape, gpu),
         max_num_seqs or max(c.batch_size for c in cells), REFERENCE_CONTEXT, 0,
         {"floor": floor_path.name, "device": floor.device, "torch": floor.torch,
          "shape": name, "overhead_ms": overhead_ms, "kv_sized_by": preset,
          "memory_bytes": gpu.memory_bytes, "dtype": dtype, "params": mshape.params})
+    if attention:
+        file["prefill_attention_ms_per_pair"] = pair
+    return file
 
 
 def floor_table(floor: Floor, gpu: GpuPreset, models: Mapping[str, str] | None = None,
@@ -267,6 +310,9 @@ def main(argv: list[str] | None = None) -> None:
     prof.add_argument("--overhead-ms", type=float, required=True,
                       help="vLLM's per-step work on top of the floor (a stated parameter)")
     prof.add_argument("--max-num-seqs", type=int, help="default: the floor's largest batch")
+    prof.add_argument("--prefill-attention", action="store_true",
+                      help="fit prefill's attention term (roofline anchored at the longest "
+                      "measured prompt; modelled beyond it); default: prefill linear")
     prof.add_argument("--out", type=Path, required=True, help="the profile file to write")
     table = sub.add_parser("table", help="print the floor against the roofline (markdown)")
     table.add_argument("--floor", type=Path, required=True, help="the measured-floor file")
@@ -278,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if a.command == "profile":
             file = floor_file(a.floor, a.model, a.gpu, a.entry, a.overhead_ms, a.shape,
-                              max_num_seqs=a.max_num_seqs)
+                              max_num_seqs=a.max_num_seqs, attention=a.prefill_attention)
             decode_profile(file)
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(file, indent=2) + "\n")
