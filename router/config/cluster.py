@@ -1,5 +1,6 @@
 """The cluster file as the router reads it: ``[router]``, ``[[engines]]``, the rules
-across them, and the loader (``[launcher]`` and ``[cluster]``: ``launcher.settings``).
+across them, the loader, and engines joining and leaving at run time (``with_engine``)
+(``[launcher]`` and ``[cluster]``: ``launcher.settings``).
 
 Paths are relative to the file's folder. Ports and telemetry endpoints left out are
 assigned by the launcher, which writes a *resolved* file (``to_toml``): ``instances()``
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,85 +52,65 @@ class RouterConfig(Verified):
     uds: str | None = None
     """Also listen on this unix socket path."""
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 1
-    """Router processes serving ``port`` together, one per core: the kernel spreads the
-    clients' connections over them (``SO_REUSEPORT``). Each reads the engines' telemetry
-    itself; they share the program table and the launcher's and operators' engine marks
-    (``router.dispatch.peers``). The launcher starts them all; by hand, run
-    ``python -m router --worker I`` for I in 0..workers-1."""
+    """Router processes serving ``port`` together (``SO_REUSEPORT``), sharing the program
+    table and engine marks (``router.dispatch.peers``); by hand, ``python -m router
+    --worker I`` for I in 0..workers-1."""
     worker_ports: list[Port] | None = None
-    """Each worker's own port on ``host`` (its ``/health``, ``/metrics`` and admin, one
-    process each); assigned by the launcher when left out."""
+    """Each worker's own port (``/health``, ``/metrics``, admin); assigned by the launcher."""
     sync_dir: str | None = None
-    """Directory of the workers' ipc sockets (the shared program table); the launcher sets
-    its run directory."""
+    """Directory of the workers' ipc sockets; the launcher sets its run directory."""
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The raw ``[router.policies.<name>]`` tables, validated by ``router.policies``."""
     predictors: dict[str, str] = field(default_factory=dict)
     """Predictor artifact paths by predictor name."""
     heartbeat_timeout_s: Positive = 1.5
-    """An engine with no telemetry for this long is marked down: three of the engines'
-    heartbeats (``engine_ext.telemetry.DEFAULT_HEARTBEAT_S``, sent while idle or in a long
-    step), so a stopped engine is routed around within 2 s (docs/reliability.md)."""
+    """An engine with no telemetry for this long is down: three heartbeats
+    (``engine_ext.telemetry.DEFAULT_HEARTBEAT_S``), within 2 s (docs/reliability.md)."""
     sole_engine_timeout_s: Positive = 5.0
-    """The heartbeat timeout of an engine no other engine of its model could replace (none
-    up and heard from within its own timeout): marking it down would turn a late answer
-    into a certain 503. On this 2-core machine a model's last engine, starved while the
-    other restarted, went silent 1.5-2.0 s (docs/reliability.md); the larger of this and
-    ``heartbeat_timeout_s`` applies."""
+    """The heartbeat timeout (the larger applies) of an engine no live engine of its model
+    could replace; on 2 cores such an engine went silent 1.5-2.0 s (docs/reliability.md)."""
     scheduler_stall_timeout_s: Positive = 30.0
-    """An engine whose telemetry (sent by a thread apart from its scheduler) shows the same
-    scheduler step for this long while requests run or wait is down until the step moves
-    (a stalled scheduler; ``router.state.engines``)."""
+    """An engine whose telemetry shows one scheduler step this long with work is down until
+    the step moves (``router.state.engines``)."""
     allow_client_priority: bool = False
     """Whether a client may set the engine priority itself."""
     telemetry_interval_ms: Positive = 20.0
     """Engines' minimum time between two scheduler snapshots while busy."""
     scrape_interval_ms: Annotated[float, Field(ge=10, le=60_000)] = 100.0
-    """How often the router reads a stock vLLM engine's ``/metrics`` (``kind = "vllm"``;
-    ``router.dispatch.scraper``)."""
+    """How often the router reads a stock engine's ``/metrics`` (``router.dispatch.scraper``)."""
     scrape_timeout_s: Positive = 10.0
-    """A stock vLLM engine with no good ``/metrics`` scrape for this long is down (its
-    scrapes are its heartbeats); also the longest one scrape may take. vLLM's API server
-    answers ``/metrics`` from the event loop that also finishes responses: on 2 busy
-    CPU cores it was measured silent for 3.5 and 12.7 s at the end of 1,000-token
-    answers, hence more than the patched engines' ``heartbeat_timeout_s``."""
+    """A stock engine with no good scrape this long is down; also one scrape's limit (vLLM's
+    ``/metrics`` was measured silent 3.5 and 12.7 s on 2 busy cores)."""
     request_timeout_s: Positive = 600.0
     """Longest silence from an engine on any request (a non-streamed one sends nothing
     until its generation ends)."""
     stream_first_byte_timeout_s: Positive = 300.0
-    """Longest wait for a streamed response's first event (the engine's queueing and
-    prefill included); beyond it the stream ends with an error event and the engine is
-    marked down until its health probe answers."""
+    """Longest wait for a stream's first event (queueing and prefill included); then an
+    error event, and the engine is down until its health probe answers."""
     stream_stall_timeout_s: Positive = 60.0
-    """Longest silence between two events of a streamed response that has started (a
-    hung or stopped engine); beyond it, as for the first byte."""
+    """Longest silence between two events of a started stream; then as for the first byte."""
     breaker_backoff_s: Positive = 1.0
-    """An engine marked down by a failed call is probed (``GET /health``) after this long,
-    doubling with every further trip before it completes a request
-    (``router.dispatch.health_probe.backoff``)."""
+    """An engine a failed call marked down is probed (``GET /health``) after this long,
+    doubling per trip (``router.dispatch.health_probe.backoff``)."""
     breaker_backoff_max_s: Positive = 30.0
     """The longest such backoff."""
     max_inflight: PositiveInt = 4096
-    """Generation requests the router handles at once (also its connections to engines);
-    one more is answered 503 with ``retry-after`` at once instead of queueing."""
+    """Generation requests handled at once; one more is answered 503 with ``retry-after``."""
     program_ttl_s: Positive = 600.0
-    """A workflow program with no request for this long leaves the program table (and
-    its conversations and stored responses the indexes of ``router.state.conversations``)."""
+    """A program with no request this long leaves the program table (and its conversations
+    and stored responses ``router.state.conversations``)."""
     program_affinity: bool = True
-    """A program's call goes to the engine its last call went to (it holds the program's
-    prefix) unless ``affinity_*_threshold`` say that engine is overloaded; for the
-    policies that route programs (``Policy.program_affinity``), not the baselines."""
+    """A program's call goes to its last call's engine unless ``affinity_*_threshold`` find
+    it overloaded (policies with ``Policy.program_affinity``)."""
     affinity_abs_threshold: Annotated[int, Field(ge=0)] = 64
-    """Guardrail: the program leaves its engine when that engine's requests (running plus
-    waiting) exceed the least loaded candidate's by more than this *and*
-    ``affinity_rel_threshold`` times over: SGLang's cache-aware rule and defaults
+    """The program leaves an engine whose requests exceed the least loaded's by more than
+    this *and* ``affinity_rel_threshold`` times: SGLang's cache-aware rule and defaults
     (``balance_abs_threshold``; ``router.policies.affinity.overloaded``)."""
     affinity_rel_threshold: Annotated[float, Field(ge=1.0)] = 1.5
     """Guardrail's relative part (SGLang's ``balance_rel_threshold``)."""
     max_programs: PositiveInt = 65_536
-    """Programs the router keeps at once, and as many conversations (to find the program of
-    a call that names none: ``router.state.conversations``) and stored Responses-API
-    response ids (with the engine that stored each); the least recently used leave first."""
+    """Programs kept, and as many conversations and stored response ids (least recently
+    used leave first; ``router.state.conversations``)."""
     find_conversations: bool = True
     """Join a call that names no program to the program whose conversation it extends."""
     api_keys_file: str | None = None
@@ -140,22 +121,17 @@ class RouterConfig(Verified):
     """Keys of the admin endpoints; none: loopback and unix-socket callers only."""
     admin_keys_env: str | None = None
     trusted_keys_file: str | None = None
-    """API keys whose callers are trusted with priority: their workflow position
-    (``workflow``, ``stage``, ``stage_index``, ``num_stages``, ``final``,
-    ``expected_return_s``: it also claims engine memory, KV retention) and, with
-    ``allow_client_priority``, their ``priority`` are used; other keys' are ignored and the
-    router ranks those calls on its own predictions (``router.admission.workflow.RANKING_FIELDS``).
-    Trusted keys are API keys too. With no key configured at all, every caller is trusted."""
+    """API keys (trusted keys are API keys too) whose callers' workflow position and, with
+    ``allow_client_priority``, priority are used; other calls are ranked on predictions
+    (``router.admission.workflow.RANKING_FIELDS``). No key configured: all are trusted."""
     trusted_keys_env: str | None = None
     """An environment variable holding trusted API keys, comma-separated."""
     telemetry_keys_dir: str | None = None
-    """CURVE keys of the telemetry plane (``python -m engine_ext.curve DIR``): every
-    engine's snapshots and KV events are encrypted and authenticated both ways
-    (``engine_ext.curve``). Required for a telemetry endpoint beyond loopback."""
+    """CURVE keys of the telemetry plane (``engine_ext.curve``); required for a telemetry
+    endpoint beyond loopback."""
     insecure: bool = False
-    """Allow a listener beyond loopback without API keys, and telemetry endpoints beyond
-    loopback without ``telemetry_keys_dir`` (cleartext, anyone who reaches them can
-    read and inject frames)."""
+    """Allow a listener beyond loopback without API keys, and telemetry beyond loopback
+    without ``telemetry_keys_dir`` (cleartext)."""
 
     def verify(self) -> None:
         """A named policy; API keys for a listener beyond loopback; several workers: one
@@ -236,8 +212,7 @@ class ClusterConfig:
         validate = _policy_validator()
         if validate is None:
             return
-        tables = {self.router.policy: {}, **self.router.policies}
-        for name, table in tables.items():
+        for name, table in {self.router.policy: {}, **self.router.policies}.items():
             try:
                 validate(name, table)
             except SettingsError as e:
@@ -370,24 +345,26 @@ def parse_cluster_config(data: dict[str, Any], source: str, base_dir: Path) -> C
     return cfg
 
 
+_PATH_KEYS = ("uds", "sync_dir", "api_keys_file", "admin_keys_file", "trusted_keys_file",
+              "telemetry_keys_dir")
+"""The keys of ``[router]`` that name files, relative to the cluster file."""
+
+
 def decode_tables(data: dict[str, Any],
                   base_dir: Path) -> tuple[RouterConfig, list[EngineConfig]]:
     """``[router]`` and ``[[engines]]`` of a file's ``data``, each valid on its own, paths
-    made absolute against ``base_dir`` (SettingsError)."""
+    (a policy table's non-empty ``*_path`` strings too) made absolute against ``base_dir``
+    (SettingsError)."""
     top = decode(_File, data, "")
     router = decode(RouterConfig, top.router, "router")
     engines = [decode_engine(raw, i, base_dir) for i, raw in enumerate(top.engines)]
     router = dataclasses.replace(
         router, **{k: absolute(getattr(router, k), base_dir) for k in _PATH_KEYS},
         predictors={k: absolute(v, base_dir) for k, v in router.predictors.items()},
-        policies={name: _absolute_paths(table, base_dir)
+        policies={name: {k: absolute(v, base_dir) if k.endswith("_path") and
+                         isinstance(v, str) and v else v for k, v in table.items()}
                   for name, table in router.policies.items()})
     return router, engines
-
-
-_PATH_KEYS = ("uds", "sync_dir", "api_keys_file", "admin_keys_file", "trusted_keys_file",
-              "telemetry_keys_dir")
-"""The keys of ``[router]`` that name files, relative to the cluster file."""
 
 
 def absolute(path: str | None, base_dir: Path) -> str | None:
@@ -397,12 +374,57 @@ def absolute(path: str | None, base_dir: Path) -> str | None:
     return os.path.normpath(base_dir / Path(path).expanduser())
 
 
-def _absolute_paths(table: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """A policy table with its non-empty ``*_path`` strings made absolute."""
-    return {k: absolute(v, base_dir) if k.endswith("_path") and isinstance(v, str) and v
-            else v for k, v in table.items()}
-
-
 def _policy_validator() -> Callable[[str, Mapping[str, Any]], Any] | None:
     """The policy registry's validator (a hook: tests of the file alone set it to None)."""
     return validate_settings
+
+
+def with_engine(cfg: ClusterConfig, table: Mapping[str, Any],
+                served: Collection[str] | None = None,
+                models: Mapping[str, str] | None = None) -> ClusterConfig:
+    """``cfg`` with one more engine entry, a replica the launcher started while the router
+    runs (``POST /admin/engines/{name}/add``): an entry with a ``url``, a new instance name
+    and a model already served (a new model needs a router restart: its policy was built
+    for the models it had); checked as in a file (ConfigError). ``served``: the models
+    served (default: ``cfg``'s engines'; other workers' removals may leave one without an
+    engine). ``models``: the model each served name was started with (default: ``cfg``'s
+    engines'); another is refused even when the name has no engine left, since the
+    policy's predictors and profiles were built for the first."""
+    source = f"{cfg.source} (added engine)"
+    try:
+        e = decode_engine(dict(table), len(cfg.engines), Path(cfg.source).parent)
+        key = f"engines.{e.name}"
+        check(f"{key}.url", e.remote, "an added engine needs its url")
+        check(f"{key}.name", e.name not in {i.name for i in cfg.instances()},
+              f"{e.name!r} is already an engine instance")
+        check(f"{key}.served_model_name",
+              e.served_model_name in (served if served is not None
+                                      else {x.served_model_name for x in cfg.engines}),
+              f"{e.served_model_name!r} is not served here; a new model needs a restart of "
+              "the router")
+        first = (models if models is not None
+                 else {x.served_model_name: x.model for x in cfg.engines}).get(e.served_model_name)
+        check(f"{key}.model", first is None or e.model == first,
+              f"{e.served_model_name!r} is served by {first!r} here, not {e.model!r}; "
+              "another model needs a restart of the router")
+        new = dataclasses.replace(cfg, engines=[*cfg.engines, e])
+        new.verify_engines()
+    except SettingsError as err:
+        raise ConfigError(source, err.key, err.problem) from None
+    return new
+
+
+def without_engine(cfg: ClusterConfig, name: str, last: bool = False) -> ClusterConfig:
+    """``cfg`` without the engine entry ``name``: one with a ``url`` (the launcher's
+    placed or added replicas), not the last of its model unless ``last`` (ConfigError).
+    An admin call is refused the last engine of a model; another router worker's removal
+    (``last=True``) was ordered after the calls it won over and is applied as is."""
+    e = next((x for x in cfg.engines if x.name == name), None)
+    if e is None or not e.remote:
+        raise ConfigError(cfg.source, f"engines.{name}", "no engine entry of that name with a "
+                          "url (only engines the launcher placed or added can be removed)")
+    if not last and sum(x.replicas for x in cfg.engines
+                        if x.served_model_name == e.served_model_name) == 1:
+        raise ConfigError(cfg.source, f"engines.{name}", f"the last engine of model "
+                          f"{e.served_model_name!r}")
+    return dataclasses.replace(cfg, engines=[x for x in cfg.engines if x is not e])

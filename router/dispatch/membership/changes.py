@@ -2,7 +2,7 @@
 
 One place applies each change to everything that knows the engines: the engine table and
 the in-flight ledger (``router.state``), the cluster file as the router holds it (an add is
-checked against it: ``router.config.membership``), the health prober's URLs, the
+checked against it: ``router.config.cluster.with_engine``), the health prober's URLs, the
 subscriptions (``Subscriptions``) and the routing policy. Who asked (the launcher, an
 operator, a failed call, another router worker) and how the change is shared is the
 caller's concern (``Membership``, ``PeerSync``).
@@ -15,9 +15,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from router.config.cluster import ClusterConfig
+from router.config.cluster import ClusterConfig, with_engine, without_engine
 from router.config.engines import EngineInstance, MAX_NODE_CHARS
-from router.config.membership import with_engine, without_engine
 from router.dispatch.health_probe import HealthProber
 from router.dispatch.membership.subscriptions import Subscriptions, Unused
 from router.dispatch.peers import MAX_URL_CHARS
