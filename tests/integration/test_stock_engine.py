@@ -48,10 +48,11 @@ served them (the priority test)."""
 SCRAPE_INTERVAL_MS, SCRAPE_TIMEOUT_S = 100, 15.0
 CLIENTS = 4
 """Clients sending back to back in the load test (one slot: one runs, three wait)."""
+LOAD_TOKENS = 900
+"""Tokens of each load request: about 3 s of the engine's time here, so three requests
+wait in its scheduler for seconds at a time (the load test's docstring says why)."""
 LOAD_TIMEOUT_S = 180.0
-"""The longest the load on the stock engine lasts, waiting for the router to see it (one
-idle-machine run here saw it waiting at 84 s and not yet running at 90 s: vLLM's gauges
-lag its engine by tens of seconds while its API server streams long answers)."""
+"""The longest the load on the stock engine lasts, waiting for the router to see it."""
 ARRIVAL_TIMEOUT_S = 120.0
 """The longest the priority test waits for its requests to reach the paused stock engine's
 engine core (through the router; a second or two here)."""
@@ -213,15 +214,18 @@ def test_health_metrics_and_table_say_each_engines_kind(cluster: Cluster) -> Non
 def test_load_on_the_stock_engine_is_read_from_its_metrics(cluster: Cluster) -> None:
     """Requests sent straight to the stock engine (the router never saw them) show in the
     router's view of it, running and waiting (max_num_seqs 1: four clients sending
-    300-token requests back to back, until the router saw both or ``LOAD_TIMEOUT_S``
-    passed). The time to each is printed. The answers are not streamed: while vLLM's API
-    server streamed ten such answers on 2 busy cores it answered /metrics up to 12.7 s
-    late, so the router saw the load after up to 147 s (CI's run of 2026-12-07); whole
-    answers leave it free to answer the scrapes. Not exact counts at set times (the
-    router's view lags the engine by a scrape at least); exact readings of a real body:
-    tests/unit/test_scraper.py. Four clients, not ten: one running and three waiting are
-    the load to see, and ten kept vLLM's API server from updating or answering its gauges
-    for the whole 180 s once in CI's run of this stop (1,007 s of tests otherwise)."""
+    ``LOAD_TOKENS``-token requests back to back, until the router saw both or
+    ``LOAD_TIMEOUT_S`` passed). The time to each is printed. Not exact counts at set times
+    (the router's view lags the engine by a scrape at least); exact readings of a real
+    body: tests/unit/test_scraper.py.
+
+    Why these sizes: vLLM's API server answers /metrics only when its event loop is free
+    of its output handler, which on 2 busy cores is when the engine has nothing to send:
+    with 300-token answers (0.9 s each here) every reading of a direct probe said 0
+    running, 0 waiting for 20 s, and CI's run of 2026-12-07 saw no waiting request in
+    180 s; with 900-token answers (3 s each) every reading said 1 running, 3 waiting
+    (``vllm:num_requests_*``, 30 readings, 2026-12-07). Whole answers, not streams: a
+    streaming API server answered /metrics up to 12.7 s late."""
     start, first, stop = time.monotonic(), dict[str, float](), threading.Event()
 
     def client(i: int) -> list[int]:
@@ -229,7 +233,8 @@ def test_load_on_the_stock_engine_is_read_from_its_metrics(cluster: Cluster) -> 
         while not stop.is_set():
             codes.append(httpx.post(cluster.urls["stock"] + "/v1/completions", timeout=300,
                                     json={"model": MODEL, "prompt": f"load {i}",
-                                          "max_tokens": 300, "ignore_eos": True}).status_code)
+                                          "max_tokens": LOAD_TOKENS,
+                                          "ignore_eos": True}).status_code)
         return codes
 
     with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
