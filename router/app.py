@@ -33,8 +33,8 @@ from router.predictors.base import PredictorSet
 from router.proxy import Proxy
 from router.request import Kind, request_id
 from router.routes.admin import AdminRoutes
-from router.routes.http import MAX_BODY_BYTES, openai_errors
-from router.routes.openai import OpenAIRoutes
+from router.routes.http import MAX_BODY_BYTES
+from router.routes.openai import OpenAIRoutes, openai_errors
 from router.routes.outcomes import OutcomeRoutes
 from router.tokenize import Tokenizers
 

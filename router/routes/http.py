@@ -32,19 +32,6 @@ def error_response(exc: RequestError, kind: Kind | None = None) -> web.Response:
     return json_response(exc.body(kind), exc.status, headers)
 
 
-@web.middleware
-async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """aiohttp's own 404 and 405 as OpenAI error objects, which clients' SDKs parse (the
-    path is not echoed: it may hold anything)."""
-    try:
-        return await handler(request)
-    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
-        what = "no such endpoint" if exc.status == 404 else \
-            f"{request.method[:16]} is not allowed here"
-        return error_response(RequestError(exc.status, what, code="not_found"
-                                           if exc.status == 404 else "method_not_allowed"))
-
-
 async def read_body(content: aiohttp.StreamReader) -> bytes:
     """The request body, at most ``MAX_BODY_BYTES`` (413 beyond); ClientDisconnected if
     the client leaves while sending."""

@@ -8,7 +8,7 @@ generates nothing goes to its engine as it came (``PassThrough``)."""
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
 from aiohttp import web
@@ -34,6 +34,19 @@ PassThrough = Callable[[Kind, str, str, str, bytes], Awaitable[web.Response]]
 
 CLIENT_CLOSED = 499
 """Status counted for a request whose client left before the answer (never sent)."""
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own 404 and 405 as OpenAI error objects, which clients' SDKs parse (the
+    path is not echoed: it may hold anything)."""
+    try:
+        return await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        what = "no such endpoint" if exc.status == 404 else \
+            f"{request.method[:16]} is not allowed here"
+        return error_response(RequestError(exc.status, what, code="not_found"
+                                           if exc.status == 404 else "method_not_allowed"))
 
 
 class OpenAIRoutes:
