@@ -1,14 +1,10 @@
 """One typed decoder for every settings table: the cluster file's and each policy's.
 
-A settings class is a pydantic dataclass with ``config=STRICT``: values keep their TOML
-type (no string for a number, no boolean for an integer; an integer is taken for a
-number), unknown keys are rejected, NaN and infinity are rejected, every string is at
-most ``MAX_TEXT`` characters, and bounds are declared on the fields (the aliases below,
-or ``Field(ge=...)``). Checks across fields stay in the class: a policy's in
-``__post_init__``, a cluster-file table's in ``verify`` (a ``Verified`` class), both with
-``check``. ``decode`` builds one from a table and turns the first problem into a
-``SettingsError`` whose message is ``<key path>: <what is wrong>``; ``encode`` is the way
-back.
+A settings class is a pydantic dataclass with ``config=STRICT`` (TOML types kept, an integer
+taken for a number; unknown keys, NaN, infinity and strings over ``MAX_TEXT`` refused), its
+bounds on the fields, its checks across fields in ``__post_init__`` (a policy's) or
+``verify`` (a ``Verified`` class), both with ``check``. ``decode`` reports the first problem
+as ``SettingsError``: ``<key path>: <what is wrong>``; ``encode`` is the way back.
 """
 
 from __future__ import annotations
@@ -37,15 +33,10 @@ Niceness = Annotated[int, Field(ge=0, le=19)]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """What a name (of an engine, a Ray namespace) may be."""
-
-
 MAX_NAME_CHARS = 256
-"""Longest name: what router workers' messages to each other carry
-(``router.dispatch.peers``)."""
+"""Longest name: what router workers' messages carry (``router.dispatch.peers``)."""
 MAX_WORKERS = 256
-"""Most router processes one ``[router]`` may ask for (a worker index in their messages
-to each other is below it)."""
-
+"""Most router processes of one ``[router]`` (bounds a worker index in their messages)."""
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN.pattern, max_length=MAX_NAME_CHARS)]
 """A name (``NAME_PATTERN``): an engine's, a Ray namespace."""
@@ -66,8 +57,7 @@ class Verified:
     calls it once every field is valid (``dataclasses.replace`` does not)."""
 
     def verify(self) -> None:
-        """Raise ``SettingsError`` (``check``) on a broken rule, its key relative to the
-        table."""
+        """Raise ``SettingsError`` (``check``, key relative to the table) on a broken rule."""
 
 
 def check(key: str, ok: bool, problem: str) -> None:
@@ -147,15 +137,14 @@ def _translate(cls: type, table: Mapping[str, Any], path: str,
             return SettingsError(f"{path}.{err.key}", err.problem)
         return SettingsError(key, str(err))
     if kind == "unexpected_keyword_argument":
-        known = [f.alias or name for name, f in cls.__pydantic_fields__.items()]  # type: ignore[attr-defined]
+        fields = cls.__pydantic_fields__  # type: ignore[attr-defined]
+        known = [f.alias or name for name, f in fields.items()]
         return SettingsError(key, "unknown key" + (suggest(str(parts[-1]), known) or
                                                    "; known keys: " + (", ".join(known) or "none")))
-    if kind == "missing":
-        return SettingsError(key, "missing")
-    if kind in _BOUNDS:
-        return SettingsError(key, f"must be {_BOUNDS[kind]} {next(iter(ctx.values()))}, "
-                             f"got {_shown(value)}")
     problems = {
+        "missing": lambda: "missing",
+        **dict.fromkeys(_BOUNDS, lambda: f"must be {_BOUNDS[kind]} "
+                        f"{next(iter(ctx.values()))}, got {_shown(value)}"),
         "finite_number": lambda: f"must be finite, got {value!r}",
         "too_short": lambda: f"needs at least {ctx['min_length']} entries, got {len(value)}",
         "string_too_long": lambda: f"must be at most {ctx['max_length']} characters, got "

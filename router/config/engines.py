@@ -1,7 +1,6 @@
 """``[[engines]]``: one entry per model deployment, local (``LocalEngine``, started by the
-launcher) or remote (``RemoteEngine``, with a ``url``: only routed to; ``decode_engine``
-picks the class), each entry's rules in its ``verify``; ``EngineInstance``, one engine
-process as the router sees it."""
+launcher) or remote (``RemoteEngine``, with a ``url``), each entry's rules in its ``verify``;
+``EngineInstance``, one engine process as the router sees it."""
 
 from __future__ import annotations
 
@@ -26,44 +25,36 @@ from scheduler_patches.settings import ENGINE_POLICIES as SCHED_POLICIES
 from scheduler_patches.settings import EnginePolicy as SchedPolicy
 
 EngineKind = Literal["hetserve", "vllm"]
-"""``hetserve``: vLLM with hetserve's scheduler and telemetry (``python -m engine_ext.serve``);
-``vllm``: an unmodified vLLM OpenAI server, read by scraping its ``/metrics``
-(``router.dispatch.scraper``) and by vLLM's own KV events."""
+"""``hetserve``: vLLM with hetserve's scheduler and telemetry (``engine_ext.serve``);
+``vllm``: unmodified vLLM, read by its ``/metrics`` (``router.dispatch.scraper``)."""
 STOCK_SCHED_POLICIES = ("fcfs", "priority")
 """The schedulers of stock vLLM (its ``--scheduling-policy``)."""
 RETENTION_KEYS = (*RetentionSettings.__pydantic_fields__, "admit_returning_first")
-"""Engine keys of KV retention (``scheduler_patches.protected.RetentionSettings``) and of
-the admission that uses it (``scheduler_patches.program_admission.AdmissionSettings``); a
-replay's policy spec may set them per spec (``@max_protected_programs=0``)."""
+"""Engine keys of KV retention (``RetentionSettings``) and of the admission that uses it
+(``scheduler_patches.program_admission``); a replay's policy spec may set them."""
 HETSERVE_ONLY_KEYS = ("telemetry_endpoint", "starvation_threshold", "quantum",
                       "max_promotions", "mlfq_levels", "mlfq_base_quantum", *RETENTION_KEYS)
 """Keys of hetserve's engine patch, refused for a ``kind = "vllm"`` engine."""
 MAX_REPLICAS = 4096
-"""Most replicas one ``[[engines]]`` entry may ask for."""
+"""Most replicas of one entry."""
 RESERVED_MODEL_NAMES = ("auto",)
 """Served model names the router keeps for itself."""
 MAX_NODE_CHARS = 1024
-"""Longest ``node`` of an engine (where it runs: an address and a Ray node id)."""
-
+"""Longest ``node`` (where an engine runs: an address and a Ray node id)."""
 
 Endpoint = Annotated[str, Field(pattern=r"^(ipc|tcp)://")]
 """A ZeroMQ endpoint: ``ipc://PATH`` or ``tcp://HOST:PORT``."""
 ENDPOINT_KEYS = ("telemetry_endpoint", "kv_events_endpoint")
 """An engine's ZeroMQ endpoints: scheduler snapshots, KV events."""
-
-
 PriorityWire = Literal["none", "hetserve", "stock"]
-"""How the router sends a request's ``priority`` to an engine (``priority_wire``):
-``none``, not at all; ``hetserve``, as it is (``0``, no prediction, is the engine's
-``unprioritized_priority``); ``stock``, with no prediction sent as ``PRIORITY_MAX``."""
+"""How the router sends a request's ``priority``: ``none``, not at all; ``hetserve``, as it
+is; ``stock``, with no prediction (``0``) sent as ``PRIORITY_MAX``."""
 
 
 def priority_wire(kind: EngineKind, sched_policy: str) -> PriorityWire:
-    """The ``PriorityWire`` of an engine of ``kind`` scheduled by ``sched_policy``, live and
-    in the twin. FCFS ignores priorities: none is sent. vLLM's own priority scheduler would
-    serve a call without a prediction (priority 0) first, where STJF serves it last (its
-    default ``unprioritized_priority``): the router sends it as ``PRIORITY_MAX`` there, so
-    stock and patched engines order such calls alike."""
+    """The ``PriorityWire`` of an engine of ``kind`` scheduled by ``sched_policy`` (also in
+    the twin): none for FCFS; stock vLLM would serve a call without a prediction first,
+    where STJF serves it last (``unprioritized_priority``), hence ``PRIORITY_MAX``."""
     if sched_policy == "fcfs":
         return "none"
     return "stock" if kind == "vllm" else "hetserve"
@@ -77,13 +68,10 @@ class _Engine(Verified):
     served_model_name: str
     """Model name clients use; defaults to ``name``."""
     kind: EngineKind = "hetserve"
-    """Which server the engine is (``EngineKind``): ``vllm`` for a stock vLLM server
-    (remote, or started by the launcher as ``vllm serve``)."""
+    """Which server the engine is (``EngineKind``; ``vllm``: started as ``vllm serve``)."""
     sched_policy: SchedPolicy | None = None
-    """The engine's scheduler. hetserve: ``stjf`` (default), ``fcfs``, ``priority`` or
-    ``mlfq``; vllm: ``fcfs`` (vLLM's default) or ``priority`` (its
-    ``--scheduling-policy``). The router sends a ``priority`` only to engines whose
-    scheduler takes one (every one but ``fcfs``); for a remote engine say which it runs."""
+    """The engine's scheduler: hetserve's ``stjf`` (default), ``fcfs``, ``priority``,
+    ``mlfq``; vllm's ``fcfs`` (default) or ``priority``. Priorities go to all but ``fcfs``."""
     model: str | None = None
     """``builtin:<name>``, a local path (``/``, ``./``, ``../``, ``~``) or a hub id."""
     replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 1
@@ -94,21 +82,17 @@ class _Engine(Verified):
     max_model_len: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
-    """An environment variable holding the API key the engine requires (vLLM's own
-    ``--api-key``): the launcher gives it to the engine (as ``VLLM_API_KEY``, never on a
-    command line), the router sends it (``Authorization: Bearer``) on every call. The
-    variable must be set where the launcher and the router run."""
+    """A variable (set where the launcher and router run) holding the key the engine
+    requires: given to it as ``VLLM_API_KEY``, sent by the router as a bearer token."""
     node: Annotated[str, Field(max_length=MAX_NODE_CHARS)] | None = None
-    """Where a remote engine runs (informational: shown by ``/health`` and ``/metrics``);
-    the launcher sets it for engines it placed on a Ray cluster."""
+    """Where it runs (shown by ``/health``, ``/metrics``); the launcher sets it on Ray."""
 
     remote: ClassVar[bool]
     """Whether another host runs it (an entry with ``url``)."""
 
     @property
     def priority_wire(self) -> PriorityWire:
-        """``priority_wire`` of the engine's scheduler (stock vLLM's default is FCFS,
-        hetserve's STJF)."""
+        """``priority_wire`` of its scheduler (default: stock vLLM's FCFS, hetserve's STJF)."""
         return priority_wire(self.kind, self.sched_policy or
                              ("fcfs" if self.kind == "vllm" else "stjf"))
 
@@ -118,8 +102,7 @@ class _Engine(Verified):
         return value if value is None or isinstance(value, list) else [value] * self.replicas
 
     def endpoints(self) -> list[tuple[str, str, str]]:
-        """Each replica's telemetry and KV-event endpoint: (key, owner, endpoint), the
-        owner naming the replica when there are several."""
+        """(key, owner, endpoint) of each replica's endpoints, owner naming the replica."""
         return [(k, f"engines.{self.name}.{k}" + (f" (replica {i})" if self.replicas > 1
                                                   else ""), ep)
                 for k in ENDPOINT_KEYS for i, ep in enumerate(self.per_replica(k) or [])]
@@ -146,11 +129,11 @@ class _Engine(Verified):
 
 @dataclass(frozen=True, config=STRICT, kw_only=True)
 class LocalEngine(_Engine):
-    """An entry the launcher starts: ``replicas`` engine instances of ``model``.
-    ``port`` takes one port (consecutive ones for the replicas) or one per replica."""
+    """An entry the launcher starts: ``replicas`` engine instances of ``model``."""
 
     host: str = LOOPBACK
     port: Port | list[Port] | None = None
+    """One port (consecutive ones for the replicas) or one per replica."""
     gpus: list[Count] | None = None
     """GPU ids, ``tensor_parallel_size`` per replica, in replica order."""
     num_gpus: PositiveInt | None = None
@@ -163,9 +146,8 @@ class LocalEngine(_Engine):
     num_cpus: PositiveInt | None = None
     """CPU cores per replica (no GPU visible); default: an even share of the free cores."""
     nice: Niceness = 0
-    """CPU scheduling niceness (Linux ``nice``, 0-19) of the engine's processes. Where the
-    router and its predictors share the engines' CPU cores (a CPU-only machine), a positive
-    value keeps routing decisions from waiting behind the engines' compute."""
+    """Niceness of the engine's processes: positive keeps routing decisions from waiting
+    behind engines on CPU cores they share."""
     kv_cache_bytes: PositiveInt | None = None
     """KV cache size; default on CPU: 64 MiB for ``builtin:tiny-*``, else 1 GiB."""
     starvation_threshold: PositiveInt | None = None
@@ -174,8 +156,8 @@ class LocalEngine(_Engine):
     mlfq_levels: PositiveInt | None = None
     mlfq_base_quantum: PositiveInt | None = None
     retention_ttl_s: Annotated[float, Field(ge=0, le=MAX_EXPECTED_RETURN_S)] | None = None
-    """Longest KV retention of a returning program after its call (s; 0: off; the
-    engine's default 30): ``scheduler_patches.protected.RetentionSettings``."""
+    """Longest KV retention of a returning program after its call (s; 0: off; default 30):
+    ``scheduler_patches.protected.RetentionSettings``."""
     retention_slack: Annotated[float, Field(ge=1, le=1000)] | None = None
     """Retention lasts this many times the call's expected return, within the TTL (2)."""
     max_protected_programs: Annotated[int, Field(ge=0, le=MAX_PROTECTED_PROGRAMS)] | None = None
@@ -183,11 +165,9 @@ class LocalEngine(_Engine):
     max_protected_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     """Share of the KV pool retained blocks may hold (default 0.5)."""
     retention_ttl_only: bool | None = None
-    """Baseline: retain every non-final call for the TTL, ignoring its expected return
-    (Continuum's rule; default false)."""
+    """Baseline: retain every non-final call for the TTL (Continuum's rule; default false)."""
     admit_returning_first: bool | None = None
-    """STJF only: under KV pressure, admit a returning program whose blocks are retained
-    before new calls of its starvation level (default false)."""
+    """STJF: under KV pressure, admit returning programs first in their level (false)."""
     max_num_batched_tokens: PositiveInt | None = None
     dtype: str | None = None
     enforce_eager: bool = False
@@ -199,8 +179,7 @@ class LocalEngine(_Engine):
     """Extra environment variables of the engine process."""
     resources: dict[Annotated[str, Field(min_length=1, max_length=128)],
                     Annotated[float, Field(gt=0, le=1e6)]] = field(default_factory=dict)
-    """Ray custom resources each replica needs (``[cluster] backend = "ray"``), e.g.
-    ``{ "gpu-h100" = 1 }``: the replica goes only to a node that offers them."""
+    """Ray custom resources each replica needs, e.g. ``{ "gpu-h100" = 1 }``."""
 
     remote: ClassVar[bool] = False
 
@@ -260,9 +239,8 @@ class LocalEngine(_Engine):
 
 @dataclass(frozen=True, config=STRICT, kw_only=True)
 class RemoteEngine(_Engine):
-    """An engine another host runs (for example with ``python -m launcher FILE --only
-    NAME``): not started, only routed to; its name is that engine's id (``NAME-0`` for the
-    first replica of ``NAME``). Its endpoints are the ones its engine publishes to."""
+    """An engine another host runs: only routed to; its name is that engine's id
+    (``NAME-0`` for the first replica of ``NAME``), its endpoints those it publishes to."""
 
     url: HttpUrl
     """Base URL of the engine (``http://host:port``)."""
@@ -293,8 +271,7 @@ class EngineInstance:
     """One engine process (a replica of an entry), as the router sees it."""
 
     name: str
-    """The engine id in telemetry and KV events: ``<engine>-<replica>`` (e.g. ``big-0``);
-    a remote engine's entry name is its engine id."""
+    """Engine id in telemetry and KV events: ``<engine>-<replica>``, or a remote's name."""
     engine: str
     replica: int
     model: str | None
@@ -317,9 +294,8 @@ class EngineInstance:
 
 
 def decode_engine(raw: Any, index: int, base_dir: Path) -> EngineConfig:
-    """Entry ``index`` of ``[[engines]]`` (a local model path made absolute against
-    ``base_dir``); its keys are named ``engines.<name>`` once the name is valid,
-    ``engines[<index>]`` before (SettingsError)."""
+    """Entry ``index`` of ``[[engines]]``, a local model path made absolute against
+    ``base_dir``; keys named ``engines.<name>`` (``engines[<index>]`` before a valid name)."""
     name = raw.get("name") if isinstance(raw, dict) else None
     path = (f"engines.{name}" if isinstance(name, str) and NAME_PATTERN.match(name)
             else f"engines[{index}]")
