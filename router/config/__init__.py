@@ -1,4 +1,3 @@
-"""The cluster file (``cluster.toml``) as the router reads it: ``cluster`` (``[router]``,
-the file, its loader and rules across tables), ``engines`` (``[[engines]]``),
-``membership`` (engines joining and leaving at run time), ``addresses``. The launcher's
-tables: ``launcher.settings``; every key: docs/cluster.md."""
+"""The cluster file (``cluster.toml``) as the router reads it: ``cluster`` (the file,
+``[router]``), ``engines`` (``[[engines]]``), ``addresses``; the launcher's tables:
+``launcher.settings``; every key: docs/cluster.md."""

@@ -1,11 +1,9 @@
 """The cluster file as the router reads it: ``[router]``, ``[[engines]]``, the rules
-across them, the loader, and engines joining and leaving at run time (``with_engine``)
-(``[launcher]`` and ``[cluster]``: ``launcher.settings``).
+across them, the loader, engines joining and leaving at run time (``with_engine``).
 
-Paths are relative to the file's folder. Ports and telemetry endpoints left out are
-assigned by the launcher, which writes a *resolved* file (``to_toml``): ``instances()``
-needs it. Every default address is loopback or ``ipc://``. A bad file raises
-``ConfigError``: ``<file>: <key path>: <what is wrong>``.
+Paths are relative to the file's folder. Ports and endpoints left out are assigned by the
+launcher, which writes a *resolved* file (``to_toml``): ``instances()`` needs it. Every
+default address is loopback or ``ipc://``. A bad file raises ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -220,10 +218,9 @@ class ClusterConfig:
                 raise SettingsError("router.policy" if named else e.key, e.problem) from None
 
     def verify_engines(self) -> None:
-        """The rules of the engine set (also as it changes at run time): endpoints several
-        router workers can share, distinct names, one model per served name, no port or
-        endpoint given twice, telemetry beyond loopback only with CURVE keys, no KV events
-        from a stock vLLM engine (which has no keys) to a router that requires them."""
+        """The rules of the engine set (also as it changes at run time): no stock KV events
+        to a router requiring keys, endpoints the workers can share, distinct names, one
+        model per served name, no port or endpoint given twice, ``_verify_endpoints``."""
         r = self.router
         for e in self.engines:
             check(f"engines.{e.name}.kv_events_endpoint", not (
@@ -382,14 +379,10 @@ def _policy_validator() -> Callable[[str, Mapping[str, Any]], Any] | None:
 def with_engine(cfg: ClusterConfig, table: Mapping[str, Any],
                 served: Collection[str] | None = None,
                 models: Mapping[str, str] | None = None) -> ClusterConfig:
-    """``cfg`` with one more engine entry, a replica the launcher started while the router
-    runs (``POST /admin/engines/{name}/add``): an entry with a ``url``, a new instance name
-    and a model already served (a new model needs a router restart: its policy was built
-    for the models it had); checked as in a file (ConfigError). ``served``: the models
-    served (default: ``cfg``'s engines'; other workers' removals may leave one without an
-    engine). ``models``: the model each served name was started with (default: ``cfg``'s
-    engines'); another is refused even when the name has no engine left, since the
-    policy's predictors and profiles were built for the first."""
+    """``cfg`` with one more engine entry (``POST /admin/engines/{name}/add``), checked as
+    in a file (ConfigError): one with a ``url``, a new name, a model served (``served``,
+    default ``cfg``'s) and started with the model first served under its name (``models``,
+    default ``cfg``'s): the policy was built for those (another needs a router restart)."""
     source = f"{cfg.source} (added engine)"
     try:
         e = decode_engine(dict(table), len(cfg.engines), Path(cfg.source).parent)
