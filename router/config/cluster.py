@@ -301,14 +301,13 @@ class ClusterConfig:
 
 @dataclass(frozen=True, config=STRICT)
 class _File:
-    """The file's top level: its tables, each decoded on its own."""
+    """The file's top level: its tables, each decoded on its own (``launcher`` and
+    ``cluster`` by ``launcher.settings``)."""
 
     router: dict[str, Any]
     engines: Annotated[list[Any], Field(min_length=1)]
     launcher: dict[str, Any] = field(default_factory=dict)
-    """The launcher's (``launcher.settings``)."""
     cluster: dict[str, Any] = field(default_factory=dict)
-    """The launcher's (``launcher.settings``)."""
 
 
 def read_cluster_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -349,9 +348,8 @@ _PATH_KEYS = ("uds", "sync_dir", "api_keys_file", "admin_keys_file", "trusted_ke
 
 def decode_tables(data: dict[str, Any],
                   base_dir: Path) -> tuple[RouterConfig, list[EngineConfig]]:
-    """``[router]`` and ``[[engines]]`` of a file's ``data``, each valid on its own, paths
-    (a policy table's non-empty ``*_path`` strings too) made absolute against ``base_dir``
-    (SettingsError)."""
+    """``[router]`` and ``[[engines]]`` of ``data``, each valid on its own, paths (a policy's
+    non-empty ``*_path`` strings too) made absolute against ``base_dir`` (SettingsError)."""
     top = decode(_File, data, "")
     router = decode(RouterConfig, top.router, "router")
     engines = [decode_engine(raw, i, base_dir) for i, raw in enumerate(top.engines)]
@@ -408,10 +406,9 @@ def with_engine(cfg: ClusterConfig, table: Mapping[str, Any],
 
 
 def without_engine(cfg: ClusterConfig, name: str, last: bool = False) -> ClusterConfig:
-    """``cfg`` without the engine entry ``name``: one with a ``url`` (the launcher's
-    placed or added replicas), not the last of its model unless ``last`` (ConfigError).
-    An admin call is refused the last engine of a model; another router worker's removal
-    (``last=True``) was ordered after the calls it won over and is applied as is."""
+    """``cfg`` without the engine entry ``name``, one with a ``url``, not the last of its
+    model unless ``last`` (another router worker's removal, ordered after the calls it won
+    over: applied as is) (ConfigError)."""
     e = next((x for x in cfg.engines if x.name == name), None)
     if e is None or not e.remote:
         raise ConfigError(cfg.source, f"engines.{name}", "no engine entry of that name with a "
