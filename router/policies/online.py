@@ -4,20 +4,24 @@ success from the outcomes its own traffic reports (issue 59).
 Context of a program's first call: its workflow, stage and prompt length bucket
 (``length_bucket``: log2 of the prompt's tokens). Per (context, model) a Beta posterior
 of success (``router.state.outcomes.OutcomeBook``), a context's prior taken from its
-workflow's arm. A first call draws each model's success from its posterior (Thompson
-sampling) and walks Chimera's Algorithm 1 (``chimera.select_model``) on the draws as q[m]
-over the models' expected finish times (``chimera.finish_times``: congestion L[m] plus
-``mean_output_tokens`` decode steps), its margin delta_s held by Chimera's ``ShareMargin``
-so that about ``target_share`` of first calls go past the fastest model (the big model's
-share on a two-model cluster), the slack ``tau`` gating each. A program's later stages keep
-its model (stickiness, as Chimera's); a retry goes to a model its stage has not tried.
+workflow's arm; with ``neighbours`` the posterior also counts the nearest credited
+prompts (``Neighbours.posteriors``: on math a problem's template). A first call takes each
+model's q[m] = posterior mean + ``explore`` x (a Thompson draw - the mean) and walks
+Chimera's Algorithm 1 (``chimera.select_model``) on q over the models' expected finish
+times (``chimera.finish_times``: congestion L[m] plus ``mean_output_tokens`` decode steps),
+its margin delta_s the quantile of recent gains (``ShareHold``: Chimera's ``ShareMargin``
+at a share that leans against the realised one) so that about ``target_share`` of first
+calls go past the fastest model (the big model's share on a two-model cluster), the slack
+``tau`` gating each. A program's later stages keep its model (stickiness, as Chimera's);
+a retry goes to a model its stage has not tried.
 
 What it learns from: a retry's ``tried_models`` (each failed the stage's check) and the
 agent's reports (``POST /v1/hetserve/outcomes``), each credited once to the arm of the call
 it judges. Exploration is bounded two ways: the share of big-model calls is the target's
 whatever the draws (exploration only chooses *which* programs get the big model, so
-before any outcome it is ``random_mix`` at ``target_share``), and ``memory`` caps an arm's
-pseudo counts, so no posterior becomes certain and a changed workload is relearned.
+before any outcome, every mean equal, it is ``random_mix`` at ``target_share``), and
+``memory`` caps an arm's pseudo counts, so no posterior becomes certain and a changed
+workload is relearned.
 The engine within the model is the ``picker`` setting's (default ``least_loaded``).
 """
 
@@ -28,14 +32,22 @@ import math
 import random
 import re
 import zlib
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import field
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from router.policies.base import BuildPolicy, PickerPolicy, decision, models_of, of_model
+from router.policies.base import (
+    BuildPolicy,
+    PickerPolicy,
+    decision,
+    models_of,
+    of_model,
+)
 from router.policies.chimera import ShareMargin, first_done, model_latency
 from router.policies.pickers import PickerName
 from router.predictors.lexical import masked
@@ -62,8 +74,17 @@ class OnlineSettings:
     """Share of first calls sent past the fastest model (the big model's share of programs
     on two models): delta_s is the (1 - target_share) quantile of the last
     ``share_window`` sampled gains (Chimera's ``ShareMargin``)."""
-    share_window: Annotated[int, Field(ge=1, le=100_000)] = 200
-    """How many recent sampled gains the quantile is taken over."""
+    share_window: Annotated[int, Field(ge=1, le=100_000)] = 50
+    """How many recent sampled gains the quantile is taken over (and first calls the
+    realised share of ``share_correction`` is counted over). Default chosen on the tuning
+    problems (docs/research/online.md, "Tuning"): a short window follows the learner's
+    climbing gains."""
+    share_correction: Annotated[float, Field(ge=0, le=100)] = 1.0
+    """How hard the quantile's share leans against the realised one (``ShareHold``): the
+    quantile is taken at share target - ``share_correction`` x (realised - target), so a
+    learner whose gains climb faster than the window follows (its new gains all above
+    the old quantile) still sends about ``target_share``; 0: Chimera's quantile alone.
+    Default chosen on the tuning problems (3 oscillated)."""
     tau: NonNegative = 0.2
     """Latency slack of Algorithm 1 (Chimera's ``tau``): a model other than the fast one
     is taken only while its congestion L[m] (Chimera's ``model_latency``) is at most
@@ -72,9 +93,11 @@ class OnlineSettings:
     """The slack's absolute part (ms of queued decode): on an idle or lightly loaded
     cluster L[m] is about 0 for the fast model, and a purely relative slack would shut the
     big model out."""
-    prior_weight: Annotated[float, Field(gt=0, le=1e6)] = 2.0
-    """Pseudo counts of a new arm's prior (its workflow's arm's mean, or ``priors``): the
-    smaller, the sooner outcomes move it."""
+    prior_weight: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """Pseudo counts of a new arm's prior (its workflow's arm's mean, or ``priors``), and
+    of the context's arm under the neighbours' counts (``Neighbours.posteriors``): the
+    smaller, the sooner outcomes move it. Default chosen on the tuning problems
+    (docs/research/online.md, "Tuning")."""
     memory: Annotated[float, Field(ge=2, le=1e9)] = 400.0
     """Most pseudo counts an arm keeps (older ones fade in proportion): the floor of
     exploration and the speed of relearning after the workload changes."""
@@ -103,12 +126,23 @@ class OnlineSettings:
     exp((similarity - 1) / ``temperature``) pseudo counts over the context's arm scaled to
     ``prior_weight`` (an online KNN, on math recognising a problem's template); 0: the
     context's arm alone."""
-    temperature: Annotated[float, Field(gt=0, le=10)] = 0.1
-    """How fast a neighbour's weight falls with its cosine distance."""
+    temperature: Annotated[float, Field(gt=0, le=10)] = 0.2
+    """How fast a neighbour's weight falls with its cosine distance (the weight's formula:
+    ``neighbours``). Default chosen on the tuning problems."""
     max_examples: Annotated[int, Field(ge=1, le=100_000)] = 2000
     """Credited calls kept as neighbours (oldest leave first)."""
-    reindex_every: Annotated[int, Field(ge=1, le=100_000)] = 32
-    """Rebuild the neighbours' index after this many new examples (the newest wait)."""
+    reindex_every: Annotated[int, Field(ge=1, le=100_000)] = 8
+    """Rebuild the neighbours' index after this many new examples (the newest wait; the
+    rebuild runs on the outcome path, never a decision's)."""
+    explore: Annotated[float, Field(gt=0, le=10)] = 0.02
+    """The Thompson draw's spread: a model's q is its posterior mean plus ``explore`` x
+    (its Beta draw - the mean) (``Online._draws``, the one place of this formula); 1:
+    plain Thompson sampling; small: the posterior mean ranks the programs, the draw only
+    breaks its ties (before any outcome every mean is equal, and the draws alone decide:
+    ``random_mix`` at ``target_share``). Which programs explore is the draw's; how many
+    go past the fast model is the share's quantile whatever ``explore`` is. Default
+    chosen on the tuning problems (docs/research/online.md, "Tuning": 1 gained +1.2
+    points there, 0.003-0.05 +4.2 to +4.6)."""
     seed: Count = 0
     """Seed of the Thompson draws."""
     picker: PickerName = "least_loaded"
@@ -138,7 +172,7 @@ class Online(PickerPolicy[OnlineSettings]):
                                 priors=s.priors, save_every=s.save_every,
                                 max_examples=s.max_examples if s.neighbours else 0)
         """The learner: what outcomes taught (``router.routes.outcomes`` reports to it)."""
-        self.margin = ShareMargin(s.target_share, s.share_window, 1.0)
+        self.margin = ShareHold(s.target_share, s.share_window, s.share_correction)
         self.rng = random.Random(s.seed)
         self.lexical = None if not s.neighbours else Neighbours(self.book, s)
         if self.lexical is not None:
@@ -187,19 +221,60 @@ class Online(PickerPolicy[OnlineSettings]):
                                            self.max_batch[m]) for m in congestion}
         base = first_done(congestion, self.tokens, self.decode_ms)
         if feats is not None and self.lexical is not None:
-            q = {m: self.rng.betavariate(*ab) for m, ab in
-                 self.lexical.posteriors(ctx, feats, list(congestion)).items()}
+            q = self._draws(self.lexical.posteriors(ctx, feats, list(congestion)))
         else:
-            q = self.book.sample(ctx, congestion, self.rng)
+            q = self._draws({m: (a.alpha, a.beta) for m in congestion
+                             for a in (self.book.arm(ctx, m),)})
         delta_s = 0.0
         gain = max((q[m] - q[base] for m in q if m != base), default=None)
-        if not tried and gain is not None:  # a first call: the share holds over these
+        first = not tried and gain is not None  # a first call: the share holds over these
+        if first:
             delta_s = self.margin.next(gain)
         limit = (1 + s.tau) * congestion[base] + s.slack_ms
+        chosen = base
         for m in sorted(q, key=lambda m: (-q[m], congestion[m], m)):
             if m != base and congestion[m] <= limit and q[m] >= q[base] + delta_s:
-                return m
-        return base
+                chosen = m
+                break
+        if first:
+            self.margin.went(chosen != base)
+        return chosen
+
+    def _draws(self, posteriors: dict[str, tuple[float, float]]) -> dict[str, float]:
+        """Per model, q = mean + ``explore`` x (Beta(alpha, beta) draw - mean)."""
+        e, q = self.settings.explore, {}
+        for m, (a, b) in posteriors.items():
+            mean = a / (a + b)
+            q[m] = mean + e * (self.rng.betavariate(a, b) - mean)
+        return q
+
+
+class ShareHold:
+    """delta_s: Chimera's ``ShareMargin`` quantile, taken at the share
+    clip(target - correction x (realised - target), 0.01, 0.99), realised being the share
+    of the last ``window`` first calls sent past the fast model (the ``share_correction``
+    setting; the one place of this formula)."""
+
+    def __init__(self, target: float, window: int, correction: float) -> None:
+        self.target, self.correction = target, correction
+        self.quantile = ShareMargin(target, window, 1.0)
+        self.sent: deque[bool] = deque(maxlen=window)
+        self.past = 0
+        """How many of ``sent`` went past the fast model."""
+
+    def next(self, gain: float) -> float:
+        if self.correction and self.sent:
+            realised = self.past / len(self.sent)
+            self.quantile.share = min(0.99, max(0.01, self.target - self.correction * (
+                realised - self.target)))
+        return self.quantile.next(gain)
+
+    def went(self, past: bool) -> None:
+        """A first call went past the fast model (or not)."""
+        if len(self.sent) == self.sent.maxlen:
+            self.past -= self.sent[0]
+        self.sent.append(past)
+        self.past += past
 
 
 class Neighbours:
@@ -227,7 +302,7 @@ class Neighbours:
         buckets as the lexical encoder's are, weighed 1 + log(count), L2-normalised."""
         words = WORD.findall(masked(text[:MAX_CHARS]))
         counts: dict[int, int] = {}
-        for gram in itertools.chain(words, map(" ".join, zip(words, words[1:]))):
+        for gram in itertools.chain(words, map(" ".join, itertools.pairwise(words))):
             b = zlib.crc32(gram.encode()) % DIMS
             counts[b] = counts.get(b, 0) + 1
         idx = sorted(counts)

@@ -35,12 +35,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import tempfile
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -221,15 +220,6 @@ class OutcomeBook:
             while len(self.arms) > self.max_arms:
                 self.arms.popitem(last=False)
         return a
-
-    def sample(self, context: str, models: Iterable[str], rng: random.Random
-               ) -> dict[str, float]:
-        """A Thompson draw of each model's success probability in ``context``."""
-        out = {}
-        for m in models:
-            a = self.arm(context, m)
-            out[m] = rng.betavariate(a.alpha, a.beta)
-        return out
 
     def means(self, context: str, models: Iterable[str]) -> dict[str, float]:
         return {m: self.arm(context, m).mean for m in models}

@@ -129,7 +129,49 @@ def test_settings_are_bounded() -> None:
         validate_settings("online", {"memory": 1})
     with pytest.raises(SettingsError):
         validate_settings("online", {"priors": {"tiny-a": 0.0}})
+    with pytest.raises(SettingsError):
+        validate_settings("online", {"explore": 0.0})
+    with pytest.raises(SettingsError):
+        validate_settings("online", {"share_correction": -1.0})
     assert isinstance(validate_settings("online", {}), OnlineSettings)
+
+
+def test_explore_scales_the_draw_around_the_posterior_mean() -> None:
+    """q = mean + explore x (Beta draw - mean): explore 1 is the plain draw; a small one
+    keeps q within explore of the mean, so the mean ranks the programs."""
+    post = {"tiny-a": (3.0, 7.0), "tiny-b": (6.0, 4.0)}
+    for explore in (1.0, 0.5, 0.02):
+        policy = online(explore=explore, seed=5)
+        draws = random.Random(5)
+        plain = {m: draws.betavariate(a, b) for m, (a, b) in post.items()}
+        q = policy._draws(post)
+        for m, (a, b) in post.items():
+            mean = a / (a + b)
+            assert q[m] == pytest.approx(mean + explore * (plain[m] - mean))
+    small = online(explore=0.02)
+    assert all(small._draws(post)["tiny-b"] > small._draws(post)["tiny-a"] for _ in range(50))
+
+
+def test_share_holds_while_the_gains_climb() -> None:
+    """A learner's gains climb faster than the quantile's window follows: with
+    ``share_correction`` 0 (Chimera's quantile alone) nearly every call goes past the fast
+    model; the correction leans it back toward the target (a proportional hold: a steady
+    climb still leaves some excess), and on steady gains both hold the target."""
+    from router.policies.online import ShareHold
+
+    def share(correction: float, climb: float = 1 / 1000) -> float:
+        hold, went = ShareHold(0.3, 50, correction), []
+        rng = random.Random(0)
+        for i in range(1000):
+            gain = i * climb + 0.05 * rng.random()  # climbing, as a learner's means do
+            past = gain >= hold.next(gain)
+            hold.went(past)
+            went.append(past)
+        return sum(went[100:]) / 900
+
+    assert share(0.0) > 0.7
+    assert share(1.0) < 0.5
+    assert 0.25 < share(0.0, 0.0) < 0.35 and 0.25 < share(1.0, 0.0) < 0.35
 
 
 def simulate(policy: Online, world: World, programs: range, need_big: float = 0.3,

@@ -33,9 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,11 @@ TRACES = {"math": ["data/traces/math-sampled.jsonl.gz"]
 of problems 300-799 (``solve``), as ``make replay`` streams them, and the code trace."""
 BOOT = 2000
 FOLDS = 5
+SPLIT_SEED, EVAL_FRACTION = 59, 0.6
+"""The problems split once for tuning (``--split tune``) and evaluation (``--split eval``):
+a problem is an evaluation problem when ``held_out(problem, SPLIT_SEED, EVAL_FRACTION)``
+(every workflow of a problem on one side). The policy's settings are chosen on the tuning
+stream; the numbers reported are the evaluation stream's."""
 
 
 @dataclass
@@ -180,25 +186,45 @@ def summary(per_seed: list[list[tuple[float, float]]]) -> list[dict[str, float]]
 
 def paired(a: list[list[tuple[float, float]]], b: list[list[tuple[float, float]]]
            ) -> dict[str, float]:
-    """Mean of a - b over seeds (one window each) with its 95% bootstrap interval."""
-    d = np.array([x[0][0] - y[0][0] for x, y in zip(a, b)])
+    """Mean of a - b over seeds (one window each) with its 95% bootstrap interval; the
+    ratio of the means a / b and a - 0.8 b (issue 59's target: a >= 0.8 b), each with
+    its 95% interval from the same draws of seeds."""
+    x = np.array([s[0][0] for s in a])
+    y = np.array([s[0][0] for s in b])
+    d = x - y
     draws = np.random.default_rng(1).integers(0, len(d), (BOOT, len(d)))
     lo, hi = np.percentile(d[draws].mean(1), [2.5, 97.5])
-    return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi)}
+    r_lo, r_hi = np.percentile(x[draws].mean(1) / y[draws].mean(1), [2.5, 97.5])
+    t_lo, t_hi = np.percentile((x - 0.8 * y)[draws].mean(1), [2.5, 97.5])
+    return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi),
+            "ratio": float(x.mean() / y.mean()), "ratio_lo": float(r_lo),
+            "ratio_hi": float(r_hi), "minus_0.8": float((x - 0.8 * y).mean()),
+            "minus_0.8_lo": float(t_lo), "minus_0.8_hi": float(t_hi)}
 
 
-def decision_time(rows: Rows, neighbours: int, examples: int = 2000) -> dict[str, float]:
-    """``Online.decide`` alone (perf_counter around it), the book filled to ``examples``
-    credited calls first (the router bench's book stays empty: no outcomes reach it);
-    microseconds, over the 600 calls after the fill."""
+BEFORE = {"explore": 1.0, "temperature": 0.1, "prior_weight": 2.0, "reindex_every": 32,
+          "share_window": 200, "share_correction": 0.0}
+"""The ``online`` settings before the tuning of docs/research/online.md ("Tuning"): plain
+Thompson sampling, Chimera's quantile alone (``--set`` each to rerun them)."""
+
+
+def decision_time(rows: Rows, configs: dict[str, dict[str, Any]], examples: int = 2000
+                  ) -> dict[str, dict[str, float]]:
+    """``Online.decide`` alone (perf_counter around it) for each of ``configs`` (online
+    settings), the calls interleaved (one call each in turn, so the machine's load falls
+    on all alike), each book filled to ``examples`` credited calls first (the router
+    bench's book stays empty: no outcomes reach it); microseconds, over the 600 calls
+    after the fill."""
     import time
 
-    cl = Cluster()
-    policy = build_policy("online", {"online": {
-        "neighbours": neighbours, "max_examples": examples,
-        "decode_ms_per_token": {SMALL: 1.0, BIG: 3.0}}}, cl.info, PredictorSet())
-    assert isinstance(policy, Online)
-    rng, spent = random.Random(0), []
+    runs = {}
+    for name, extra in configs.items():
+        cl = Cluster()
+        policy = build_policy("online", {"online": {
+            "max_examples": examples, "decode_ms_per_token": {SMALL: 1.0, BIG: 3.0},
+            **extra}}, cl.info, PredictorSet())
+        assert isinstance(policy, Online)
+        runs[name] = (cl, policy, random.Random(0), [])
     n = len(rows.suite)
     for k in range(examples + 600):
         f = rows.table.features[k % n]
@@ -207,14 +233,18 @@ def decision_time(rows: Rows, neighbours: int, examples: int = 2000) -> dict[str
                              user_text=f.user_text, num_prompt_tokens=f.prompt_tokens,
                              workflow=Workflow(program_id=pid, workflow=f.workflow,
                                                stage=f.stage, stage_index=0))
-        cands = cl.cands()
-        t = time.perf_counter()
-        policy.decide(req, cands, cl.view, None)
-        spent.append(time.perf_counter() - t)
-        policy.book.report(pid, None, float(rng.random() < 0.5))
-    us = 1e6 * np.array(spent[examples:])
-    return {"p50_us": float(np.median(us)), "p99_us": float(np.percentile(us, 99)),
-            "examples": len(policy.book.examples)}
+        for cl, policy, rng, spent in runs.values():
+            cands = cl.cands()
+            t = time.perf_counter()
+            policy.decide(req, cands, cl.view, None)
+            spent.append(time.perf_counter() - t)
+            policy.book.report(pid, None, float(rng.random() < 0.5))
+    out = {}
+    for name, (_, policy, _, spent) in runs.items():
+        us = 1e6 * np.array(spent[examples:])
+        out[name] = {"p50_us": float(np.median(us)), "p99_us": float(np.percentile(us, 99)),
+                     "examples": len(policy.book.examples)}
+    return out
 
 
 def twin_curves(rows: Rows, runs: Sequence[Path], width: int, big: str = "tiny-b"
@@ -270,10 +300,21 @@ def main(argv: Sequence[str] | None = None) -> None:
                    "run, as arms_only always is)")
     p.add_argument("--after", type=int, default=500,
                    help="the last row: every workflow after this many as one window")
+    p.add_argument("--split", choices=("all", "tune", "eval"), default="all",
+                   help="the workflows of every problem, of the tuning problems only, or of "
+                   "the held-out evaluation problems only (SPLIT_SEED, EVAL_FRACTION)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                   help="an online setting for the `online` runs (repeatable), e.g. "
+                   "--set temperature=0.2")
+    p.add_argument("--streams", nargs="+", choices=("mixed", "drift"),
+                   default=["mixed", "drift"])
+    p.add_argument("--no-arms-only", action="store_true",
+                   help="skip the arms_only runs (neighbours 0)")
     p.add_argument("--json", type=Path)
     p.add_argument("--decision-time", action="store_true",
-                   help="only time decide() with neighbours 0 and --neighbours, the book "
-                   "filled with 2000 examples")
+                   help="only time decide() with neighbours 0, --neighbours and the "
+                   "settings before the tuning (BEFORE), interleaved, each book filled with "
+                   "2000 examples")
     p.add_argument("--twin", type=Path, nargs="+",
                    help="only the learning curves of these twin runs (one folder per seed)")
     a = p.parse_args(argv)
@@ -288,26 +329,35 @@ def main(argv: Sequence[str] | None = None) -> None:
             a.json.write_text(json.dumps(curves, indent=1))
         return
     if a.decision_time:
-        got = {k: decision_time(rows, k) for k in (0, a.neighbours)}
+        got = decision_time(rows, {"neighbours 0": {"neighbours": 0},
+                                   f"neighbours {a.neighbours}": {"neighbours": a.neighbours},
+                                   "before": {"neighbours": a.neighbours, **BEFORE}})
         for k, v in got.items():
-            print(f"neighbours {k}: decide() p50 {v['p50_us']:.0f} us, p99 {v['p99_us']:.0f} "
+            print(f"{k}: decide() p50 {v['p50_us']:.0f} us, p99 {v['p99_us']:.0f} "
                   f"us ({v['examples']} examples)")
         if a.json:
             a.json.write_text(json.dumps(got, indent=1))
         return
-    n = len(rows.suite)
-    math_rows = [i for i in range(n) if rows.suite[i] == "math"]
-    code_rows = [i for i in range(n) if rows.suite[i] == "code"]
+    extra = {k: json.loads(v) for k, v in (x.split("=", 1) for x in a.set)}
+    keep = [i for i, p in enumerate(rows.table.problems)
+            if a.split == "all" or held_out(p, SPLIT_SEED, EVAL_FRACTION) == (a.split == "eval")]
+    n = len(keep)
+    math_rows = [i for i in keep if rows.suite[i] == "math"]
+    code_rows = [i for i in keep if rows.suite[i] == "code"]
     result: dict[str, Any] = {"rows": n, "delay": a.delay, "share": a.share,
-                              "window": a.window, "seeds": a.seeds}
-    for stream in ("mixed", "drift"):
-        names = ["online", "arms_only", "knn"] if a.neighbours else ["arms_only", "knn"]
-        per: dict[str, list[Any]] = {k: [] for n in names for k in (n, n + "_after")}
+                              "window": a.window, "seeds": a.seeds, "split": a.split,
+                              "split_seed": SPLIT_SEED, "eval_fraction": EVAL_FRACTION,
+                              "settings": extra, "switch": len(math_rows)}
+    for stream in a.streams:
+        names = (["online"] if a.neighbours else []) + ([] if a.no_arms_only else
+                                                        ["arms_only"]) + ["knn"]
+        per: dict[str, list[Any]] = {k: [] for n in names for k in (
+            n, n + "_after", n + "_pre", n + "_post", n + "_new", n + "_seen")}
         counts = []
         for seed in range(a.seeds):
             rng = random.Random(seed)
             if stream == "mixed":
-                order = list(range(n))
+                order = keep[:]
                 rng.shuffle(order)
             else:
                 m, c = math_rows[:], code_rows[:]
@@ -317,19 +367,40 @@ def main(argv: Sequence[str] | None = None) -> None:
             got = {}
             if a.neighbours:
                 got["online"] = run_online(rows, order, seed, a.share, a.delay,
-                                           {"neighbours": a.neighbours})
-            got["arms_only"] = run_online(rows, order, seed, a.share, a.delay,
-                                          {"neighbours": 0})
+                                           {"neighbours": a.neighbours, **extra})
+            if not a.no_arms_only:
+                got["arms_only"] = run_online(rows, order, seed, a.share, a.delay,
+                                              {"neighbours": 0})
             got["knn"] = (*run_knn(rows, order, a.share), [])
             counts.append(got[names[0]][2])
             half = a.after  # everything after this many workflows as one window
+            seen: set[str] = set()
+            new = []  # a workflow of a problem not yet in the stream (another workflow of
+            for i in order:  # a problem seen before is one the online learner has met)
+                new.append(rows.table.problems[i] not in seen)
+                seen.add(rows.table.problems[i])
+            fresh = np.array(new[half:])
             for name, (b, sc, _) in got.items():
                 per[name].append(windows(rows, order, b, sc, a.window))
                 per[name + "_after"].append(windows(rows, order[half:], b[half:], sc[half:], n))
-        result[stream] = {k: summary(v) for k, v in per.items()}
+                for key, m in (("_new", fresh), ("_seen", ~fresh)):
+                    per[name + key].append(windows(
+                        rows, [i for i, k in zip(order[half:], m) if k], b[half:][m],
+                        sc[half:][m], n))
+                if stream == "drift":  # the switch's own windows: the 300 before, then on
+                    sw, lo = len(math_rows), max(0, len(math_rows) - 300)
+                    per[name + "_pre"].append(windows(rows, order[lo:sw], b[lo:sw], sc[lo:sw],
+                                                      sw - lo))
+                    per[name + "_post"].append(windows(rows, order[sw:], b[sw:], sc[sw:],
+                                                       a.window))
+        result[stream] = {k: summary(v) for k, v in per.items() if v}
         result[stream]["paired_after"] = {
             f"{x} - knn": paired(per[x + "_after"], per["knn_after"])
             for x in names if x != "knn"}
+        for key in ("new", "seen"):
+            result[stream][f"paired_after_{key}"] = {
+                f"{x} - knn": paired(per[f"{x}_{key}"], per[f"knn_{key}"])
+                for x in names if x != "knn"}
         result[stream]["book_counts"] = np.array(counts).sum(0).tolist()
         print(f"\n{stream}: gain over the random-mix curve (points), windows of {a.window}, "
               f"95% over {a.seeds} seeds; big share")
@@ -345,7 +416,26 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for c in cells) + " |")
         for k, v in res["paired_after"].items():
             print(f"after {a.after}, {k}: {v['diff']:+.1f} [{v['lo']:+.1f}, {v['hi']:+.1f}] "
-                  "points (paired over seeds)")
+                  f"points (paired over seeds); ratio {v['ratio']:.2f} [{v['ratio_lo']:.2f}, "
+                  f"{v['ratio_hi']:.2f}]; minus 0.8 x knn {v['minus_0.8']:+.1f} "
+                  f"[{v['minus_0.8_lo']:+.1f}, {v['minus_0.8_hi']:+.1f}]")
+        for key, what in (("new", "a problem's first workflow in the stream"),
+                          ("seen", "a problem met before in another workflow")):
+            print(f"after {a.after}, {what}: " + "; ".join(
+                f"{x} {res[f'{x}_{key}'][0]['gain']:+.1f} [{res[f'{x}_{key}'][0]['lo']:+.1f}, "
+                f"{res[f'{x}_{key}'][0]['hi']:+.1f}]" for x in names))
+            for k, v in res[f"paired_after_{key}"].items():
+                print(f"  {k}: {v['diff']:+.1f} [{v['lo']:+.1f}, {v['hi']:+.1f}]; ratio "
+                      f"{v['ratio']:.2f} [{v['ratio_lo']:.2f}, {v['ratio_hi']:.2f}]")
+        if stream == "drift":
+            sw = len(math_rows)
+            print(f"around the switch (workflow {sw}): the 300 before, then windows of "
+                  f"{a.window} after it")
+            for x in names:
+                pre, post = res[x + "_pre"][0], res[x + "_post"]
+                print(f"| {x} | {pre['gain']:+.1f} [{pre['lo']:+.1f}, {pre['hi']:+.1f}] | " +
+                      " | ".join(f"{c['gain']:+.1f} [{c['lo']:+.1f}, {c['hi']:+.1f}] "
+                                 f"({c['share']:.2f})" for c in post) + " |")
         print("book counts (accepted, duplicate, unknown, late, retry_failure), all seeds:",
               res["book_counts"])
     if a.json:
