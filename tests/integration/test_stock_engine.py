@@ -284,8 +284,9 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
     when it starts (its ``/load``, requests in its handlers, is no such sign: a run that
     resumed 1 s after ``/load`` counted four saw the high one served last). With one slot
     (``MAX_NUM_SEQS``) the order they finish in is the order it served them: the high one,
-    sent last, first. The pause lasts seconds, far from the router's scheduler stall
-    timeout (30 s)."""
+    sent last, first (its 20 tokens end about 1 s before the first low one's 300 here, so
+    a router or API server slowed by a busy machine does not reorder the answers). The
+    pause lasts seconds, far from the router's scheduler stall timeout (30 s)."""
     stock, log = cluster.urls["stock"], cluster.d / "stock.log"
     done: list[str] = []
 
@@ -314,7 +315,7 @@ def test_priorities_reach_the_stock_priority_scheduler(cluster: Cluster) -> None
             httpx.post(stock + "/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
             mark = log.stat().st_size
             try:
-                jobs = [pool.submit(send, f"low{i}", 10, 100) for i in range(3)]
+                jobs = [pool.submit(send, f"low{i}", 10, 300) for i in range(3)]
                 _until(lambda: added() == 3, ARRIVAL_TIMEOUT_S, why)
                 jobs.append(pool.submit(send, "high", 1, 20))  # 1: the best (0 is none)
                 _until(lambda: added() == 4, ARRIVAL_TIMEOUT_S, why)
