@@ -224,6 +224,19 @@ def _header_number(value: str | None) -> float | None:
         return None
 
 
+def outcome_poster(http: httpx.AsyncClient, url: str,
+                   pending: set[asyncio.Task[Any]]) -> Callable[[str, bool], None]:
+    """What an agent does after its check (``AgenticClient.on_outcome``): ``POST url`` (the
+    router's ``/v1/hetserve/outcomes``) with the attempt's program and verdict, sent in the
+    background; ``pending`` holds the posts until the caller awaits them."""
+    def report(program_id: str, correct: bool) -> None:
+        task = asyncio.ensure_future(http.post(url, json={"program_id": program_id,
+                                                          "passed": correct}))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    return report
+
+
 def http_sender(http: httpx.AsyncClient, url: str, clock: Callable[[], float]) -> Sender:
     """A ``Sender`` that streams ``POST url`` (the router's chat endpoint)."""
 

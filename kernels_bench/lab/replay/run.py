@@ -30,7 +30,8 @@ import httpx
 from tqdm import tqdm
 
 from kernels_bench.lab.replay.arrivals import arrival_times
-from kernels_bench.lab.replay.client import AgenticClient, ClientSettings, http_sender, run_clock
+from kernels_bench.lab.replay.client import (AgenticClient, ClientSettings, http_sender,
+                                             outcome_poster, run_clock)
 from kernels_bench.lab.replay.gaps import ToolGaps, check_trace_gaps
 from kernels_bench.lab.replay.metrics import summarize
 from kernels_bench.lab.replay.output import write_run, write_summary
@@ -429,8 +430,12 @@ def _one_run(cluster: BenchCluster, url: str, jobs: list[Job], spec: PolicySpec,
             client = AgenticClient(settings,
                                    http_sender(http, f"{url}/v1/chat/completions", clock),
                                    clock)
+            posts: set[asyncio.Task[Any]] = set()
+            if spec.router == "online":  # the agent reports each attempt's check
+                client.on_outcome = outcome_poster(http, f"{url}/v1/hetserve/outcomes", posts)
             with tqdm(total=len(jobs), desc=desc, unit="wf", leave=False) as bar:
                 await client.run(jobs, bar)
+            await asyncio.gather(*posts)
         return client
 
     client = asyncio.run(go())
