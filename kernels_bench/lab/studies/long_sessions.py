@@ -2,7 +2,7 @@
 STJF, KV retention (Continuum's TTL rule and hetserve's expected-return rule) and
 program-aware admission, at a light and a KV-contended load.
 
-    python -m kernels_bench.lab.studies.long_sessions [--seeds 0 2] [--sessions 12]
+    python -m kernels_bench.lab.studies.long_sessions [--seeds 0 2] [--sessions 8]
         [--rates 0.004 0.05] [--out-dir bench_results/twin/long-sessions]
         [--json docs/research/long-sessions.json] [--table FILE] [--analyse-only]
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 2],
                    help="workload seeds, pooled (default %(default)s)")
-    p.add_argument("--sessions", type=int, default=12, help="sessions per seed and run")
+    p.add_argument("--sessions", type=int, default=8, help="sessions per seed and run")
     p.add_argument("--final", default="32768-131072", metavar="LO-HI",
                    help="final context range of the sessions, tokens")
     p.add_argument("--rates", type=float, nargs=2, default=[0.004, 0.05],
