@@ -75,12 +75,12 @@ def make_trace(out_dir: Path, seed: int, sessions: int, final: tuple[int, int]) 
 
 
 def twin_command(cluster: Path, profiles: Path, trace: Path, seed: int, sessions: int,
-                 rates: list[float], out: Path) -> list[str]:
+                 rates: list[float], out: Path, tool_gap: str = "trace") -> list[str]:
     return [sys.executable, "-m", "kernels_bench", "twin", "--cluster", str(cluster),
             "--profiles", str(profiles), "--trace", str(trace),
             "--model-map", "agent=synthetic-agent", "--priors-from-trace", "--problems",
             "all", "--seed", str(seed), "--workflows", str(sessions), "--jobs", "1",
-            "--no-charge-decision", "--context", "chat", "--tool-gap", "trace",
+            "--no-charge-decision", "--context", "chat", "--tool-gap", tool_gap,
             "--policies", *ARMS, "--baseline", BASELINE,
             "--rates", *(f"{r:g}" for r in rates), "--out", str(out)]
 
@@ -92,7 +92,8 @@ def run_seed(a: argparse.Namespace, seed: int) -> Path:
         print(f"seed {seed}: {out} exists, kept", flush=True)
         return out
     trace = make_trace(a.out_dir, seed, a.sessions, a.final)
-    cmd = twin_command(a.cluster, a.profiles, trace, seed, a.sessions, a.rates, out)
+    cmd = twin_command(a.cluster, a.profiles, trace, seed, a.sessions, a.rates, out,
+                       a.tool_gap)
     print(f"seed {seed}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -138,7 +139,7 @@ def table(result: dict[str, Any], loads: dict[float, str]) -> str:
     return "\n".join(out)
 
 
-def done_when(result: dict[str, Any], contended: float, light: float) -> list[str]:
+def done_when(result: dict[str, Any], contended: float, light: float | None) -> list[str]:
     """The issue's twin bullet, checked: E2E <= 1/1.5 of the defaults' and recomputed
     prefix <= 0.3x at the contended load (upper bounds of the intervals), never worse at
     the light one (lower bound of E2E's ratio <= 1)."""
@@ -174,8 +175,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sessions", type=int, default=8, help="sessions per seed and run")
     p.add_argument("--final", default="32768-131072", metavar="LO-HI",
                    help="final context range of the sessions, tokens")
-    p.add_argument("--rates", type=float, nargs=2, default=[0.004, 0.05],
-                   metavar=("LIGHT", "CONTENDED"), help="session arrival rates, per second")
+    p.add_argument("--rates", type=float, nargs="+", default=[0.004, 0.05],
+                   metavar="RATE", help="session arrival rates per second: LIGHT CONTENDED, "
+                   "or CONTENDED alone (default %(default)s)")
+    p.add_argument("--tool-gap", default="trace", help="the replay's --tool-gap: trace (the "
+                   "recorded Codex tool times, default) or a stated distribution, e.g. "
+                   "lognormal:2,1")
     p.add_argument("--cluster", type=Path, default=CLUSTER, help="default %(default)s")
     p.add_argument("--profiles", type=Path, default=PROFILES, help="default %(default)s")
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench_results" / "twin" /
@@ -185,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--analyse-only", action="store_true",
                    help="analyse the seeds' folders that exist, run nothing")
     a = p.parse_args(argv)
+    if len(a.rates) > 2:
+        p.error("--rates: LIGHT CONTENDED, or CONTENDED alone")
     lo, _, hi = a.final.partition("-")
     a.final = (int(lo), int(hi or lo))
     folders = ([a.out_dir / f"seed{s}" for s in a.seeds] if a.analyse_only
@@ -192,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     from kernels_bench.lab.twin.retention import analyse
 
     result = analyse(folders if len(folders) > 1 else folders[0], BASELINE)
-    light, contended = a.rates
-    loads = {light: "light", contended: "contended"}
+    light, contended = (None, a.rates[0]) if len(a.rates) == 1 else a.rates
+    loads = {contended: "contended", **({} if light is None else {light: "light"})}
     text = table(result, loads) + "\n\nDone-when (issue 60, twin):\n\n" + "\n".join(
         done_when(result, contended, light))
     print(text)
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         a.json.write_text(json.dumps({
             "command": "python -m kernels_bench.lab.studies.long_sessions " + " ".join(
                 argv if argv is not None else sys.argv[1:]),
-            "arms": ARMS, "loads": {str(k): v for k, v in loads.items()},
+            "arms": ARMS, "tool_gap": a.tool_gap, "loads": {str(k): v for k, v in loads.items()},
             "sessions_per_seed": a.sessions, "final_context": list(a.final),
             "measured": "decode step times (H200 floor, 7B shape, contexts 512 and 2,048) and "
                         "a 2,048-token prefill; the recorded sessions' structure and Codex "
