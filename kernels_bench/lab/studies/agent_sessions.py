@@ -147,17 +147,24 @@ def summarize(rows: dict[str, list[list[dict[str, Any]]]]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cluster", type=Path, default=CLUSTER, help="default %(default)s")
-    p.add_argument("--repeats", type=int, default=2, help="rounds of the three arms")
+def session_arguments(doc: str, cluster: Path, repeats: int, context_chars: int,
+                      gap_s: float) -> argparse.ArgumentParser:
+    """The options of a study that replays the recorded sessions (this one's and
+    ``session_retention``'s), with its defaults."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--cluster", type=Path, default=cluster, help="default %(default)s")
+    p.add_argument("--repeats", type=int, default=repeats, help="rounds of the arms")
     p.add_argument("--turns", type=int, default=8, help="most calls per session")
-    p.add_argument("--context-chars", type=int, default=4000,
+    p.add_argument("--context-chars", type=int, default=context_chars,
                    help="characters of a session's last call")
     p.add_argument("--max-tokens", type=int, default=8, help="output tokens per call")
-    p.add_argument("--gap-s", type=float, default=0.2, help="tool time between turns")
+    p.add_argument("--gap-s", type=float, default=gap_s, help="tool time between turns")
     p.add_argument("--out", type=Path, help="write the rows and the summary here (JSON)")
-    a = p.parse_args()
+    return p
+
+
+def main() -> None:
+    a = session_arguments(__doc__, CLUSTER, 2, 4000, 0.2).parse_args()
     sessions = [turns(s, a.turns, a.context_chars) for s in load_sessions()]
     cfg = load_launch_config(a.cluster)
     cluster = BenchCluster(cfg, Path(tempfile.mkdtemp(prefix="hs-sessions-")), print)
@@ -186,17 +193,24 @@ def main() -> None:
                 print(f"round {r} {arm}: {json.dumps(summarize({arm: got})[arm])}")
     finally:
         cluster.close()
-    summary = summarize(rows)
+    write_result(a, "agent_sessions", started, summarize(rows), rows,
+                 "engines of each call, prompt and cached tokens (the engines' usage)",
+                 "text scaled to the CPU engines, output length, tool gap")
+
+
+def write_result(a: argparse.Namespace, study: str, started: float, summary: Any,
+                 rows: Any, measured: str, modelled: str) -> None:
+    """Print the summary; with ``--out``, write it, the rows, the command and what is
+    measured and modelled (JSON)."""
     print(json.dumps(summary, indent=1))
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps({
-            "command": "python -m kernels_bench.lab.studies.agent_sessions "
+            "command": f"python -m kernels_bench.lab.studies.{study} "
                        f"--repeats {a.repeats} --turns {a.turns} --context-chars "
                        f"{a.context_chars} --max-tokens {a.max_tokens} --gap-s {a.gap_s}",
             "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
-            "measured": "engines of each call, prompt and cached tokens (the engines' usage)",
-            "modelled": "text scaled to the CPU engines, output length, tool gap",
+            "measured": measured, "modelled": modelled,
             "summary": summary, "rows": rows}, indent=1))
 
 

@@ -25,7 +25,6 @@ no times); measured: everything else.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -37,7 +36,9 @@ from typing import Any
 
 import httpx
 
-from kernels_bench.lab.studies.agent_sessions import load_sessions, salted, turns
+from kernels_bench.lab.studies.agent_sessions import (load_sessions, salted,
+                                                      session_arguments, turns,
+                                                      write_result)
 from kernels_bench.lib.cluster import BenchCluster, engine_variant
 from launcher.settings import load_launch_config
 
@@ -100,16 +101,7 @@ def summarize(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cluster", type=Path, default=CLUSTER, help="default %(default)s")
-    p.add_argument("--repeats", type=int, default=3, help="rounds of the two arms")
-    p.add_argument("--turns", type=int, default=8, help="most calls per session")
-    p.add_argument("--context-chars", type=int, default=2400,
-                   help="characters of a session's last call")
-    p.add_argument("--max-tokens", type=int, default=8, help="output tokens per call")
-    p.add_argument("--gap-s", type=float, default=1.0, help="tool time between turns")
-    p.add_argument("--out", type=Path, help="write the rows and the summary here (JSON)")
-    a = p.parse_args()
+    a = session_arguments(__doc__, CLUSTER, 3, 2400, 1.0).parse_args()
     sessions = [turns(s, a.turns, a.context_chars) for s in load_sessions()]
     cfg = load_launch_config(a.cluster)
     cluster = BenchCluster(cfg, Path(tempfile.mkdtemp(prefix="hs-retention-")), print)
@@ -135,19 +127,10 @@ def main() -> None:
                       f"{json.dumps(summarize({arm: got})[arm])}", flush=True)
     finally:
         cluster.close()
-    summary = summarize(rows)
-    print(json.dumps(summary, indent=1))
-    if a.out is not None:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({
-            "command": "python -m kernels_bench.lab.studies.session_retention "
-                       f"--repeats {a.repeats} --turns {a.turns} --context-chars "
-                       f"{a.context_chars} --max-tokens {a.max_tokens} --gap-s {a.gap_s}",
-            "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
-            "measured": "prompt and cached tokens of every call (the engine's usage), "
-                        "each session's wall time",
-            "modelled": "text scaled to the CPU engine, output length, tool gap",
-            "summary": summary, "rows": rows}, indent=1))
+    write_result(a, "session_retention", started, summarize(rows), rows,
+                 "prompt and cached tokens of every call (the engine's usage), each "
+                 "session's wall time", "text scaled to the CPU engine, output length, "
+                 "tool gap")
 
 
 if __name__ == "__main__":
