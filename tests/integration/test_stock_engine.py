@@ -11,6 +11,7 @@ last one kills the stock engine and starts it again.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -20,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -215,9 +215,10 @@ def test_load_on_the_stock_engine_is_read_from_its_metrics(cluster: Cluster) -> 
     """Requests sent straight to the stock engine (the router never saw them) show in the
     router's view of it, running and waiting (max_num_seqs 1: four clients sending
     ``LOAD_TOKENS``-token requests back to back, until the router saw both or
-    ``LOAD_TIMEOUT_S`` passed). The time to each is printed. Not exact counts at set times
-    (the router's view lags the engine by a scrape at least); exact readings of a real
-    body: tests/unit/test_scraper.py.
+    ``LOAD_TIMEOUT_S`` passed; then the clients leave and vLLM aborts their requests,
+    rather than the test waiting out four 900-token answers). The time to each is
+    printed. Not exact counts at set times (the router's view lags the engine by a scrape
+    at least); exact readings of a real body: tests/unit/test_scraper.py.
 
     Why these sizes: vLLM's API server answers /metrics only when its event loop is free
     of its output handler, which on 2 busy cores is when the engine has nothing to send:
@@ -226,28 +227,36 @@ def test_load_on_the_stock_engine_is_read_from_its_metrics(cluster: Cluster) -> 
     180 s; with 900-token answers (3 s each) every reading said 1 running, 3 waiting
     (``vllm:num_requests_*``, 30 readings, 2026-12-07). Whole answers, not streams: a
     streaming API server answered /metrics up to 12.7 s late."""
-    start, first, stop = time.monotonic(), dict[str, float](), threading.Event()
+    start, first, codes = time.monotonic(), dict[str, float](), list[int]()
 
-    def client(i: int) -> list[int]:
-        codes = []
-        while not stop.is_set():
-            codes.append(httpx.post(cluster.urls["stock"] + "/v1/completions", timeout=300,
-                                    json={"model": MODEL, "prompt": f"load {i}",
-                                          "max_tokens": LOAD_TOKENS,
-                                          "ignore_eos": True}).status_code)
-        return codes
+    async def client(http: httpx.AsyncClient, i: int) -> None:
+        while True:
+            codes.append((await http.post(
+                cluster.urls["stock"] + "/v1/completions", timeout=300,
+                json={"model": MODEL, "prompt": f"load {i}", "max_tokens": LOAD_TOKENS,
+                      "ignore_eos": True})).status_code)
 
-    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
-        jobs = [pool.submit(client, i) for i in range(CLIENTS)]
-        try:
-            while len(first) < 2 and time.monotonic() - start < LOAD_TIMEOUT_S:
-                for name in ("batch_size", "num_waiting"):
-                    if (cluster.gauge(f"hetserve_engine_{name}", "stock-0") or 0) >= 1:
-                        first.setdefault(name, time.monotonic() - start)
-                time.sleep(0.05)
-        finally:
-            stop.set()
-        assert all(code == 200 for j in jobs for code in j.result())
+    def watch() -> None:
+        while len(first) < 2 and time.monotonic() - start < LOAD_TIMEOUT_S:
+            for name in ("batch_size", "num_waiting"):
+                if (cluster.gauge(f"hetserve_engine_{name}", "stock-0") or 0) >= 1:
+                    first.setdefault(name, time.monotonic() - start)
+            time.sleep(0.05)
+
+    async def load() -> None:
+        """The clients run until the router saw the load; then they leave, and vLLM
+        aborts the requests they leave (a client's disconnect aborts its request)."""
+        async with httpx.AsyncClient() as http:
+            clients = [asyncio.create_task(client(http, i)) for i in range(CLIENTS)]
+            try:
+                await asyncio.to_thread(watch)
+            finally:
+                for task in clients:
+                    task.cancel()
+                await asyncio.gather(*clients, return_exceptions=True)
+
+    asyncio.run(load())
+    assert all(code == 200 for code in codes), codes  # those that ended before
     assert set(first) == {"batch_size", "num_waiting"}, (
         first, cluster.scrapes("stock-0"), "the engine's own /metrics after the load:",
         cluster.stock_metrics())
