@@ -24,9 +24,9 @@ import router
 from router.app import FRONT, create_app
 from router.config.cluster import ClusterConfig, RouterConfig
 from router.config.engines import RemoteEngine
-from router.upstream import Upstream
 from router.policies.chimera import Chimera
 from router.tokenize import ModelTokenizer
+from router.upstream import Upstream
 from tests.remote_cluster import silent
 
 SPINE = ["routes/openai.py", "app.py", "admission/admit.py", "tokenize.py", "proxy.py",
