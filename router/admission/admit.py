@@ -14,8 +14,8 @@ from router.admission.served import ServedModel
 from router.auth import Keys, bearer
 from router.config.cluster import RouterConfig
 from router.metrics import RouterMetrics
-from router.request import (AUTO_MODEL, NEW_PROGRAM, Kind, ParsedRequest, RequestError,
-                            Workflow, request_id)
+from router.request import (AUTO_MODEL, NEW_PROGRAM, PROGRAM_SOURCES, Kind, ParsedRequest,
+                            RequestError, Workflow, request_id)
 from router.state.cluster import ClusterState
 from router.state.conversations import StoredResponse, Turn
 from router.tokenize import PromptInfo, Tokenizers
@@ -158,10 +158,9 @@ class Admission:
             for n in names if (length := self.models[n].max_model_len) is not None)
 
 
-AGENT_SOURCES = frozenset({"agentic_context", "session", "prompt_cache_key",
-                           "metadata_user_id", "previous_response", "conversation", "new"})
+AGENT_SOURCES = frozenset(PROGRAM_SOURCES) - {"workflow", "none"}
 """Programs found from what an agent sends (not hetserve's own workflow, which says
-itself whether its program returns: ``router.proxy.retention_for``)."""
+itself whether its program returns: ``router.proxy.retention_for``; nor no program)."""
 
 
 class _Program(NamedTuple):
